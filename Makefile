@@ -1,0 +1,57 @@
+# fracgpu — build, test and demo entry points. `make help` lists them.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+export FRACGPU_CACHE ?= $(HOME)/.cache/fracgpu
+KUBE_BINARIES := kube-apiserver kube-controller-manager kube-scheduler kubectl etcd
+PYTEST := $(PY) -m pytest -p no:cacheprovider
+
+.PHONY: help venv lint typecheck unit integration e2e test binaries all-binaries cluster-up cluster-down demo bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(VENV)/.installed ## create .venv with the project and its dev tools
+
+lint: venv ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck: venv ## mypy (strict)
+	$(VENV)/bin/mypy
+
+unit: venv ## unit and protocol tests (fast, no cluster)
+	$(PYTEST) tests/unit
+
+binaries: ## build the upstream control-plane binaries from Go modules (cached in $FRACGPU_CACHE)
+	bash e2e/cluster/build-binaries.sh $(KUBE_BINARIES)
+
+all-binaries: ## build every pinned upstream component (adds kubelet, containerd, ctr, helm)
+	bash e2e/cluster/build-binaries.sh
+
+integration: venv binaries ## tests against a real control plane built from upstream
+	$(PYTEST) tests/integration
+
+test: lint typecheck unit integration ## everything CI runs: lint, types and every test tier
+
+cluster-up: venv binaries ## start a local control plane in .cluster/ (prints its KUBECONFIG)
+	$(PY) -m e2e.cluster up --state-dir .cluster
+
+cluster-down: venv ## stop the local control plane and remove .cluster/
+	$(PY) -m e2e.cluster down --state-dir .cluster
+
+demo: ## (not yet: lands with issue #6) cluster with simulated GPUs, driver installed, fractional pods
+	@echo "make demo: not yet — the end-to-end demo lands with issue #6 (single-node cluster + Helm install)." >&2
+	@exit 1
+
+clean: ## remove the virtualenv and build outputs (the binary cache stays)
+	rm -rf $(VENV) build dist *.egg-info

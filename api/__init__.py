@@ -1,0 +1,1 @@
+"""Models and names shared by the fracgpu controller and node plugin."""

@@ -1,0 +1,12 @@
+"""Names fixed by the architecture (shared/design/ARCHITECTURE.md, "Names")."""
+
+from typing import Final
+
+DRIVER_NAME: Final = "gpu.fracgpu.dev"
+DEVICE_CLASS_NAME: Final = "gpu.fracgpu.dev"
+API_GROUP: Final = "fracgpu.dev"
+CONFIG_API_VERSION: Final = "fracgpu.dev/v1alpha1"
+CONFIG_KIND: Final = "GpuConfig"
+CDI_VENDOR_PREFIX: Final = "k8s."
+CDI_CLASS: Final = "claim"
+MEMORY_CAPACITY: Final = "memory"

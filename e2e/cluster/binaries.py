@@ -1,0 +1,50 @@
+"""Where the upstream binaries built by build-binaries.sh live, and building the missing ones."""
+
+import os
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BUILD_SCRIPT = HERE / "build-binaries.sh"
+
+
+def cache_dir() -> Path:
+    """Cache outside the repo holding built binaries (FRACGPU_CACHE, default ~/.cache/fracgpu)."""
+    return Path(os.environ.get("FRACGPU_CACHE", Path.home() / ".cache" / "fracgpu"))
+
+
+def versions() -> dict[str, str]:
+    """Pinned versions from versions.env."""
+    pinned: dict[str, str] = {}
+    for raw in (HERE / "versions.env").read_text().splitlines():
+        line = raw.strip()
+        if line and not line.startswith("#") and "=" in line:
+            key, value = line.split("=", 1)
+            pinned[key] = value
+    return pinned
+
+
+def version_of(component: str) -> str:
+    """Pinned version of one upstream component."""
+    pinned = versions()
+    if component.startswith("kube") or component == "kubectl":
+        return pinned["KUBERNETES_VERSION"]
+    return {
+        "etcd": pinned["ETCD_VERSION"],
+        "containerd": pinned["CONTAINERD_VERSION"],
+        "ctr": pinned["CONTAINERD_VERSION"],
+        "helm": pinned["HELM_VERSION"],
+    }[component]
+
+
+def binary(component: str) -> Path:
+    """Path of a built component; ensure_built() first."""
+    return cache_dir() / "bin" / f"{component}-{version_of(component)}"
+
+
+def ensure_built(*components: str) -> dict[str, Path]:
+    """Build the missing components (printing progress) and return their paths."""
+    missing = [c for c in components if not os.access(binary(c), os.X_OK)]
+    if missing:
+        subprocess.run(["bash", str(BUILD_SCRIPT), *missing], check=True)
+    return {c: binary(c) for c in components}

@@ -1,0 +1,55 @@
+"""Value types passed between the node plugin's modules (discovery, gRPC server, prepare logic)."""
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class GpuInfo(BaseModel):
+    """One physical GPU as NVML reports it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int = Field(ge=0, description="NVML device index")
+    uuid: str = Field(description="e.g. GPU-8f6c1a2e-...")
+    product_name: str = Field(description="nvmlDeviceGetName, e.g. 'NVIDIA H100 80GB HBM3'")
+    memory_total_bytes: int = Field(gt=0)
+    minor: int = Field(ge=0, description="minor number of /dev/nvidia<minor>")
+    pci_bus_id: str = Field(description="normalised 'dddd:bb:dd.f', lower case")
+    architecture: str = Field(description="e.g. 'Hopper', 'Ampere'")
+    cuda_compute_capability: str = Field(description="'<major>.<minor>', e.g. '9.0'")
+    driver_version: str = Field(description="e.g. '580.65.06'")
+
+    @property
+    def device_name(self) -> str:
+        """Name of this GPU's device in the ResourceSlice."""
+        return f"gpu-{self.index}"
+
+
+class ClaimRef(BaseModel):
+    """A claim as the kubelet names it in NodePrepareResources / NodeUnprepareResources."""
+
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str
+    uid: str
+    name: str
+
+
+class PreparedDevice(BaseModel):
+    """One device of a prepared claim, as returned to the kubelet."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
+
+
+class PrepareResult(BaseModel):
+    """Outcome for one claim: devices on success, or a non-empty error."""
+
+    model_config = ConfigDict(frozen=True)
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""
