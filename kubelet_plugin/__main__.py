@@ -1,23 +1,77 @@
-"""Entry point of `fracgpu-kubelet-plugin`."""
+"""Entry point of `fracgpu-kubelet-plugin`: discover GPUs, publish them, serve the kubelet until SIGTERM."""
 
-import argparse
+import logging
+import os
+import signal
 import sys
+import threading
+
+from kubernetes import client, config
+from prometheus_client import start_http_server
+
+from api.logs import configure_logging
+from kubelet_plugin.checkpoint import CheckpointStore
+from kubelet_plugin.discovery import DiscoveryError, discover_gpus
+from kubelet_plugin.grpc_server import PluginServer
+from kubelet_plugin.metrics import PluginMetrics
+from kubelet_plugin.preparer import Preparer
+from kubelet_plugin.publisher import SlicePublisher
+from kubelet_plugin.settings import parse_settings
+
+log = logging.getLogger("fracgpu.kubelet_plugin")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """Command-line interface of the node plugin."""
-    return argparse.ArgumentParser(
-        prog="fracgpu-kubelet-plugin",
-        description="fracgpu node plugin: publishes this node's NVIDIA GPUs as shareable DRA devices and "
-        "prepares ResourceClaims of gpu.fracgpu.dev as CDI devices for the kubelet.",
-    )
+def kube_client() -> client.ApiClient:
+    """In-cluster credentials in a pod, else $KUBECONFIG / ~/.kube/config."""
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()
+        return client.ApiClient()
+    return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Parse arguments; the plugin lands with its issue (#3)."""
-    build_parser().parse_args(argv)
-    print("fracgpu-kubelet-plugin: the node plugin is not implemented yet (issue #3)", file=sys.stderr)
-    return 1
+    """Run the node plugin; returns the process exit code."""
+    settings = parse_settings(argv)
+    configure_logging(settings.log_level, settings.log_format)
+    try:
+        gpus = discover_gpus()
+    except DiscoveryError as err:
+        log.error("GPU discovery failed", extra={"error": str(err)})
+        return 1
+    log.info(
+        "discovered GPUs",
+        extra={"node": settings.node_name, "gpus": [f"{g.device_name}={g.uuid} {g.product_name}" for g in gpus]},
+    )
+    api = kube_client()
+    metrics = PluginMetrics()
+    if settings.metrics_port:
+        start_http_server(settings.metrics_port, settings.metrics_address, registry=metrics.registry)
+    preparer = Preparer(api, settings, gpus, CheckpointStore(settings.checkpoint_path), metrics)
+    preparer.recover()
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    publisher = SlicePublisher(api, settings, gpus)
+    publishing = threading.Thread(target=publisher.run, args=(stop,), name="slice-publisher", daemon=True)
+    publishing.start()
+    server = PluginServer(
+        settings.driver_name,
+        preparer,
+        preparer.health,
+        kubelet_dir=settings.kubelet_dir,
+        instance_id=settings.instance_id,
+        health_interval=settings.health_interval_seconds,
+    )
+    server.start()
+    log.info(
+        "serving the kubelet", extra={"registration": str(server.registration_socket), "dra": str(server.dra_socket)}
+    )
+    stop.wait()
+    log.info("shutting down; ResourceSlices stay published")
+    server.stop(grace=5)
+    publishing.join(timeout=5)
+    return 0
 
 
 if __name__ == "__main__":

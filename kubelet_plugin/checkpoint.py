@@ -1,0 +1,203 @@
+"""Versioned, atomically written checkpoint of the claims this node plugin has prepared.
+
+The kubelet does not re-prepare claims after a plugin restart and sends only namespace/name/UID on
+Unprepare (dra-facts §3.1, §3.3), so the plugin persists what it prepared. A claim is recorded as
+``PrepareStarted`` before its CDI spec is written and ``PrepareCompleted`` after. The node boot ID tells
+whether CDI specs (on tmpfs under /var/run/cdi) died with a reboot and must be rewritten.
+
+A corrupt file never crash-loops the plugin: it is moved aside and an empty checkpoint is returned with
+a description of what was wrong, for the caller to log and post as an Event.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kubelet_plugin.filelock import atomic_write
+from kubelet_plugin.model import PreparedDevice
+
+CHECKPOINT_VERSION: Literal[1] = 1
+CHECKPOINT_FILE_NAME = "checkpoint.json"
+CHECKPOINT_FILE_MODE = 0o600
+BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
+
+ClaimState = Literal["PrepareStarted", "PrepareCompleted"]
+
+
+def boot_id(path: Path = BOOT_ID_PATH) -> str:
+    """The kernel's boot ID (changes on every boot). Raises ``OSError`` if unreadable."""
+    return path.read_text().strip()
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+
+class CheckpointDevice(_Model):
+    """One prepared device, with what NodePrepareResources returned for it."""
+
+    request_names: list[str] = Field(alias="requestNames")
+    pool_name: str = Field(alias="poolName")
+    device_name: str = Field(alias="deviceName")
+    cdi_device_ids: list[str] = Field(alias="cdiDeviceIDs")
+    share_id: str | None = Field(default=None, alias="shareID")
+
+    @classmethod
+    def from_prepared(cls, device: PreparedDevice) -> CheckpointDevice:
+        """Record a device as returned to the kubelet."""
+        return cls(
+            request_names=list(device.request_names),
+            pool_name=device.pool_name,
+            device_name=device.device_name,
+            cdi_device_ids=list(device.cdi_device_ids),
+            share_id=device.share_id,
+        )
+
+    def to_prepared(self) -> PreparedDevice:
+        """The device as NodePrepareResources returns it (for an idempotent repeat)."""
+        return PreparedDevice(
+            request_names=tuple(self.request_names),
+            pool_name=self.pool_name,
+            device_name=self.device_name,
+            cdi_device_ids=tuple(self.cdi_device_ids),
+            share_id=self.share_id,
+        )
+
+
+class ClaimEntry(_Model):
+    """One claim known to the plugin."""
+
+    namespace: str
+    name: str
+    state: ClaimState
+    devices: list[CheckpointDevice] = Field(default_factory=list)
+
+
+class Checkpoint(_Model):
+    """The whole checkpoint: claims keyed by claim UID, plus the boot ID of the node that wrote it."""
+
+    version: Literal[1] = CHECKPOINT_VERSION
+    node_boot_id: str = Field(alias="nodeBootID")
+    claims: dict[str, ClaimEntry] = Field(default_factory=dict)
+
+    @classmethod
+    def empty(cls, node_boot_id: str) -> Checkpoint:
+        """A checkpoint with no claims."""
+        return cls(node_boot_id=node_boot_id)
+
+    def with_claim(self, claim_uid: str, entry: ClaimEntry) -> Checkpoint:
+        """A copy with ``claim_uid`` set to ``entry`` (added or replaced)."""
+        return self.model_copy(update={"claims": {**self.claims, claim_uid: entry}})
+
+    def without_claim(self, claim_uid: str) -> Checkpoint:
+        """A copy without ``claim_uid`` (unchanged content if absent)."""
+        return self.model_copy(update={"claims": {k: v for k, v in self.claims.items() if k != claim_uid}})
+
+    def with_boot_id(self, node_boot_id: str) -> Checkpoint:
+        """A copy stamped with ``node_boot_id`` (after CDI specs of a previous boot were rewritten)."""
+        return self.model_copy(update={"node_boot_id": node_boot_id})
+
+    def to_json(self) -> str:
+        """Wire form (camelCase), stable key order of claims."""
+        data = self.model_dump(by_alias=True, mode="json")
+        data["claims"] = dict(sorted(data["claims"].items()))
+        return json.dumps(data, indent=2) + "\n"
+
+
+class LoadResult(BaseModel):
+    """Outcome of ``CheckpointStore.load``.
+
+    ``corruption``: what was wrong with the file (it was moved to ``moved_to``; ``checkpoint`` is then
+    empty). ``rebooted``: the file was written during an earlier boot; its entries are kept (with the old
+    ``nodeBootID``), but every claim's CDI spec must be rewritten before stamping ``current_boot_id``.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    checkpoint: Checkpoint
+    current_boot_id: str
+    corruption: str | None = None
+    moved_to: Path | None = None
+    rebooted: bool = False
+
+
+class CheckpointStore:
+    """Reads and atomically writes one checkpoint file. Callers serialise access (``serialize_lock``)."""
+
+    def __init__(self, path: Path, current_boot_id: str | None = None) -> None:
+        """``current_boot_id`` defaults to ``boot_id()`` of this node."""
+        self.path = path
+        self.current_boot_id = current_boot_id if current_boot_id is not None else boot_id()
+
+    def load(self) -> LoadResult:
+        """Load the checkpoint; a missing file is an empty checkpoint. Never raises for a corrupt file:
+        an unreadable, non-JSON, wrong-version or invalid file is moved to ``<path>.corrupt-<UTC time>``
+        and an empty checkpoint is returned with ``corruption`` set.
+        """
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return LoadResult(checkpoint=self._empty(), current_boot_id=self.current_boot_id)
+        except OSError as e:
+            return self._corrupt(f"cannot read checkpoint {self.path}: {e.strerror or e}")
+        try:
+            data = json.loads(raw.decode("utf-8"))
+        except UnicodeDecodeError as e:
+            return self._corrupt(f"checkpoint {self.path} is not valid JSON (not UTF-8 text: {e.reason})")
+        except json.JSONDecodeError as e:
+            what = "is empty" if not raw.strip() else f"is not valid JSON ({e})"
+            return self._corrupt(f"checkpoint {self.path} {what}")
+        if not isinstance(data, dict):
+            return self._corrupt(f"checkpoint {self.path} is not a JSON object")
+        version = data.get("version")
+        if version != CHECKPOINT_VERSION or isinstance(version, bool):
+            return self._corrupt(
+                f"checkpoint {self.path} has unsupported version {json.dumps(version)}; "
+                f"this plugin reads version {CHECKPOINT_VERSION}"
+            )
+        try:
+            checkpoint = Checkpoint.model_validate(data)
+        except ValidationError as e:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors()
+            )
+            return self._corrupt(f"checkpoint {self.path} is invalid: {problems}")
+        return LoadResult(
+            checkpoint=checkpoint,
+            current_boot_id=self.current_boot_id,
+            rebooted=checkpoint.node_boot_id != self.current_boot_id,
+        )
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        """Atomically replace the file (temp + fsync + rename + dir fsync); old content survives failures."""
+        atomic_write(self.path, checkpoint.to_json().encode(), CHECKPOINT_FILE_MODE)
+
+    def _empty(self) -> Checkpoint:
+        return Checkpoint.empty(self.current_boot_id)
+
+    def _corrupt(self, problem: str) -> LoadResult:
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S.%fZ")
+        target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}")
+        n = 1
+        while target.exists():
+            target = self.path.with_name(f"{self.path.name}.corrupt-{stamp}-{n}")
+            n += 1
+        moved_to: Path | None = target
+        try:
+            os.rename(self.path, target)
+            message = f"{problem}; moved it to {target} and started with an empty checkpoint"
+        except OSError as e:
+            moved_to = None
+            message = f"{problem}; could not move it aside ({e.strerror or e}), starting with an empty checkpoint"
+        return LoadResult(
+            checkpoint=self._empty(),
+            current_boot_id=self.current_boot_id,
+            corruption=message,
+            moved_to=moved_to,
+        )

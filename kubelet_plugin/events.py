@@ -1,0 +1,33 @@
+"""Kubernetes Events the node plugin posts about its Node."""
+
+import datetime
+import logging
+import uuid
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+log = logging.getLogger(__name__)
+COMPONENT = "fracgpu-kubelet-plugin"
+
+
+def post_node_event(api: client.ApiClient, node_name: str, reason: str, message: str, type_: str = "Warning") -> None:
+    """Post a core/v1 Event about Node `node_name`; failures are logged, never raised."""
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    body = {
+        "metadata": {"name": f"{node_name}.{uuid.uuid4().hex[:12]}", "namespace": "default"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_name},
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "source": {"component": COMPONENT, "host": node_name},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": node_name,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        client.CoreV1Api(api).create_namespaced_event("default", body)
+    except ApiException as err:
+        log.warning("could not post Event", extra={"reason": reason, "status": err.status})

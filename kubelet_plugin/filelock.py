@@ -1,0 +1,95 @@
+"""File-system primitives of the node plugin: the cross-process serialize lock and atomic file replace.
+
+``serialize_lock`` serialises NodePrepareResources / NodeUnprepareResources across the plugin instances
+that share one plugin data dir during a rolling update (dra-facts §3.4: ``<pluginDataDir>/serialize.lock``).
+``atomic_write`` is the one way the plugin writes files others read (CDI specs, the checkpoint).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+SERIALIZE_LOCK_NAME = "serialize.lock"
+_POLL_INTERVAL_S = 0.05
+
+
+def serialize_lock_path(plugin_data_dir: Path) -> Path:
+    """Path of the shared lock file inside the plugin data dir."""
+    return plugin_data_dir / SERIALIZE_LOCK_NAME
+
+
+@contextlib.contextmanager
+def serialize_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the duration of the block.
+
+    Blocks until the lock is free: across processes, and across threads of one process too, because every
+    call opens its own file description. With ``timeout`` (seconds) raises ``TimeoutError`` instead of
+    waiting longer. The lock file itself is never deleted (deleting it would let two holders coexist).
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        if timeout is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            _flock_with_timeout(fd, path, timeout)
+        try:
+            yield
+        finally:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+def _flock_with_timeout(fd: int, path: Path, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise TimeoutError(f"could not lock {path} within {timeout}s: another instance holds it") from None
+            time.sleep(min(_POLL_INTERVAL_S, remaining))
+
+
+def fsync_dir(directory: Path) -> None:
+    """fsync a directory so that a rename inside it survives a crash."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: Path, data: bytes, mode: int) -> None:
+    """Replace ``path`` with ``data`` atomically: readers see the old or the new content, never a mix.
+
+    Writes a temp file in the same directory whose name starts with ``.`` (so CDI runtimes, which load
+    only ``*.json``/``*.yaml``, and directory listings of our own files ignore it), flushes and fsyncs
+    it, sets ``mode``, renames it over ``path`` and fsyncs the directory. The parent directory is
+    created (0755) if missing. On any error the temp file is removed and the old file is left intact.
+    """
+    directory = path.parent
+    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fchmod(f.fileno(), mode)
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+        raise
+    fsync_dir(directory)

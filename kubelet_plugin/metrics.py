@@ -1,0 +1,47 @@
+"""Prometheus metrics of the node plugin (one registry per plugin instance)."""
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Prepare of one claim takes milliseconds: buckets resolve 1 ms up to the kubelet's 45 s call timeout.
+DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 45.0)
+
+
+class PluginMetrics:
+    """Counters, histograms and gauges for NodePrepareResources / NodeUnprepareResources."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self.requests = Counter(
+            "fracgpu_plugin_claims_total",
+            "Claims handled, by operation (prepare|unprepare) and result (ok|error).",
+            ["operation", "result"],
+            registry=self.registry,
+        )
+        self.duration = Histogram(
+            "fracgpu_plugin_request_duration_seconds",
+            "Duration of one NodePrepareResources / NodeUnprepareResources call.",
+            ["operation"],
+            buckets=DURATION_BUCKETS,
+            registry=self.registry,
+        )
+        self.in_flight = Gauge(
+            "fracgpu_plugin_requests_in_flight",
+            "Calls being served now, by operation.",
+            ["operation"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "fracgpu_plugin_errors_total",
+            "Per-claim errors by operation and type (claim_not_found, uid_mismatch, not_allocated, "
+            "invalid_config, device_node_missing, unknown_device, api_error, internal).",
+            ["operation", "type"],
+            registry=self.registry,
+        )
+        self.prepared_claims = Gauge(
+            "fracgpu_plugin_prepared_claims", "Claims prepared on this node now.", registry=self.registry
+        )
+        self.checkpoint_corruptions = Counter(
+            "fracgpu_plugin_checkpoint_corruptions_total",
+            "Unreadable checkpoints that were moved aside and rebuilt.",
+            registry=self.registry,
+        )

@@ -1,0 +1,268 @@
+"""NodePrepareResources / NodeUnprepareResources for fracgpu: claims in, CDI specs and a checkpoint out.
+
+Contract (dra-facts §3): every claim in a call gets an answer; a problem with one claim is that claim's
+error, never an exception for the call. Prepare is idempotent (a repeat gives the same answer and re-writes
+the CDI spec, which a reboot may have wiped); unprepare of an unknown claim succeeds. All checkpoint and
+spec changes happen under one lock shared by every plugin instance on the node.
+"""
+
+import json
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from kubelet_plugin import cdi
+from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry
+from kubelet_plugin.claim_spec import PrepareError, hami_cache_dir, hami_preload_file, plan_claim
+from kubelet_plugin.claim_status import apply_ready, is_ready
+from kubelet_plugin.devicenodes import HostDeviceNode, ensure_char_links
+from kubelet_plugin.events import post_node_event
+from kubelet_plugin.filelock import atomic_write, serialize_lock
+from kubelet_plugin.metrics import PluginMetrics
+from kubelet_plugin.model import ClaimRef, GpuInfo, PreparedDevice, PrepareResult
+from kubelet_plugin.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class Preparer:
+    """Implements the gRPC server's ClaimPreparer for the GPUs of this node."""
+
+    def __init__(
+        self,
+        api: client.ApiClient,
+        settings: Settings,
+        gpus: list[GpuInfo],
+        store: CheckpointStore,
+        metrics: PluginMetrics,
+    ) -> None:
+        self._api = api
+        self._claims = client.ResourceV1Api(api)
+        self._settings = settings
+        self._gpus = {g.device_name: g for g in gpus}
+        self._store = store
+        self._metrics = metrics
+        self._lock = threading.Lock()
+
+    # -- lifecycle ---------------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """At start: load the checkpoint (reporting and replacing a corrupt one), drop claims whose prepare
+        never completed together with their specs, delete specs no completed claim owns, and re-write the
+        specs of completed claims if the node rebooted."""
+        with self._locked():
+            checkpoint = self._load()
+            result_rebooted = checkpoint.node_boot_id != self._store.current_boot_id
+            for uid, entry in list(checkpoint.claims.items()):
+                if entry.state != "PrepareCompleted":
+                    log.warning("dropping half-prepared claim", extra={"claim": uid, "name": entry.name})
+                    cdi.remove_spec(self._settings.cdi_dir, self._settings.driver_name, uid)
+                    checkpoint = checkpoint.without_claim(uid)
+            for uid in cdi.list_spec_claim_uids(self._settings.cdi_dir, self._settings.driver_name):
+                if uid not in checkpoint.claims:
+                    log.warning("removing orphaned CDI spec", extra={"claim": uid})
+                    cdi.remove_spec(self._settings.cdi_dir, self._settings.driver_name, uid)
+            if result_rebooted:
+                checkpoint = self._rewrite_after_reboot(checkpoint)
+            self._store.save(checkpoint)
+            self._metrics.prepared_claims.set(len(checkpoint.claims))
+
+    def _rewrite_after_reboot(self, checkpoint: Checkpoint) -> Checkpoint:
+        for uid, entry in list(checkpoint.claims.items()):
+            try:
+                claim = self._fetch(ClaimRef(namespace=entry.namespace, name=entry.name, uid=uid))
+                self._write(claim)
+            except PrepareError as err:
+                log.warning("cannot restore claim after reboot; dropping it", extra={"claim": uid, "error": str(err)})
+                checkpoint = checkpoint.without_claim(uid)
+        return checkpoint.with_boot_id(self._store.current_boot_id)
+
+    # -- ClaimPreparer -----------------------------------------------------------------------------
+
+    def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
+        """Prepare each claim; see the module contract."""
+        with self._measure("prepare"):
+            fetched: dict[str, dict[str, Any] | PrepareError] = {}
+            for ref in claims:  # outside the lock: API round trips must not serialise other calls
+                try:
+                    fetched[ref.uid] = self._fetch(ref)
+                except PrepareError as err:
+                    fetched[ref.uid] = err
+            results: dict[str, PrepareResult] = {}
+            ready: list[dict[str, Any]] = []
+            with self._locked():
+                checkpoint = self._load()
+                started = checkpoint
+                for ref in claims:
+                    claim = fetched[ref.uid]
+                    if isinstance(claim, dict) and ref.uid not in checkpoint.claims:
+                        started = started.with_claim(
+                            ref.uid, ClaimEntry(namespace=ref.namespace, name=ref.name, state="PrepareStarted")
+                        )
+                if started is not checkpoint:
+                    self._store.save(started)
+                completed = started
+                for ref in claims:
+                    claim = fetched[ref.uid]
+                    try:
+                        if isinstance(claim, PrepareError):
+                            raise claim
+                        devices = self._write(claim)
+                    except PrepareError as err:
+                        self._count_error("prepare", err.kind)
+                        log.warning("prepare failed", extra={"claim": _show(ref), "error": str(err)})
+                        results[ref.uid] = PrepareResult(error=str(err))
+                        if ref.uid in completed.claims and completed.claims[ref.uid].state == "PrepareStarted":
+                            completed = completed.without_claim(ref.uid)
+                        continue
+                    completed = completed.with_claim(
+                        ref.uid,
+                        ClaimEntry(
+                            namespace=ref.namespace,
+                            name=ref.name,
+                            state="PrepareCompleted",
+                            devices=[CheckpointDevice.from_prepared(d) for d in devices],
+                        ),
+                    )
+                    results[ref.uid] = PrepareResult(devices=devices)
+                    self._metrics.requests.labels("prepare", "ok").inc()
+                    if devices and not is_ready(claim, self._settings.driver_name):
+                        ready.append(claim)
+                if completed != checkpoint:
+                    self._store.save(completed)
+                self._metrics.prepared_claims.set(len(completed.claims))
+            for claim in ready:
+                self._mark_ready(claim)
+            return results
+
+    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
+        """Remove each claim's CDI spec and checkpoint entry; unknown claims are fine."""
+        with self._measure("unprepare"), self._locked():
+            checkpoint = self._load()
+            updated = checkpoint
+            errors: dict[str, str] = {}
+            for ref in claims:
+                try:
+                    cdi.remove_spec(self._settings.cdi_dir, self._settings.driver_name, ref.uid)
+                    shutil.rmtree(hami_cache_dir(self._settings, ref.uid), ignore_errors=True)
+                except OSError as err:
+                    self._count_error("unprepare", "internal")
+                    errors[ref.uid] = f"cannot remove CDI spec of claim {_show(ref)}: {err}"
+                    continue
+                updated = updated.without_claim(ref.uid)
+                errors[ref.uid] = ""
+                self._metrics.requests.labels("unprepare", "ok").inc()
+            if updated != checkpoint:
+                self._store.save(updated)
+            self._metrics.prepared_claims.set(len(updated.claims))
+            return errors
+
+    # -- steps -------------------------------------------------------------------------------------
+
+    def _fetch(self, ref: ClaimRef) -> dict[str, Any]:
+        """GET the claim; check it is the one the kubelet means and that it is allocated."""
+        try:
+            resp = self._claims.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False)
+        except ApiException as err:
+            if err.status == 404:
+                raise PrepareError("claim_not_found", f"ResourceClaim {_show(ref)} not found") from None
+            raise PrepareError(
+                "api_error", f"cannot read ResourceClaim {_show(ref)}: {err.status} {err.reason}"
+            ) from None
+        claim: dict[str, Any] = json.loads(resp.data)
+        if claim["metadata"]["uid"] != ref.uid:
+            raise PrepareError(
+                "uid_mismatch",
+                f"ResourceClaim {_show(ref)} has UID {claim['metadata']['uid']}, not {ref.uid}: it was replaced",
+            )
+        if not (claim.get("status") or {}).get("allocation"):
+            raise PrepareError("not_allocated", f"ResourceClaim {_show(ref)} is not allocated")
+        return claim
+
+    def _write(self, claim: dict[str, Any]) -> tuple[PreparedDevice, ...]:
+        """Write the claim's CDI spec (and HAMi-core files); return the devices for the kubelet."""
+        plan = plan_claim(claim, self._settings, self._gpus)
+        if plan.spec is None:
+            return ()
+        uid = claim["metadata"]["uid"]
+        try:
+            if any(d.container_edits.mounts for d in plan.spec.devices):
+                self._prepare_hami_files(uid)
+            cdi.write_spec(self._settings.cdi_dir, uid, plan.spec, self._settings.driver_name)
+        except OSError as err:
+            raise PrepareError("internal", f"cannot write CDI spec for claim {uid}: {err}") from None
+        ensure_char_links(
+            self._settings.dev_char_dir,
+            [
+                HostDeviceNode(n.path, Path(n.host_path or n.path), n.major or 0, n.minor or 0)
+                for d in plan.spec.devices
+                for n in d.container_edits.device_nodes
+            ],
+        )
+        return plan.devices
+
+    def _prepare_hami_files(self, uid: str) -> None:
+        preload = hami_preload_file(self._settings)
+        content = b"/usr/local/vgpu/libvgpu.so\n"
+        if not preload.exists() or preload.read_bytes() != content:
+            atomic_write(preload, content, 0o644)
+        hami_cache_dir(self._settings, uid).mkdir(parents=True, exist_ok=True)
+        self._settings.hami_core_lock_dir.mkdir(parents=True, exist_ok=True)
+
+    def _mark_ready(self, claim: dict[str, Any]) -> None:
+        try:
+            apply_ready(self._api, claim, self._settings.driver_name, self._settings.node_name)
+        except ApiException as err:  # the container can start anyway; the condition is informational
+            self._count_error("prepare", "status_update")
+            log.warning(
+                "cannot set Ready on claim status",
+                extra={"claim": claim["metadata"]["name"], "status": err.status, "reason": err.reason},
+            )
+
+    def _load(self) -> Checkpoint:
+        result = self._store.load()
+        if result.corruption:
+            self._metrics.checkpoint_corruptions.inc()
+            log.error("checkpoint was corrupt and has been rebuilt", extra={"problem": result.corruption})
+            post_node_event(self._api, self._settings.node_name, "CheckpointCorrupt", result.corruption)
+        return result.checkpoint
+
+    @contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._lock, serialize_lock(self._settings.lock_path):
+            yield
+
+    @contextmanager
+    def _measure(self, operation: str) -> Iterator[None]:
+        gauge = self._metrics.in_flight.labels(operation)
+        gauge.inc()
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self._metrics.duration.labels(operation).observe(time.perf_counter() - start)
+            gauge.dec()
+
+    def _count_error(self, operation: str, kind: str) -> None:
+        self._metrics.requests.labels(operation, "error").inc()
+        self._metrics.errors.labels(operation, kind).inc()
+
+    def health(self) -> list[tuple[str, str, bool]]:
+        """(pool, device, healthy) for every GPU: healthy while its device node is present."""
+        out = []
+        for name, gpu in sorted(self._gpus.items()):
+            node = self._settings.driver_root / "dev" / f"nvidia{gpu.minor}"
+            out.append((self._settings.node_name, name, node.exists()))
+        return out
+
+
+def _show(ref: ClaimRef) -> str:
+    return f"{ref.namespace}/{ref.name}"

@@ -1,0 +1,107 @@
+"""Node plugin settings: command-line flags with environment defaults, validated by pydantic."""
+
+import argparse
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from api.names import DRIVER_NAME
+from api.quantity import MiB, to_bytes
+
+Enforcement = Literal["none", "hami-core"]
+
+
+class Settings(BaseModel):
+    """Everything the node plugin needs to know about its node and its cluster."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node_name: str = Field(min_length=1)
+    driver_name: str = DRIVER_NAME
+    kubelet_dir: Path = Path("/var/lib/kubelet")
+    cdi_dir: Path = Path("/var/run/cdi")
+    driver_root: Path = Field(Path("/"), description="host root under which /dev/nvidia* are found")
+    dev_char_dir: Path = Field(Path("/dev/char"), description="host /dev/char, for <major>:<minor> links")
+    memory_step_bytes: int = Field(256 * MiB, gt=0)
+    memory_reserve_bytes: int = Field(0, ge=0)
+    enforcement: Enforcement = "none"
+    hami_core_library: Path = Path("/usr/local/vgpu/libvgpu.so")
+    hami_core_lock_dir: Path = Path("/tmp/vgpulock")
+    instance_id: str | None = Field(None, description="pod UID: unique socket names during rolling updates")
+    health_interval_seconds: float = Field(10.0, gt=0)
+    resync_seconds: float = Field(60.0, gt=0)
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = Field(8080, ge=0, le=65535, description="0 disables the metrics server")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_format: Literal["json", "text"] = "json"
+
+    @field_validator("memory_step_bytes")
+    @classmethod
+    def _step_is_whole_mib(cls, value: int) -> int:
+        if value % MiB:
+            raise ValueError("memory step must be a whole number of MiB (e.g. 256Mi)")
+        return value
+
+    @property
+    def plugin_data_dir(self) -> Path:
+        """`<kubelet dir>/plugins/<driver>`: DRA socket, checkpoint, lock."""
+        return self.kubelet_dir / "plugins" / self.driver_name
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.plugin_data_dir / "checkpoint.json"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.plugin_data_dir / "serialize.lock"
+
+
+def _env(name: str, default: str | None = None) -> str | None:
+    return os.environ.get(name, default)
+
+
+def parse_settings(argv: list[str] | None = None) -> Settings:
+    """Settings from flags; every flag defaults to its environment variable (FRACGPU_*, NODE_NAME, POD_UID)."""
+    p = argparse.ArgumentParser(
+        prog="fracgpu-kubelet-plugin",
+        description="fracgpu node plugin: publishes this node's NVIDIA GPUs as DRA devices shareable by memory "
+        "and prepares ResourceClaims of the driver as CDI devices for the kubelet.",
+    )
+    p.add_argument("--node-name", default=_env("NODE_NAME"), help="this node (env NODE_NAME; required)")
+    p.add_argument("--driver-name", default=_env("FRACGPU_DRIVER_NAME", DRIVER_NAME))
+    p.add_argument("--kubelet-dir", default=_env("FRACGPU_KUBELET_DIR", "/var/lib/kubelet"))
+    p.add_argument("--cdi-dir", default=_env("FRACGPU_CDI_DIR", "/var/run/cdi"))
+    p.add_argument("--driver-root", default=_env("FRACGPU_DRIVER_ROOT", "/"), help="host root of /dev/nvidia*")
+    p.add_argument("--dev-char-dir", default=_env("FRACGPU_DEV_CHAR_DIR", "/dev/char"))
+    p.add_argument("--memory-step", default=_env("FRACGPU_MEMORY_STEP", "256Mi"), help="granularity of shares")
+    p.add_argument("--memory-reserve", default=_env("FRACGPU_MEMORY_RESERVE", "0"), help="held back per GPU")
+    p.add_argument("--enforcement", default=_env("FRACGPU_ENFORCEMENT", "none"), help="none | hami-core")
+    p.add_argument("--hami-core-library", default=_env("FRACGPU_HAMI_CORE_LIBRARY", "/usr/local/vgpu/libvgpu.so"))
+    p.add_argument("--instance-id", default=_env("POD_UID"), help="pod UID for rolling-update socket names")
+    p.add_argument("--metrics-port", type=int, default=int(_env("FRACGPU_METRICS_PORT", "8080") or 0))
+    p.add_argument("--log-level", default=_env("FRACGPU_LOG_LEVEL", "info"))
+    p.add_argument("--log-format", default=_env("FRACGPU_LOG_FORMAT", "json"), help="json | text")
+    args = p.parse_args(argv)
+    if not args.node_name:
+        p.error("--node-name (or env NODE_NAME) is required: the plugin publishes this node's GPUs")
+    try:
+        return Settings(
+            node_name=args.node_name,
+            driver_name=args.driver_name,
+            kubelet_dir=Path(args.kubelet_dir),
+            cdi_dir=Path(args.cdi_dir),
+            driver_root=Path(args.driver_root),
+            dev_char_dir=Path(args.dev_char_dir),
+            memory_step_bytes=to_bytes(args.memory_step),
+            memory_reserve_bytes=to_bytes(args.memory_reserve),
+            enforcement=args.enforcement,
+            hami_core_library=Path(args.hami_core_library),
+            instance_id=args.instance_id or None,
+            metrics_port=args.metrics_port,
+            log_level=args.log_level,
+            log_format=args.log_format,
+        )
+    except ValueError as err:
+        p.error(str(err))

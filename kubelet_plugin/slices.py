@@ -1,0 +1,78 @@
+"""The ResourceSlices that describe this node's GPUs (pure functions; publishing is in publisher.py)."""
+
+from typing import Any
+
+from api.names import MEMORY_CAPACITY
+from api.quantity import format_bytes
+from kubelet_plugin.model import GpuInfo
+
+MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices
+
+
+def usable_memory(gpu: GpuInfo, step: int, reserve: int) -> int:
+    """Memory offered for sharing: total minus reserve, rounded down to a multiple of `step` (≥ 0)."""
+    return max(0, (gpu.memory_total_bytes - reserve) // step * step)
+
+
+def device_entry(gpu: GpuInfo, step: int, reserve: int) -> dict[str, Any]:
+    """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes."""
+    memory = usable_memory(gpu, step, reserve)
+    capacity: dict[str, Any] = {"value": format_bytes(memory)}
+    if memory >= 2 * step:  # validRange needs min + step <= value
+        capacity["requestPolicy"] = {
+            "default": format_bytes(memory),
+            "validRange": {"min": format_bytes(step), "max": format_bytes(memory), "step": format_bytes(step)},
+        }
+    return {
+        "name": gpu.device_name,
+        "allowMultipleAllocations": True,
+        "attributes": {
+            "uuid": {"string": gpu.uuid},
+            "index": {"int": gpu.index},
+            "minor": {"int": gpu.minor},
+            "productName": {"string": gpu.product_name[:64]},
+            "architecture": {"string": gpu.architecture},
+            "cudaComputeCapability": {"version": _semver(gpu.cuda_compute_capability)},
+            "driverVersion": {"version": _semver(gpu.driver_version)},
+            "resource.kubernetes.io/pciBusID": {"string": gpu.pci_bus_id},
+        },
+        "capacity": {MEMORY_CAPACITY: capacity},
+    }
+
+
+def _semver(version: str) -> str:
+    """`9.0` → `9.0.0`, `580.65.06` → `580.65.6`: DRA version attributes must be semantic versions."""
+    parts = [str(int(p)) for p in version.split(".")[:3] if p.isdigit()]
+    return ".".join([*parts, "0", "0", "0"][:3])
+
+
+def slice_name(node: str, driver: str, index: int) -> str:
+    """Deterministic name of the `index`-th slice of this node's pool."""
+    return f"{node}-{driver}-{index}"
+
+
+def build_slices(
+    node: str, node_uid: str, driver: str, gpus: list[GpuInfo], *, step: int, reserve: int, generation: int
+) -> list[dict[str, Any]]:
+    """All slices of the node's pool (pool = node name), at most 128 devices each, at least one slice."""
+    devices = [device_entry(g, step, reserve) for g in sorted(gpus, key=lambda g: g.index)]
+    chunks = [devices[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)] or [[]]
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {
+                "name": slice_name(node, driver, i),
+                "ownerReferences": [
+                    {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node_uid, "controller": True}
+                ],
+            },
+            "spec": {
+                "driver": driver,
+                "nodeName": node,
+                "pool": {"name": node, "generation": generation, "resourceSliceCount": len(chunks)},
+                "devices": chunk,
+            },
+        }
+        for i, chunk in enumerate(chunks)
+    ]

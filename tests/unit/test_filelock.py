@@ -1,0 +1,84 @@
+"""Unit tests of the cross-process serialize lock (kubelet_plugin/filelock.py)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from kubelet_plugin.filelock import serialize_lock, serialize_lock_path
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+CHILD = """
+import sys, time
+from pathlib import Path
+from kubelet_plugin.filelock import serialize_lock
+print("waiting", flush=True)
+with serialize_lock(Path(sys.argv[1])):
+    print("acquired", time.time(), flush=True)
+"""
+
+
+def test_second_process_waits_for_the_lock(tmp_path: Path) -> None:
+    lock = serialize_lock_path(tmp_path / "plugin-data")
+    assert lock.name == "serialize.lock"
+    with serialize_lock(lock):
+        child = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(lock)],
+            cwd=REPO_ROOT,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert child.stdout is not None
+        assert child.stdout.readline().strip() == "waiting"
+        time.sleep(0.3)
+        assert child.poll() is None, "the child got the lock while we held it"
+        released_at = time.time()
+    out, _ = child.communicate(timeout=30)
+    assert child.returncode == 0
+    word, stamp = out.split()
+    assert word == "acquired"
+    assert float(stamp) >= released_at
+    assert lock.exists()  # never deleted
+
+
+def test_timeout_while_held_then_free(tmp_path: Path) -> None:
+    lock = tmp_path / "serialize.lock"
+    # a second holder in this process opens its own file description, so it blocks too
+    with (
+        serialize_lock(lock),
+        pytest.raises(TimeoutError, match="another instance holds it"),
+        serialize_lock(lock, timeout=0.1),
+    ):
+        pass
+    with serialize_lock(lock, timeout=0.1):
+        pass
+
+
+def test_threads_are_serialised(tmp_path: Path) -> None:
+    lock = tmp_path / "serialize.lock"
+    inside = 0
+    overlaps = 0
+    guard = threading.Lock()
+
+    def work() -> None:
+        nonlocal inside, overlaps
+        with serialize_lock(lock):
+            with guard:
+                inside += 1
+                overlaps += inside > 1
+            time.sleep(0.01)
+            with guard:
+                inside -= 1
+
+    threads = [threading.Thread(target=work) for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert overlaps == 0
