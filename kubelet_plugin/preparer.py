@@ -63,7 +63,7 @@ class Preparer:
             result_rebooted = checkpoint.node_boot_id != self._store.current_boot_id
             for uid, entry in list(checkpoint.claims.items()):
                 if entry.state != "PrepareCompleted":
-                    log.warning("dropping half-prepared claim", extra={"claim": uid, "name": entry.name})
+                    log.warning("dropping half-prepared claim", extra={"claim": uid, "claim_name": entry.name})
                     cdi.remove_spec(self._settings.cdi_dir, self._settings.driver_name, uid)
                     checkpoint = checkpoint.without_claim(uid)
             for uid in cdi.list_spec_claim_uids(self._settings.cdi_dir, self._settings.driver_name):
@@ -136,7 +136,7 @@ class Preparer:
                     self._metrics.requests.labels("prepare", "ok").inc()
                     if devices and not is_ready(claim, self._settings.driver_name):
                         ready.append(claim)
-                if completed != checkpoint:
+                if completed != started:  # `started` is what the file holds now
                     self._store.save(completed)
                 self._metrics.prepared_claims.set(len(completed.claims))
             for claim in ready:

@@ -107,3 +107,85 @@ def shared_gpu(name: str, memory: str, uuid_: str, step: str = "256Mi") -> dict[
             }
         },
     }
+
+
+def ensure_device_class(dyn: DynamicClient, name: str, driver: str) -> None:
+    """Create the DeviceClass selecting `driver` unless it exists (tests in one session share it)."""
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": name},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+    }
+    try:
+        resource(dyn, "resource.k8s.io/v1", "DeviceClass").create(body=body)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+
+
+def claim_template(name: str, device_class: str, memory: str | None, config: object | None = None) -> dict[str, Any]:
+    """A ResourceClaimTemplate with one request `gpu`, optionally for `memory`, with an opaque config."""
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if memory is not None:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    spec: dict[str, Any] = {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    if config is not None:
+        spec["devices"]["config"] = [{"requests": ["gpu"], "opaque": {"driver": device_class, "parameters": config}}]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": spec},
+    }
+
+
+def pod_with_claim(name: str, template: str, node: str) -> dict[str, Any]:
+    """A pod pinned to `node` whose one container uses a claim made from `template`."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"operator": "Exists"}],
+            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "containers": [
+                {"name": "app", "image": "fracgpu.invalid/never-pulled:0", "resources": {"claims": [{"name": "gpu"}]}}
+            ],
+        },
+    }
+
+
+def allocate_claims(
+    api_client: client.ApiClient,
+    dyn: DynamicClient,
+    namespace: str,
+    node: str,
+    *,
+    device_class: str,
+    memories: list[str | None],
+    config: object | None = None,
+    timeout: float = 60,
+) -> list[dict[str, Any]]:
+    """One pod per entry of `memories`, each with its own claim; wait until the real scheduler has
+    allocated every claim; return the claims (in pod order)."""
+    core = client.CoreV1Api(api_client)
+    templates = resource(dyn, "resource.k8s.io/v1", "ResourceClaimTemplate")
+    pods = []
+    for memory in memories:
+        pod = unique("pod")
+        templates.create(namespace=namespace, body=claim_template(pod, device_class, memory, config))
+        core.create_namespaced_pod(namespace, pod_with_claim(pod, pod, node))
+        pods.append(pod)
+    claims_api = resource(dyn, "resource.k8s.io/v1", "ResourceClaim")
+
+    def allocated() -> list[dict[str, Any]] | None:
+        by_pod: dict[str, dict[str, Any]] = {}
+        for claim in claims_api.get(namespace=namespace).to_dict()["items"]:
+            owner = (claim["metadata"].get("ownerReferences") or [{}])[0].get("name")
+            if owner in pods and (claim.get("status") or {}).get("allocation"):
+                by_pod[owner] = claim
+        return [by_pod[p] for p in pods] if len(by_pod) == len(pods) else None
+
+    return wait_for(allocated, timeout, what=f"allocation of {len(pods)} claims in {namespace}")

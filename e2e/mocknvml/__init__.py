@@ -1,0 +1,56 @@
+"""Simulated GPUs for tests and the demo: the mock libnvidia-ml.so.1 plus mknod-made device nodes."""
+
+import os
+import stat
+import subprocess
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+PROFILES = HERE / "profiles"
+NVIDIA_MAJOR = 195
+NVIDIACTL_MINOR = 255
+
+
+def build(outdir: Path) -> Path:
+    """Compile the mock NVML library into `outdir`; return the directory for LD_LIBRARY_PATH."""
+    subprocess.run(["bash", str(HERE / "build.sh"), str(outdir)], check=True, capture_output=True)
+    return outdir
+
+
+def read_profile(profile: Path) -> dict[str, str]:
+    """The profile's `key = value` lines."""
+    values: dict[str, str] = {}
+    for raw in profile.read_text().splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if "=" in line:
+            key, value = line.split("=", 1)
+            values[key.strip()] = value.strip()
+    return values
+
+
+def gpu_minors(profile: Path) -> list[int]:
+    """Minor numbers of the profile's GPUs."""
+    values = read_profile(profile)
+    return sorted(int(v) for k, v in values.items() if k.startswith("gpu.") and k.endswith(".minor"))
+
+
+def _mknod(path: Path, major: int, minor: int) -> None:
+    if path.exists():
+        st = path.stat()
+        if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major, minor):
+            return
+        path.unlink()
+    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+
+
+def make_driver_root(root: Path, profile: Path) -> Path:
+    """Create `<root>/dev/nvidia<minor>` per GPU, nvidiactl, nvidia-uvm and nvidia-uvm-tools (needs root)."""
+    dev = root / "dev"
+    dev.mkdir(parents=True, exist_ok=True)
+    uvm_major = int(read_profile(profile).get("uvm_major", "510"))
+    for minor in gpu_minors(profile):
+        _mknod(dev / f"nvidia{minor}", NVIDIA_MAJOR, minor)
+    _mknod(dev / "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR)
+    _mknod(dev / "nvidia-uvm", uvm_major, 0)
+    _mknod(dev / "nvidia-uvm-tools", uvm_major, 1)
+    return root

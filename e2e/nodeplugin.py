@@ -1,0 +1,93 @@
+"""Runs the node plugin as a process on the host for tests and benchmarks: simulated GPUs, its own dirs."""
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import grpc
+
+from e2e import mocknvml
+from e2e.cluster.processes import ProcessGroup
+from e2e.kubelet_client import KubeletClient
+
+DRIVER = "gpu.fracgpu.dev"
+
+
+class NodePluginProcess:
+    """`python -m kubelet_plugin` for `node` with kubelet/CDI/driver-root/dev-char dirs under `workdir`."""
+
+    def __init__(
+        self, workdir: Path, node: str, kubeconfig: Path, profile: Path, nvml_dir: Path, *extra_args: str
+    ) -> None:
+        self.workdir = workdir
+        self.node = node
+        self.kubelet_dir = workdir / "kubelet"
+        self.cdi_dir = workdir / "cdi"
+        self.driver_root = workdir / "driver-root"
+        self.dev_char_dir = workdir / "dev-char"
+        self.profile = profile
+        self.procs = ProcessGroup(workdir / "state", detached=False)
+        self._env = {
+            **os.environ,
+            "KUBECONFIG": str(kubeconfig),
+            "LD_LIBRARY_PATH": str(nvml_dir),
+            "FRACGPU_MOCK_NVML_PROFILE": str(profile),
+        }
+        self._args = extra_args
+        mocknvml.make_driver_root(self.driver_root, profile)
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock"
+
+    @property
+    def checkpoint(self) -> Path:
+        return self.kubelet_dir / "plugins" / DRIVER / "checkpoint.json"
+
+    def start(self, timeout: float = 30) -> KubeletClient:
+        """Start the plugin, wait for its registration socket, register like the kubelet does."""
+        self.procs.start(
+            "plugin",
+            [
+                sys.executable,
+                "-m",
+                "kubelet_plugin",
+                f"--node-name={self.node}",
+                f"--kubelet-dir={self.kubelet_dir}",
+                f"--cdi-dir={self.cdi_dir}",
+                f"--driver-root={self.driver_root}",
+                f"--dev-char-dir={self.dev_char_dir}",
+                "--metrics-port=0",
+                "--log-format=text",
+                *self._args,
+            ],
+            env=self._env,
+        )
+        deadline = time.monotonic() + timeout
+        while True:
+            self.procs.check_alive("plugin")
+            if self.registration_socket.exists():
+                kubelet = KubeletClient(self.registration_socket)
+                try:
+                    kubelet.register(timeout=1)
+                    return kubelet
+                except grpc.RpcError:
+                    kubelet.close()  # a stale socket of a killed instance, or not serving yet
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"plugin did not register:\n{self.procs.log_tail('plugin')}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """SIGTERM (the plugin removes its sockets) and wait."""
+        self.procs.stop("plugin")
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        proc = self.procs.procs.pop("plugin")
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+    def log(self) -> str:
+        return self.procs.log_tail("plugin", 200)

@@ -1,0 +1,303 @@
+"""The node plugin against the real control plane (issue #3).
+
+The plugin runs as a process with simulated GPUs (mock NVML, mknod-made nodes) for a fake Node; the real
+scheduler allocates claims of pods onto the devices the plugin published; this test then speaks to the
+plugin exactly as the kubelet would.
+"""
+
+import contextlib
+import json
+import os
+import random
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.dynamic import DynamicClient
+
+from e2e import mocknvml
+from e2e.cluster.controlplane import ControlPlane
+from e2e.kubelet_client import KubeletClient
+from e2e.nodeplugin import DRIVER, NodePluginProcess
+from kubelet_plugin import cdi
+from tests.integration import kube
+
+pytestmark = pytest.mark.integration
+PROFILE = mocknvml.PROFILES / "gpu80x2.profile"
+
+
+@dataclass
+class Plugin:
+    process: NodePluginProcess
+    kubelet: KubeletClient
+    node: str
+
+    def restart(self, kill: bool = False) -> None:
+        self.kubelet.close()
+        if kill:
+            self.process.kill()
+        else:
+            self.process.stop()
+        self.kubelet = self.process.start()
+
+    def slices(self, api_client: client.ApiClient) -> list[Any]:
+        selector = f"spec.nodeName={self.node},spec.driver={DRIVER}"
+        return list(client.ResourceV1Api(api_client).list_resource_slice(field_selector=selector).items)
+
+
+@pytest.fixture(scope="module")
+def plugin(control_plane: ControlPlane, api_client: client.ApiClient, dyn: DynamicClient) -> Iterator[Plugin]:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the simulated GPUs' device nodes are made with mknod")
+    node = kube.unique("gpunode")
+    kube.create_fake_node(api_client, node)
+    kube.ensure_device_class(dyn, DRIVER, DRIVER)
+    workdir = Path(tempfile.mkdtemp(prefix="fgnp-", dir="/tmp"))  # short: unix socket paths ≤ 107 bytes
+    nvml = mocknvml.build(workdir / "nvml")
+    process = NodePluginProcess(workdir, node, control_plane.kubeconfig, PROFILE, nvml)
+    plugin = Plugin(process, process.start(), node)
+    kube.wait_for(lambda: plugin.slices(api_client), 30, what="ResourceSlices of the plugin")
+    try:
+        yield plugin
+    finally:
+        plugin.kubelet.close()
+        process.stop()
+
+
+def _refs(claims: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
+    return [(c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"]) for c in claims]
+
+
+def _spec(plugin: Plugin, uid: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(cdi.spec_path(plugin.process.cdi_dir, DRIVER, uid).read_text())
+    return data
+
+
+def _env(edits: dict[str, Any]) -> dict[str, str]:
+    return dict(e.split("=", 1) for e in edits["env"])
+
+
+def _gpus_by_device(plugin: Plugin, api_client: client.ApiClient) -> dict[str, dict[str, Any]]:
+    devices = {}
+    for s in plugin.slices(api_client):
+        for d in api_client.sanitize_for_serialization(s)["spec"]["devices"]:
+            devices[d["name"]] = d
+    return devices
+
+
+def test_publishes_each_gpu_shareable_by_memory(plugin: Plugin, api_client: client.ApiClient) -> None:
+    (published,) = plugin.slices(api_client)
+    body = api_client.sanitize_for_serialization(published)
+    profile = mocknvml.read_profile(PROFILE)
+    assert body["spec"]["pool"]["name"] == plugin.node
+    assert body["spec"]["pool"]["resourceSliceCount"] == 1
+    node_uid = client.CoreV1Api(api_client).read_node(plugin.node).metadata.uid
+    assert body["metadata"]["ownerReferences"][0]["uid"] == node_uid
+    devices = {d["name"]: d for d in body["spec"]["devices"]}
+    assert sorted(devices) == ["gpu-0", "gpu-1"]
+    for index in (0, 1):
+        device = devices[f"gpu-{index}"]
+        assert device["allowMultipleAllocations"] is True
+        assert device["attributes"]["uuid"]["string"] == profile[f"gpu.{index}.uuid"]
+        assert device["attributes"]["productName"]["string"] == "NVIDIA H100 80GB HBM3"
+        assert device["attributes"]["resource.kubernetes.io/pciBusID"]["string"] == profile[f"gpu.{index}.pci_bus_id"]
+        # 81559 MiB rounded down to the 256 MiB step
+        assert device["capacity"]["memory"]["value"] == "81408Mi"
+        assert device["capacity"]["memory"]["requestPolicy"]["validRange"]["step"] == "256Mi"
+
+
+def test_prepare_writes_a_cdi_spec_for_the_allocated_gpu_only(
+    plugin: Plugin, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    claims = kube.allocate_claims(
+        api_client, dyn, namespace, plugin.node, device_class=DRIVER, memories=["30Gi", "30Gi", "30Gi"]
+    )
+    gpus = _gpus_by_device(plugin, api_client)
+    minors = {name: d["attributes"]["minor"]["int"] for name, d in gpus.items()}
+    response = plugin.kubelet.prepare(_refs(claims))
+    assert set(response.claims) == {c["metadata"]["uid"] for c in claims}
+    ids = []
+    for claim in claims:
+        uid = claim["metadata"]["uid"]
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        answer = response.claims[uid]
+        assert answer.error == ""
+        (device,) = answer.devices
+        assert (device.pool_name, device.device_name, device.share_id) == (
+            plugin.node,
+            result["device"],
+            result["shareID"],
+        )
+        assert list(device.request_names) == ["gpu"]
+        assert list(device.cdi_device_ids) == [f"k8s.{DRIVER}/claim={uid}-{result['device']}-{result['shareID']}"]
+        ids.append(device.cdi_device_ids[0])
+
+        spec = _spec(plugin, uid)
+        assert spec["kind"] == f"k8s.{DRIVER}/claim"
+        (cdi_device,) = spec["devices"]
+        env = _env(cdi_device["containerEdits"])
+        assert env["NVIDIA_VISIBLE_DEVICES"] == gpus[result["device"]]["attributes"]["uuid"]["string"]
+        assert env["FRACGPU_MEMORY_LIMIT_MIB"] == "30720"
+        assert env["FRACGPU_SHARE_ID"] == result["shareID"]
+        assert env["FRACGPU_CLAIM"] == f"{namespace}/{claim['metadata']['name']}"
+        paths = {n["path"] for n in cdi_device["containerEdits"]["deviceNodes"]}
+        own = f"/dev/nvidia{minors[result['device']]}"
+        others = {f"/dev/nvidia{m}" for d, m in minors.items() if d != result["device"]}
+        assert paths == {own, "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}
+        assert not paths & others
+        for node in cdi_device["containerEdits"]["deviceNodes"]:
+            assert node["hostPath"] == str(plugin.process.driver_root) + node["path"]
+    assert len(set(ids)) == 3, "every share has its own CDI device"
+    shared = [r["device"] for c in claims for r in c["status"]["allocation"]["devices"]["results"]]
+    assert len(set(shared)) < 3, "three 30Gi shares of two 80Gi GPUs: two share one GPU"
+
+    for claim in claims:  # Ready=True written by the plugin's own field manager
+        fresh = client.ResourceV1Api(api_client).read_namespaced_resource_claim(claim["metadata"]["name"], namespace)
+        body = api_client.sanitize_for_serialization(fresh)
+        (entry,) = [d for d in body["status"]["devices"] if d["driver"] == DRIVER]
+        assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
+        managers = {f["manager"] for f in body["metadata"]["managedFields"] if f.get("subresource") == "status"}
+        assert "fracgpu-kubelet-plugin" in managers
+
+    again = plugin.kubelet.prepare(_refs(claims))
+    assert again == response, "prepare is idempotent"
+    for _ in range(2):
+        done = plugin.kubelet.unprepare(_refs(claims))
+        assert {uid: r.error for uid, r in done.claims.items()} == {c["metadata"]["uid"]: "" for c in claims}
+    assert not list(plugin.process.cdi_dir.glob("*.json"))
+    assert json.loads(plugin.process.checkpoint.read_text())["claims"] == {}
+
+
+def test_bad_claims_get_per_claim_errors(
+    plugin: Plugin, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    (good,) = kube.allocate_claims(api_client, dyn, namespace, plugin.node, device_class=DRIVER, memories=["1Gi"])
+    (malformed,) = kube.allocate_claims(
+        api_client,
+        dyn,
+        namespace,
+        plugin.node,
+        device_class=DRIVER,
+        memories=["1Gi"],
+        config={"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig", "computeLimitPercent": "fifty"},
+    )
+    (unknown_field,) = kube.allocate_claims(
+        api_client,
+        dyn,
+        namespace,
+        plugin.node,
+        device_class=DRIVER,
+        memories=["1Gi"],
+        config={"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig", "memoryLimit": "2Gi"},
+    )
+    unallocated = kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaim").create(
+        namespace=namespace,
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "never-allocated"},
+            "spec": kube.claim_template("x", DRIVER, "1Gi")["spec"]["spec"],
+        },
+    )
+    refs = [
+        *_refs([good, malformed, unknown_field]),
+        (namespace, "00000000-0000-0000-0000-000000000001", "does-not-exist"),
+        (namespace, "00000000-0000-0000-0000-000000000002", good["metadata"]["name"]),
+        (namespace, unallocated.metadata.uid, "never-allocated"),
+    ]
+    response = plugin.kubelet.prepare(refs)
+    errors = {uid: response.claims[uid].error for _, uid, _ in refs}
+    assert errors[good["metadata"]["uid"]] == ""
+    assert "computeLimitPercent" in errors[malformed["metadata"]["uid"]]
+    assert "memoryLimit: unknown field" in errors[unknown_field["metadata"]["uid"]]
+    assert "not found" in errors["00000000-0000-0000-0000-000000000001"]
+    assert "replaced" in errors["00000000-0000-0000-0000-000000000002"]
+    assert "not allocated" in errors[unallocated.metadata.uid]
+    for _, uid, _ in refs[1:]:
+        assert not response.claims[uid].devices
+        assert not cdi.spec_path(plugin.process.cdi_dir, DRIVER, uid).exists()
+
+    missing = plugin.process.driver_root / "dev" / "nvidia-uvm-tools"
+    missing.unlink()
+    try:
+        again = plugin.kubelet.prepare(_refs([good]))
+        assert str(missing) in again.claims[good["metadata"]["uid"]].error
+    finally:
+        mocknvml.make_driver_root(plugin.process.driver_root, PROFILE)
+    assert plugin.kubelet.prepare(_refs([good])).claims[good["metadata"]["uid"]].error == ""
+    plugin.kubelet.unprepare(refs)
+
+
+def test_slices_are_recreated_after_the_kubelet_wipes_them(plugin: Plugin, api_client: client.ApiClient) -> None:
+    before = {s.metadata.name: s.spec.pool.generation for s in plugin.slices(api_client)}
+    client.ResourceV1Api(api_client).delete_collection_resource_slice(
+        field_selector=f"spec.nodeName={plugin.node}"  # what the kubelet does at startup
+    )
+    after = kube.wait_for(lambda: plugin.slices(api_client), 30, what="re-published slices")
+    assert {s.metadata.name for s in after} == set(before)
+    assert all(s.spec.pool.generation > before[s.metadata.name] for s in after)
+
+
+def _consistent(plugin: Plugin) -> None:
+    """Every spec file belongs to a completed claim, and every completed claim has its spec."""
+    checkpoint = json.loads(plugin.process.checkpoint.read_text())
+    assert {e["state"] for e in checkpoint["claims"].values()} <= {"PrepareCompleted"}
+    specs = cdi.list_spec_claim_uids(plugin.process.cdi_dir, DRIVER)
+    assert specs == set(checkpoint["claims"])
+    assert not [p for p in plugin.process.cdi_dir.iterdir() if p.name.startswith(".")], "no temp files left"
+
+
+def test_kill_during_prepare_leaves_no_orphan_spec(
+    plugin: Plugin, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    claims = kube.allocate_claims(api_client, dyn, namespace, plugin.node, device_class=DRIVER, memories=["1Gi"] * 6)
+    rng = random.Random(7)
+    for _ in range(4):
+        batch = rng.sample(claims, 4)
+        caller = threading.Thread(target=lambda b=batch: _ignore_errors(lambda: plugin.kubelet.prepare(_refs(b))))
+        caller.start()
+        time.sleep(rng.uniform(0.0, 0.05))
+        plugin.restart(kill=True)
+        caller.join()
+        _consistent(plugin)
+    response = plugin.kubelet.prepare(_refs(claims))
+    assert all(r.error == "" for r in response.claims.values())
+    _consistent(plugin)
+    plugin.kubelet.unprepare(_refs(claims))
+    _consistent(plugin)
+
+
+def _ignore_errors(call: Any) -> None:
+    with contextlib.suppress(Exception):  # the plugin was killed mid-call: the kubelet sees an error, retries
+        call()
+
+
+def test_corrupt_checkpoint_is_reported_and_replaced(
+    plugin: Plugin, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    plugin.process.stop()
+    plugin.process.checkpoint.write_text('{"version": 1, "claims": {"x": ')
+    plugin.kubelet.close()
+    plugin.kubelet = plugin.process.start()
+    core = client.CoreV1Api(api_client)
+    events = kube.wait_for(
+        lambda: (
+            core.list_namespaced_event(
+                "default", field_selector=f"involvedObject.name={plugin.node},reason=CheckpointCorrupt"
+            ).items
+        ),
+        20,
+        what="CheckpointCorrupt event",
+    )
+    assert "not valid JSON" in events[0].message
+    assert list(plugin.process.checkpoint.parent.glob("checkpoint.json.corrupt-*"))
+    (claim,) = kube.allocate_claims(api_client, dyn, namespace, plugin.node, device_class=DRIVER, memories=["2Gi"])
+    assert plugin.kubelet.prepare(_refs([claim])).claims[claim["metadata"]["uid"]].error == ""
+    plugin.kubelet.unprepare(_refs([claim]))
+    _consistent(plugin)

@@ -1,0 +1,498 @@
+"""Unit tests of claim planning: allocated ResourceClaim -> CDI spec + kubelet answer (kubelet_plugin/claim_spec.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.names import DRIVER_NAME
+from api.quantity import MiB
+from kubelet_plugin import cdi
+from kubelet_plugin.cdi import ContainerEdits, Device
+from kubelet_plugin.claim_spec import (
+    HAMI_CACHE_IN_CONTAINER,
+    HAMI_LIBRARY_IN_CONTAINER,
+    ClaimPlan,
+    PrepareError,
+    hami_cache_dir,
+    hami_preload_file,
+    plan_claim,
+)
+from kubelet_plugin.model import GpuInfo
+from kubelet_plugin.settings import Settings
+from kubelet_plugin.slices import usable_memory
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
+
+NODE = "node-a"
+UID = "0b6f3c2e-5d1a-4b8e-9c7f-2a1d3e4f5a6b"
+SHARE_A = "a671734a-e8e5-11e4-8fde-42010af09327"
+SHARE_B = "b7d2c1e0-1111-4222-8333-444455556666"
+UUID0 = "GPU-11111111-2222-4333-8444-555555555550"
+UUID1 = "GPU-11111111-2222-4333-8444-555555555551"
+CONFIG_API = "fracgpu.dev/v1alpha1"
+
+NODES: dict[str, tuple[int, int]] = {
+    "nvidia0": (195, 0),
+    "nvidia1": (195, 1),
+    "nvidiactl": (195, 255),
+    "nvidia-uvm": (510, 0),
+    "nvidia-uvm-tools": (510, 1),
+}
+
+
+def make_node(root: Path, name: str, major: int, minor: int) -> None:
+    os.mknod(root / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A driver root with the NVIDIA device nodes of two GPUs."""
+    r = tmp_path / "driver-root"
+    (r / "dev").mkdir(parents=True)
+    for name, (major, minor) in NODES.items():
+        make_node(r, name, major, minor)
+    return r
+
+
+def make_settings(root: Path, **overrides: Any) -> Settings:
+    fields: dict[str, Any] = {
+        "node_name": NODE,
+        "driver_root": root,
+        "kubelet_dir": root.parent / "kubelet",
+        "cdi_dir": root.parent / "cdi",
+        "dev_char_dir": root.parent / "dev-char",
+        "hami_core_lock_dir": root.parent / "vgpulock",
+    }
+    fields.update(overrides)
+    return Settings(**fields)
+
+
+@pytest.fixture
+def settings(root: Path) -> Settings:
+    return make_settings(root)
+
+
+def gpu_info(index: int, uuid: str) -> GpuInfo:
+    return GpuInfo(
+        index=index,
+        uuid=uuid,
+        product_name="NVIDIA H100 80GB HBM3",
+        memory_total_bytes=81559 * MiB,
+        minor=index,
+        pci_bus_id=f"0000:{index + 1:02x}:00.0",
+        architecture="Hopper",
+        cuda_compute_capability="9.0",
+        driver_version="580.65.06",
+    )
+
+
+GPUS: dict[str, GpuInfo] = {"gpu-0": gpu_info(0, UUID0), "gpu-1": gpu_info(1, UUID1)}
+
+
+def result(
+    device: str = "gpu-0",
+    *,
+    request: str = "gpu",
+    share: str | None = SHARE_A,
+    memory: str | None = "10Gi",
+    driver: str = DRIVER_NAME,
+    pool: str = NODE,
+) -> dict[str, Any]:
+    r: dict[str, Any] = {"request": request, "driver": driver, "pool": pool, "device": device}
+    if share is not None:
+        r["shareID"] = share
+    if memory is not None:
+        r["consumedCapacity"] = {"memory": memory}
+    return r
+
+
+def config(
+    parameters: Any, requests: list[str] | None = None, source: str = "FromClaim", driver: str = DRIVER_NAME
+) -> dict[str, Any]:
+    c: dict[str, Any] = {"source": source, "opaque": {"driver": driver, "parameters": parameters}}
+    if requests is not None:
+        c["requests"] = requests
+    return c
+
+
+def gpu_config(**fields: Any) -> dict[str, Any]:
+    return {"apiVersion": CONFIG_API, "kind": "GpuConfig", **fields}
+
+
+def claim(results: list[dict[str, Any]], configs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"results": results}
+    if configs is not None:
+        devices["config"] = configs
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "my-claim", "namespace": "team-a", "uid": UID, "generation": 1},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER_NAME}}]}},
+        "status": {"allocation": {"devices": devices}},
+    }
+
+
+def env_of(edits: ContainerEdits) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for entry in edits.env:
+        key, _, value = entry.partition("=")
+        assert key not in out, f"duplicate env {key}"
+        out[key] = value
+    return out
+
+
+def only_device(plan: ClaimPlan) -> Device:
+    assert plan.spec is not None
+    assert len(plan.spec.devices) == 1
+    return plan.spec.devices[0]
+
+
+def node_paths(device: Device) -> list[str]:
+    return [n.path for n in device.container_edits.device_nodes]
+
+
+# --- env -------------------------------------------------------------------------------------------
+
+
+def test_env_of_one_share(settings: Settings) -> None:
+    plan = plan_claim(claim([result()]), settings, GPUS)
+    env = env_of(only_device(plan).container_edits)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == UUID0
+    assert env["FRACGPU_MEMORY_LIMIT_MIB"] == "10240"
+    assert env["FRACGPU_CLAIM"] == "team-a/my-claim"
+    assert env["FRACGPU_SHARE_ID"] == SHARE_A
+    assert not any(k.startswith("CUDA_") for k in env)  # no enforcement configured
+
+
+def test_env_names_the_allocated_gpu(settings: Settings) -> None:
+    env = env_of(only_device(plan_claim(claim([result("gpu-1", memory="512Mi")]), settings, GPUS)).container_edits)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == UUID1
+    assert env["FRACGPU_MEMORY_LIMIT_MIB"] == "512"
+
+
+def test_without_consumed_capacity_the_whole_usable_memory(settings: Settings) -> None:
+    env = env_of(only_device(plan_claim(claim([result(memory=None)]), settings, GPUS)).container_edits)
+    whole = usable_memory(GPUS["gpu-0"], settings.memory_step_bytes, settings.memory_reserve_bytes)
+    assert env["FRACGPU_MEMORY_LIMIT_MIB"] == str(whole // MiB) == "81408"
+
+
+def test_without_share_id_no_share_env(settings: Settings) -> None:
+    plan = plan_claim(claim([result(share=None)]), settings, GPUS)
+    device = only_device(plan)
+    assert "FRACGPU_SHARE_ID" not in env_of(device.container_edits)
+    assert device.name == f"{UID}-gpu-0"
+    assert plan.devices[0].share_id is None
+
+
+# --- device nodes ----------------------------------------------------------------------------------
+
+
+def test_device_nodes_are_own_gpu_and_control_nodes(root: Path, settings: Settings) -> None:
+    for device_name, own, other in (("gpu-0", "nvidia0", "nvidia1"), ("gpu-1", "nvidia1", "nvidia0")):
+        device = only_device(plan_claim(claim([result(device_name)]), settings, GPUS))
+        paths = node_paths(device)
+        assert sorted(paths) == sorted(f"/dev/{n}" for n in (own, "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"))
+        assert f"/dev/{other}" not in paths
+        for node in device.container_edits.device_nodes:
+            name = node.path.removeprefix("/dev/")
+            assert node.host_path == str(root / "dev" / name)
+            assert (node.major, node.minor) == NODES[name]
+            assert node.type == "c"
+
+
+def test_major_minor_come_from_the_real_nodes(root: Path, settings: Settings) -> None:
+    (root / "dev" / "nvidia-uvm").unlink()
+    make_node(root, "nvidia-uvm", 237, 42)
+    device = only_device(plan_claim(claim([result()]), settings, GPUS))
+    uvm = next(n for n in device.container_edits.device_nodes if n.path == "/dev/nvidia-uvm")
+    assert (uvm.major, uvm.minor) == (237, 42)
+
+
+def test_modeset_only_when_present(root: Path, settings: Settings) -> None:
+    assert "/dev/nvidia-modeset" not in node_paths(only_device(plan_claim(claim([result()]), settings, GPUS)))
+    make_node(root, "nvidia-modeset", 195, 254)
+    device = only_device(plan_claim(claim([result()]), settings, GPUS))
+    modeset = next(n for n in device.container_edits.device_nodes if n.path == "/dev/nvidia-modeset")
+    assert (modeset.major, modeset.minor) == (195, 254)
+    assert modeset.host_path == str(root / "dev" / "nvidia-modeset")
+
+
+@pytest.mark.parametrize(("missing", "device"), [("nvidia-uvm", "gpu-0"), ("nvidiactl", "gpu-0"), ("nvidia1", "gpu-1")])
+def test_missing_node_is_an_error_naming_the_path(root: Path, settings: Settings, missing: str, device: str) -> None:
+    (root / "dev" / missing).unlink()
+    with pytest.raises(PrepareError) as err:
+        plan_claim(claim([result(device)]), settings, GPUS)
+    assert err.value.kind == "device_node_missing"
+    assert str(root / "dev" / missing) in str(err.value)
+
+
+def test_other_gpus_missing_node_does_not_matter(root: Path, settings: Settings) -> None:
+    (root / "dev" / "nvidia1").unlink()
+    assert node_paths(only_device(plan_claim(claim([result("gpu-0")]), settings, GPUS)))
+
+
+def test_regular_file_instead_of_node_is_an_error(root: Path, settings: Settings) -> None:
+    (root / "dev" / "nvidiactl").unlink()
+    (root / "dev" / "nvidiactl").write_text("")
+    with pytest.raises(PrepareError) as err:
+        plan_claim(claim([result()]), settings, GPUS)
+    assert err.value.kind == "device_node_missing"
+    assert str(root / "dev" / "nvidiactl") in str(err.value)
+
+
+# --- which results -------------------------------------------------------------------------------
+
+
+def test_results_of_other_drivers_are_ignored(settings: Settings) -> None:
+    foreign = result("gpu-7", request="nic", driver="nic.example.com", pool="elsewhere")
+    plan = plan_claim(claim([foreign, result()]), settings, GPUS)
+    assert [d.device_name for d in plan.devices] == ["gpu-0"]
+    assert plan.devices[0].request_names == ("gpu",)
+
+
+def test_claim_with_only_foreign_results_has_no_spec(settings: Settings) -> None:
+    foreign = result("gpu-0", driver="other.example.com")
+    plan = plan_claim(claim([foreign], [config({"anything": 1}, driver="other.example.com")]), settings, GPUS)
+    assert plan.spec is None
+    assert plan.devices == ()
+
+
+def test_foreign_configs_are_not_decoded(settings: Settings) -> None:
+    plan = plan_claim(claim([result()], [config({"not": "ours"}, driver="other.example.com")]), settings, GPUS)
+    assert plan.spec is not None
+
+
+def test_device_unknown_on_this_node(settings: Settings) -> None:
+    with pytest.raises(PrepareError) as err:
+        plan_claim(claim([result("gpu-9")]), settings, GPUS)
+    assert err.value.kind == "unknown_device"
+    assert "gpu-9" in str(err.value)
+
+
+def test_pool_of_another_node(settings: Settings) -> None:
+    with pytest.raises(PrepareError) as err:
+        plan_claim(claim([result(pool="node-b")]), settings, GPUS)
+    assert err.value.kind == "unknown_device"
+    assert "node-b" in str(err.value)
+
+
+# --- CDI names and answer ------------------------------------------------------------------------
+
+
+def test_cdi_names_and_answer(settings: Settings) -> None:
+    plan = plan_claim(claim([result()]), settings, GPUS)
+    device = only_device(plan)
+    assert device.name == f"{UID}-gpu-0-{SHARE_A}"
+    assert plan.spec is not None
+    assert plan.spec.kind == f"k8s.{DRIVER_NAME}/claim"
+    (answer,) = plan.devices
+    assert answer.pool_name == NODE
+    assert answer.device_name == "gpu-0"
+    assert answer.share_id == SHARE_A
+    assert answer.cdi_device_ids == (f"k8s.{DRIVER_NAME}/claim={UID}-gpu-0-{SHARE_A}",)
+
+
+def test_two_shares_of_one_gpu_in_one_claim(settings: Settings) -> None:
+    plan = plan_claim(
+        claim([result(request="a", share=SHARE_A, memory="4Gi"), result(request="b", share=SHARE_B, memory="6Gi")]),
+        settings,
+        GPUS,
+    )
+    assert plan.spec is not None
+    names = [d.name for d in plan.spec.devices]
+    assert names == [f"{UID}-gpu-0-{SHARE_A}", f"{UID}-gpu-0-{SHARE_B}"]
+    ids = [i for d in plan.devices for i in d.cdi_device_ids]
+    assert len(set(ids)) == 2
+    assert [d.request_names for d in plan.devices] == [("a",), ("b",)]
+    env_a, env_b = (env_of(d.container_edits) for d in plan.spec.devices)
+    assert env_a["NVIDIA_VISIBLE_DEVICES"] == env_b["NVIDIA_VISIBLE_DEVICES"] == UUID0
+    assert (env_a["FRACGPU_MEMORY_LIMIT_MIB"], env_b["FRACGPU_MEMORY_LIMIT_MIB"]) == ("4096", "6144")
+    assert (env_a["FRACGPU_SHARE_ID"], env_b["FRACGPU_SHARE_ID"]) == (SHARE_A, SHARE_B)
+
+
+def test_request_names_are_base_names(settings: Settings) -> None:
+    plan = plan_claim(claim([result(request="gpu/large")]), settings, GPUS)
+    assert plan.devices[0].request_names == ("gpu",)
+
+
+# --- config scoping ------------------------------------------------------------------------------
+
+
+def test_class_config_before_claim_config(settings: Settings) -> None:
+    configs = [
+        config(gpu_config(env={"MODE": "claim", "CLAIM_ONLY": "1"})),  # listed first, still applied last
+        config(gpu_config(env={"MODE": "class", "CLASS_ONLY": "1"}), source="FromClass"),
+    ]
+    env = env_of(only_device(plan_claim(claim([result()], configs), settings, GPUS)).container_edits)
+    assert env["MODE"] == "claim"
+    assert env["CLAIM_ONLY"] == env["CLASS_ONLY"] == "1"
+
+
+def test_config_for_another_request_not_applied(settings: Settings) -> None:
+    configs = [config(gpu_config(env={"OTHER": "1"}), requests=["other"])]
+    env = env_of(only_device(plan_claim(claim([result()], configs), settings, GPUS)).container_edits)
+    assert "OTHER" not in env
+
+
+def test_invalid_config_for_another_request_not_applied(settings: Settings) -> None:
+    configs = [config({"bogus": True}, requests=["other"])]
+    assert plan_claim(claim([result()], configs), settings, GPUS).spec is not None
+
+
+def test_config_for_base_request_applies_to_subrequest(settings: Settings) -> None:
+    configs = [
+        config(gpu_config(env={"BASE": "1"}), requests=["gpu"]),
+        config(gpu_config(env={"SUB": "1"}), requests=["gpu/large"]),
+        config(gpu_config(env={"SMALL": "1"}), requests=["gpu/small"]),
+    ]
+    env = env_of(only_device(plan_claim(claim([result(request="gpu/large")], configs), settings, GPUS)).container_edits)
+    assert env["BASE"] == env["SUB"] == "1"
+    assert "SMALL" not in env
+
+
+def test_config_without_requests_applies_to_all(settings: Settings) -> None:
+    configs = [config(gpu_config(env={"ALL": "yes"}))]
+    plan = plan_claim(
+        claim([result(request="a"), result("gpu-1", request="b", share=SHARE_B)], configs), settings, GPUS
+    )
+    assert plan.spec is not None
+    assert all(env_of(d.container_edits)["ALL"] == "yes" for d in plan.spec.devices)
+
+
+def test_gpu_config_env_added(settings: Settings) -> None:
+    configs = [config(gpu_config(env={"MY_VAR": "hello world", "EMPTY": ""}))]
+    env = env_of(only_device(plan_claim(claim([result()], configs), settings, GPUS)).container_edits)
+    assert env["MY_VAR"] == "hello world"
+    assert env["EMPTY"] == ""
+    assert env["NVIDIA_VISIBLE_DEVICES"] == UUID0
+
+
+@pytest.mark.parametrize(
+    ("parameters", "field"),
+    [
+        ([1, 2], "parameters"),
+        ("not json at all", "parameters"),
+        (gpu_config(apiVersion="fracgpu.dev/v2"), "apiVersion"),
+        (gpu_config(colour="blue"), "colour"),
+        (gpu_config(computeLimitPercent=150), "computeLimitPercent"),
+        (gpu_config(enforcement="strict"), "enforcement"),
+        ({"kind": "GpuConfig"}, "apiVersion"),
+    ],
+)
+def test_malformed_config_is_invalid_config(settings: Settings, parameters: Any, field: str) -> None:
+    for source in ("FromClaim", "FromClass"):
+        with pytest.raises(PrepareError) as err:
+            plan_claim(claim([result()], [config(parameters, source=source)]), settings, GPUS)
+        assert err.value.kind == "invalid_config"
+        assert field in str(err.value)
+
+
+# --- HAMi-core -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hami_library(tmp_path: Path) -> Path:
+    lib = tmp_path / "vgpu" / "libvgpu.so"
+    lib.parent.mkdir()
+    lib.write_bytes(b"\x7fELF")
+    return lib
+
+
+def check_hami(device: Device, settings: Settings, memory_mib: int, sm_limit: int | None) -> None:
+    env = env_of(device.container_edits)
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == f"{memory_mib}m"
+    assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"].startswith(HAMI_CACHE_IN_CONTAINER + "/")
+    if sm_limit is None:
+        assert "CUDA_DEVICE_SM_LIMIT" not in env
+    else:
+        assert env["CUDA_DEVICE_SM_LIMIT"] == str(sm_limit)
+    mounts = {m.container_path: m for m in device.container_edits.mounts}
+    assert set(mounts) == {HAMI_LIBRARY_IN_CONTAINER, "/etc/ld.so.preload", "/tmp/vgpulock", HAMI_CACHE_IN_CONTAINER}
+    assert mounts[HAMI_LIBRARY_IN_CONTAINER].host_path == str(settings.hami_core_library)
+    assert mounts["/etc/ld.so.preload"].host_path == str(hami_preload_file(settings))
+    assert mounts["/tmp/vgpulock"].host_path == str(settings.hami_core_lock_dir)
+    assert mounts[HAMI_CACHE_IN_CONTAINER].host_path == str(hami_cache_dir(settings, UID))
+    assert UID in mounts[HAMI_CACHE_IN_CONTAINER].host_path
+    assert "ro" in mounts[HAMI_LIBRARY_IN_CONTAINER].options
+    assert "ro" in mounts["/etc/ld.so.preload"].options
+
+
+def test_hami_core_from_settings(root: Path, hami_library: Path) -> None:
+    settings = make_settings(root, enforcement="hami-core", hami_core_library=hami_library)
+    device = only_device(plan_claim(claim([result()]), settings, GPUS))
+    check_hami(device, settings, 10240, None)
+
+
+def test_hami_core_from_claim_config_with_sm_limit(root: Path, hami_library: Path) -> None:
+    settings = make_settings(root, hami_core_library=hami_library)
+    configs = [config(gpu_config(enforcement="hami-core", computeLimitPercent=30))]
+    device = only_device(plan_claim(claim([result(memory="3Gi")], configs), settings, GPUS))
+    check_hami(device, settings, 3072, 30)
+
+
+def test_hami_core_sm_limit_from_class_config(root: Path, hami_library: Path) -> None:
+    settings = make_settings(root, enforcement="hami-core", hami_core_library=hami_library)
+    configs = [config(gpu_config(computeLimitPercent=50), source="FromClass")]
+    check_hami(only_device(plan_claim(claim([result()], configs), settings, GPUS)), settings, 10240, 50)
+
+
+def test_claim_config_can_turn_node_enforcement_off(root: Path, hami_library: Path) -> None:
+    settings = make_settings(root, enforcement="hami-core", hami_core_library=hami_library)
+    configs = [config(gpu_config(enforcement="none"))]
+    device = only_device(plan_claim(claim([result()], configs), settings, GPUS))
+    assert device.container_edits.mounts == []
+    assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in env_of(device.container_edits)
+
+
+def test_hami_core_missing_library(root: Path, tmp_path: Path) -> None:
+    missing = tmp_path / "nowhere" / "libvgpu.so"
+    settings = make_settings(root, enforcement="hami-core", hami_core_library=missing)
+    with pytest.raises(PrepareError) as err:
+        plan_claim(claim([result()]), settings, GPUS)
+    assert err.value.kind == "hami_core_missing"
+    assert str(missing) in str(err.value)
+
+
+def test_no_mounts_without_enforcement(settings: Settings) -> None:
+    assert only_device(plan_claim(claim([result()]), settings, GPUS)).container_edits.mounts == []
+
+
+# --- the written spec ----------------------------------------------------------------------------
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in v.split("."))
+
+
+@pytest.mark.parametrize("enforcement", ["none", "hami-core"])
+def test_written_spec_version_and_content(root: Path, hami_library: Path, enforcement: str) -> None:
+    settings = make_settings(root, enforcement=enforcement, hami_core_library=hami_library)
+    plan = plan_claim(
+        claim([result(request="a", share=SHARE_A), result("gpu-1", request="b/x", share=SHARE_B)]), settings, GPUS
+    )
+    assert plan.spec is not None
+    path = cdi.write_spec(settings.cdi_dir, UID, plan.spec, DRIVER_NAME)
+    assert path == settings.cdi_dir / f"k8s.{DRIVER_NAME}-claim_{UID}.json"
+    data = json.loads(path.read_text())
+    # device names start with a digit (the claim UID) and nodes have hostPath: both need >= 0.5.0
+    assert _version(data["cdiVersion"]) >= (0, 5, 0)
+    assert data["cdiVersion"] in cdi.KNOWN_VERSIONS
+    assert data["kind"] == f"k8s.{DRIVER_NAME}/claim"
+    assert [d["name"] for d in data["devices"]] == [f"{UID}-gpu-0-{SHARE_A}", f"{UID}-gpu-1-{SHARE_B}"]
+    for dev, own in zip(data["devices"], ("nvidia0", "nvidia1"), strict=True):
+        nodes = dev["containerEdits"]["deviceNodes"]
+        assert {n["path"] for n in nodes} == {
+            f"/dev/{own}",
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools",
+        }
+        assert all(n["hostPath"].startswith(str(root)) for n in nodes)
+    ids = [i for d in plan.devices for i in d.cdi_device_ids]
+    assert ids == [f"{data['kind']}={d['name']}" for d in data["devices"]]

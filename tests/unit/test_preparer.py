@@ -1,0 +1,514 @@
+"""Unit tests of the stateful Preparer (kubelet_plugin/preparer.py) against a fake Kubernetes API."""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from api.names import DRIVER_NAME
+from api.quantity import MiB
+from kubelet_plugin import cdi
+from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry
+from kubelet_plugin.claim_status import FIELD_MANAGER
+from kubelet_plugin.metrics import PluginMetrics
+from kubelet_plugin.model import ClaimRef, GpuInfo, PreparedDevice
+from kubelet_plugin.preparer import Preparer
+from kubelet_plugin.settings import Settings
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
+
+NODE = "node-a"
+NS = "team-a"
+UID_A = "0b6f3c2e-5d1a-4b8e-9c7f-2a1d3e4f5a6b"
+UID_B = "1c7a4d3f-6e2b-4c9f-8d80-3b2e4f5a6b7c"
+UID_C = "2d8b5e40-7f3c-4da0-9e91-4c3f5a6b7c8d"
+SHARE_A = "a671734a-e8e5-11e4-8fde-42010af09327"
+SHARE_B = "b7d2c1e0-1111-4222-8333-444455556666"
+UUID0 = "GPU-11111111-2222-4333-8444-555555555550"
+UUID1 = "GPU-11111111-2222-4333-8444-555555555551"
+
+NODES: dict[str, tuple[int, int]] = {
+    "nvidia0": (195, 0),
+    "nvidia1": (195, 1),
+    "nvidiactl": (195, 255),
+    "nvidia-uvm": (510, 0),
+    "nvidia-uvm-tools": (510, 1),
+}
+
+
+def gpu_info(index: int, uuid: str) -> GpuInfo:
+    return GpuInfo(
+        index=index,
+        uuid=uuid,
+        product_name="NVIDIA H100 80GB HBM3",
+        memory_total_bytes=81559 * MiB,
+        minor=index,
+        pci_bus_id=f"0000:{index + 1:02x}:00.0",
+        architecture="Hopper",
+        cuda_compute_capability="9.0",
+        driver_version="580.65.06",
+    )
+
+
+GPUS = [gpu_info(0, UUID0), gpu_info(1, UUID1)]
+
+
+def make_claim(
+    uid: str, name: str, device: str = "gpu-0", share: str = SHARE_A, memory: str = "10Gi"
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": NS, "uid": uid, "generation": 1},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER_NAME}}]}},
+        "status": {
+            "allocation": {
+                "devices": {
+                    "results": [
+                        {
+                            "request": "gpu",
+                            "driver": DRIVER_NAME,
+                            "pool": NODE,
+                            "device": device,
+                            "shareID": share,
+                            "consumedCapacity": {"memory": memory},
+                        }
+                    ]
+                }
+            }
+        },
+    }
+
+
+def ref(claim: dict[str, Any], uid: str | None = None) -> ClaimRef:
+    meta = claim["metadata"]
+    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=uid or meta["uid"])
+
+
+@dataclass
+class FakeApi:
+    """What the Preparer sees of the API server: claims by (namespace, name), recorded writes."""
+
+    claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    reads: list[tuple[str, str]] = field(default_factory=list)
+    status_patches: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)
+
+    def add(self, claim: dict[str, Any]) -> dict[str, Any]:
+        self.claims[claim["metadata"]["namespace"], claim["metadata"]["name"]] = claim
+        return claim
+
+    def read(self, name: str, namespace: str, **kwargs: Any) -> Any:
+        assert kwargs.get("_preload_content") is False, "the Preparer reads raw JSON"
+        self.reads.append((namespace, name))
+        claim = self.claims.get((namespace, name))
+        if claim is None:
+            raise ApiException(status=404, reason="Not Found")
+        return SimpleNamespace(data=json.dumps(claim).encode())
+
+    def patch_status(self, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
+        self.status_patches.append({"name": name, "namespace": namespace, "body": copy.deepcopy(body), **kwargs})
+
+    def create_event(self, namespace: str, body: Any, **kwargs: Any) -> None:
+        self.events.append({"namespace": namespace, "body": copy.deepcopy(body)})
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
+    f = FakeApi()
+
+    def read(_self: Any, name: str, namespace: str, **kwargs: Any) -> Any:
+        return f.read(name, namespace, **kwargs)
+
+    def patch(_self: Any, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
+        f.patch_status(name, namespace, body, **kwargs)
+
+    def event(_self: Any, namespace: str, body: Any, **kwargs: Any) -> None:
+        f.create_event(namespace, body, **kwargs)
+
+    monkeypatch.setattr(client.ResourceV1Api, "read_namespaced_resource_claim", read)
+    monkeypatch.setattr(client.ResourceV1Api, "patch_namespaced_resource_claim_status", patch)
+    monkeypatch.setattr(client.CoreV1Api, "create_namespaced_event", event)
+    return f
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    root = tmp_path / "host"
+    (root / "dev").mkdir(parents=True)
+    for name, (major, minor) in NODES.items():
+        os.mknod(root / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+    return Settings(
+        node_name=NODE,
+        kubelet_dir=tmp_path / "kubelet",
+        cdi_dir=tmp_path / "cdi",
+        driver_root=root,
+        dev_char_dir=tmp_path / "dev-char",
+        hami_core_lock_dir=tmp_path / "vgpulock",
+    )
+
+
+@dataclass
+class Env:
+    api: FakeApi
+    settings: Settings
+    store: CheckpointStore
+    metrics: PluginMetrics
+    preparer: Preparer
+
+    def spec_file(self, uid: str) -> Path:
+        return cdi.spec_path(self.settings.cdi_dir, DRIVER_NAME, uid)
+
+    def checkpoint(self) -> Checkpoint:
+        return self.store.load().checkpoint
+
+    def sample(self, name: str, **labels: str) -> float:
+        value = self.metrics.registry.get_sample_value(name, labels)
+        return 0.0 if value is None else value
+
+    def new_preparer(self, boot: str = "boot-1") -> Preparer:
+        self.store = CheckpointStore(self.store.path, current_boot_id=boot)
+        self.metrics = PluginMetrics()
+        self.preparer = Preparer(client.ApiClient(), self.settings, GPUS, self.store, self.metrics)
+        return self.preparer
+
+
+@pytest.fixture
+def env(fake: FakeApi, settings: Settings, tmp_path: Path) -> Env:
+    store = CheckpointStore(tmp_path / "ckpt.json", current_boot_id="boot-1")
+    metrics = PluginMetrics()
+    preparer = Preparer(client.ApiClient(), settings, GPUS, store, metrics)
+    return Env(fake, settings, store, metrics, preparer)
+
+
+def completed_entry(uid: str, name: str) -> ClaimEntry:
+    device = PreparedDevice(
+        request_names=("gpu",),
+        pool_name=NODE,
+        device_name="gpu-0",
+        cdi_device_ids=(cdi.cdi_device_id(DRIVER_NAME, uid, "gpu-0", SHARE_A),),
+        share_id=SHARE_A,
+    )
+    return ClaimEntry(
+        namespace=NS, name=name, state="PrepareCompleted", devices=[CheckpointDevice.from_prepared(device)]
+    )
+
+
+# --- prepare ---------------------------------------------------------------------------------------
+
+
+def test_prepare_writes_spec_and_checkpoint(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "claim-a"))
+    results = env.preparer.prepare([ref(claim)])
+    assert set(results) == {UID_A}
+    res = results[UID_A]
+    assert res.error == ""
+    (device,) = res.devices
+    assert device.pool_name == NODE
+    assert device.device_name == "gpu-0"
+    assert device.share_id == SHARE_A
+    assert device.request_names == ("gpu",)
+    assert device.cdi_device_ids == (f"k8s.{DRIVER_NAME}/claim={UID_A}-gpu-0-{SHARE_A}",)
+
+    spec = json.loads(env.spec_file(UID_A).read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-0-{SHARE_A}"]
+    assert f"NVIDIA_VISIBLE_DEVICES={UUID0}" in spec["devices"][0]["containerEdits"]["env"]
+
+    checkpoint = env.checkpoint()
+    assert checkpoint.node_boot_id == "boot-1"
+    entry = checkpoint.claims[UID_A]
+    assert (entry.namespace, entry.name, entry.state) == (NS, "claim-a", "PrepareCompleted")
+    assert [d.to_prepared() for d in entry.devices] == [device]
+
+
+def test_reprepare_is_identical_and_rewrites_deleted_spec(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "claim-a"))
+    first = env.preparer.prepare([ref(claim)])
+    content = env.spec_file(UID_A).read_bytes()
+    checkpoint = env.checkpoint()
+    assert env.preparer.prepare([ref(claim)]) == first
+    env.spec_file(UID_A).unlink()
+    assert env.preparer.prepare([ref(claim)]) == first
+    assert env.spec_file(UID_A).read_bytes() == content
+    assert env.checkpoint() == checkpoint
+
+
+def test_unprepare_removes_spec_and_entry(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "claim-a"))
+    other = env.api.add(make_claim(UID_B, "claim-b", device="gpu-1", share=SHARE_B))
+    env.preparer.prepare([ref(claim), ref(other)])
+    assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
+    assert not env.spec_file(UID_A).exists()
+    assert env.spec_file(UID_B).exists()
+    assert set(env.checkpoint().claims) == {UID_B}
+    # repeat and claims never prepared are fine too; the claim may be gone from the API server
+    del env.api.claims[NS, "claim-a"]
+    assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
+
+
+def test_unprepare_unknown_claim(env: Env) -> None:
+    unknown = ClaimRef(namespace=NS, name="never", uid=UID_C)
+    assert env.preparer.unprepare([unknown]) == {UID_C: ""}
+    assert env.checkpoint().claims == {}
+
+
+def test_per_claim_errors_beside_a_success(env: Env) -> None:
+    good = env.api.add(make_claim(UID_A, "good"))
+    replaced = env.api.add(make_claim(UID_B, "replaced"))
+    unallocated = make_claim(UID_C, "unallocated")
+    unallocated["status"] = {}
+    env.api.add(unallocated)
+    missing = ClaimRef(namespace=NS, name="missing", uid="3e9c6f51-8a4d-4eb1-a0a2-5d4a6b7c8d9e")
+    refs = [ref(good), missing, ref(replaced, uid="4fad7062-9b5e-4fc2-b1b3-6e5b7c8d9eaf"), ref(unallocated)]
+    results = env.preparer.prepare(refs)
+    assert set(results) == {r.uid for r in refs}
+    assert results[UID_A].error == ""
+    assert len(results[UID_A].devices) == 1
+    assert "not found" in results[missing.uid].error
+    assert "replaced" in results[refs[2].uid].error
+    assert "not allocated" in results[UID_C].error
+    for r in refs[1:]:
+        assert results[r.uid].devices == ()
+    assert set(env.checkpoint().claims) == {UID_A}
+    assert cdi.list_spec_claim_uids(env.settings.cdi_dir, DRIVER_NAME) == {UID_A}
+
+
+def test_plan_error_leaves_no_half_prepared_entry(env: Env) -> None:
+    bad = env.api.add(make_claim(UID_A, "bad", device="gpu-9"))
+    results = env.preparer.prepare([ref(bad)])
+    assert "gpu-9" in results[UID_A].error
+    assert env.checkpoint().claims == {}
+    assert not env.spec_file(UID_A).exists()
+
+
+# --- Ready condition -------------------------------------------------------------------------------
+
+
+def test_ready_applied_once_with_field_manager(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "claim-a"))
+    env.preparer.prepare([ref(claim)])
+    assert len(env.api.status_patches) == 1
+    patch = env.api.status_patches[0]
+    assert (patch["name"], patch["namespace"]) == ("claim-a", NS)
+    assert patch["field_manager"] == FIELD_MANAGER == "fracgpu-kubelet-plugin"
+    (entry,) = patch["body"]["status"]["devices"]
+    assert (entry["driver"], entry["pool"], entry["device"], entry["shareID"]) == (DRIVER_NAME, NODE, "gpu-0", SHARE_A)
+    assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
+
+    # the API server now has the condition: a repeat does not apply it again
+    claim["status"]["devices"] = [{**entry}]
+    env.preparer.prepare([ref(claim)])
+    assert len(env.api.status_patches) == 1
+
+
+def test_ready_not_applied_when_already_ready(env: Env) -> None:
+    claim = make_claim(UID_A, "claim-a")
+    claim["status"]["devices"] = [
+        {
+            "driver": DRIVER_NAME,
+            "pool": NODE,
+            "device": "gpu-0",
+            "shareID": SHARE_A,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "message": ""}],
+        }
+    ]
+    env.api.add(claim)
+    assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
+    assert env.api.status_patches == []
+
+
+def test_ready_applied_when_another_share_not_ready(env: Env) -> None:
+    claim = make_claim(UID_A, "claim-a")
+    results = claim["status"]["allocation"]["devices"]["results"]
+    results.append({**results[0], "request": "b", "shareID": SHARE_B})
+    claim["status"]["devices"] = [
+        {
+            "driver": DRIVER_NAME,
+            "pool": NODE,
+            "device": "gpu-0",
+            "shareID": SHARE_A,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "message": ""}],
+        }
+    ]
+    env.api.add(claim)
+    env.preparer.prepare([ref(claim)])
+    assert len(env.api.status_patches) == 1
+    assert len(env.api.status_patches[0]["body"]["status"]["devices"]) == 2
+
+
+def test_no_ready_when_prepare_failed(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "claim-a", device="gpu-9"))
+    env.preparer.prepare([ref(claim)])
+    assert env.api.status_patches == []
+
+
+# --- metrics ---------------------------------------------------------------------------------------
+
+
+def test_metrics_move(env: Env) -> None:
+    a = env.api.add(make_claim(UID_A, "a"))
+    b = env.api.add(make_claim(UID_B, "b", device="gpu-1", share=SHARE_B))
+    missing = ClaimRef(namespace=NS, name="missing", uid=UID_C)
+    env.preparer.prepare([ref(a), ref(b), missing])
+    total = "fracgpu_plugin_claims_total"
+    errors = "fracgpu_plugin_errors_total"
+    assert env.sample(total, operation="prepare", result="ok") == 2
+    assert env.sample(total, operation="prepare", result="error") == 1
+    assert env.sample(errors, operation="prepare", type="claim_not_found") == 1
+    assert env.sample("fracgpu_plugin_prepared_claims") == 2
+    assert env.sample("fracgpu_plugin_request_duration_seconds_count", operation="prepare") == 1
+    assert env.sample("fracgpu_plugin_requests_in_flight", operation="prepare") == 0
+
+    env.api.add(make_claim(UID_C, "replaced"))
+    env.preparer.prepare([ClaimRef(namespace=NS, name="replaced", uid="5abe8173-ac6f-40d3-82c4-7f6c8d9eafb0")])
+    assert env.sample(errors, operation="prepare", type="uid_mismatch") == 1
+    assert env.sample(total, operation="prepare", result="error") == 2
+
+    env.preparer.unprepare([ref(a)])
+    assert env.sample(total, operation="unprepare", result="ok") == 1
+    assert env.sample("fracgpu_plugin_prepared_claims") == 1
+
+
+# --- /dev/char -------------------------------------------------------------------------------------
+
+
+def test_dev_char_links_point_at_host_nodes(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "claim-a"))
+    env.preparer.prepare([ref(claim)])
+    root = env.settings.driver_root / "dev"
+    for name in ("nvidia0", "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"):
+        major, minor = NODES[name]
+        link = env.settings.dev_char_dir / f"{major}:{minor}"
+        assert link.is_symlink(), link
+        assert Path(os.readlink(link)) == root / name
+    assert not (env.settings.dev_char_dir / "195:1").exists()  # the other GPU's node is not ours to link
+
+
+# --- recover ---------------------------------------------------------------------------------------
+
+
+def test_recover_removes_orphan_specs_keeps_completed(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "done"))
+    env.preparer.prepare([ref(claim)])
+    done_spec = env.spec_file(UID_A).read_bytes()
+    env.spec_file(UID_C).write_bytes(done_spec)  # no checkpoint entry at all
+    foreign = env.settings.cdi_dir / "nvidia.com-gpu.json"
+    foreign.write_text("{}")
+
+    reads = len(env.api.reads)
+    env.new_preparer().recover()
+    assert set(env.checkpoint().claims) == {UID_A}
+    assert env.checkpoint().claims[UID_A].state == "PrepareCompleted"
+    assert env.spec_file(UID_A).read_bytes() == done_spec
+    assert not env.spec_file(UID_C).exists()
+    assert foreign.exists()
+    assert len(env.api.reads) == reads  # same boot: nothing to fetch
+    assert env.sample("fracgpu_plugin_prepared_claims") == 1
+
+
+def test_recover_drops_prepare_started_entry_and_its_spec(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "done"))
+    env.preparer.prepare([ref(claim)])
+    done_spec = env.spec_file(UID_A).read_bytes()
+    # a prepare that died between PrepareStarted and PrepareCompleted, with its spec already written
+    env.store.save(env.checkpoint().with_claim(UID_B, ClaimEntry(namespace=NS, name="half", state="PrepareStarted")))
+    env.spec_file(UID_B).write_bytes(done_spec)
+
+    env.new_preparer().recover()
+    assert set(env.checkpoint().claims) == {UID_A}
+    assert env.spec_file(UID_A).read_bytes() == done_spec
+    assert not env.spec_file(UID_B).exists()
+    assert env.sample("fracgpu_plugin_prepared_claims") == 1
+
+
+def test_corrupt_checkpoint_moved_aside_with_event(env: Env) -> None:
+    env.store.path.write_text("{ not json")
+    env.preparer.recover()
+    assert env.sample("fracgpu_plugin_checkpoint_corruptions_total") == 1
+    assert [p.name for p in env.store.path.parent.iterdir() if p.name.startswith("ckpt.json.corrupt-")]
+    assert len(env.api.events) == 1
+    event = env.api.events[0]["body"]
+    assert event["reason"] == "CheckpointCorrupt"
+    assert event["involvedObject"]["kind"] == "Node"
+    assert event["involvedObject"]["name"] == NODE
+    assert event["type"] == "Warning"
+    # the plugin continues: a fresh checkpoint, and prepare works
+    assert env.checkpoint().claims == {}
+    claim = env.api.add(make_claim(UID_A, "claim-a"))
+    assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
+    assert len(env.api.events) == 1
+
+
+def test_reboot_rewrites_specs_and_stamps_boot_id(env: Env) -> None:
+    a = env.api.add(make_claim(UID_A, "a"))
+    env.api.add(make_claim(UID_B, "gone"))
+    previous = (
+        Checkpoint.empty("boot-0")
+        .with_claim(UID_A, completed_entry(UID_A, "a"))
+        .with_claim(UID_B, completed_entry(UID_B, "gone"))
+    )
+    del env.api.claims[NS, "gone"]  # deleted while the node was down
+    env.store.save(previous)
+    assert not env.settings.cdi_dir.exists()  # /var/run/cdi is tmpfs: wiped by the reboot
+
+    env.preparer.recover()
+    assert (NS, "a") in env.api.reads
+    checkpoint = env.checkpoint()
+    assert checkpoint.node_boot_id == "boot-1"
+    assert set(checkpoint.claims) == {UID_A}
+    spec = json.loads(env.spec_file(UID_A).read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-0-{SHARE_A}"]
+    assert not env.spec_file(UID_B).exists()
+    # and the restored claim answers as before
+    results = env.preparer.prepare([ref(a)])
+    assert [d.to_prepared() for d in checkpoint.claims[UID_A].devices] == list(results[UID_A].devices)
+
+
+def test_recover_same_boot_does_not_fetch(env: Env) -> None:
+    env.store.save(Checkpoint.empty("boot-1").with_claim(UID_A, completed_entry(UID_A, "a")))
+    env.preparer.recover()
+    assert env.api.reads == []
+    assert set(env.checkpoint().claims) == {UID_A}
+
+
+# --- health ----------------------------------------------------------------------------------------
+
+
+def test_health_follows_device_nodes(env: Env) -> None:
+    assert env.preparer.health() == [(NODE, "gpu-0", True), (NODE, "gpu-1", True)]
+    (env.settings.driver_root / "dev" / "nvidia1").unlink()
+    assert env.preparer.health() == [(NODE, "gpu-0", True), (NODE, "gpu-1", False)]
+
+
+# --- API failures ----------------------------------------------------------------------------------
+
+
+def test_status_update_failure_does_not_fail_prepare(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(_self: Any, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
+        raise ApiException(status=403, reason="Forbidden")
+
+    monkeypatch.setattr(client.ResourceV1Api, "patch_namespaced_resource_claim_status", refuse)
+    claim = env.api.add(make_claim(UID_A, "claim-a"))
+    assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
+    assert env.checkpoint().claims[UID_A].state == "PrepareCompleted"
+    assert env.sample("fracgpu_plugin_errors_total", operation="prepare", type="status_update") == 1
+
+
+def test_api_error_is_a_claim_error(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken(_self: Any, name: str, namespace: str, **kwargs: Any) -> Any:
+        raise ApiException(status=500, reason="Internal Server Error")
+
+    monkeypatch.setattr(client.ResourceV1Api, "read_namespaced_resource_claim", broken)
+    results = env.preparer.prepare([ClaimRef(namespace=NS, name="x", uid=UID_A)])
+    assert "500" in results[UID_A].error
+    assert env.sample("fracgpu_plugin_errors_total", operation="prepare", type="api_error") == 1
