@@ -9,7 +9,7 @@ export FRACGPU_CACHE ?= $(HOME)/.cache/fracgpu
 KUBE_BINARIES := kube-apiserver kube-controller-manager kube-scheduler kubectl etcd
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help venv lint typecheck unit integration e2e test binaries all-binaries cluster-up cluster-down demo bench clean
+.PHONY: help venv lint typecheck unit integration e2e test binaries all-binaries mock-nvml proto cluster-up cluster-down demo bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
@@ -38,6 +38,12 @@ binaries: ## build the upstream control-plane binaries from Go modules (cached i
 all-binaries: ## build every pinned upstream component (adds kubelet, containerd, ctr, helm)
 	bash e2e/cluster/build-binaries.sh
 
+mock-nvml: ## build the mock libnvidia-ml.so.1 (simulated GPUs) into build/mocknvml
+	bash e2e/mocknvml/build.sh build/mocknvml
+
+proto: venv ## regenerate the gRPC/protobuf code from kubelet_plugin/proto/*.proto
+	$(PY) -m kubelet_plugin.proto.generate
+
 integration: venv binaries ## tests against a real control plane built from upstream
 	$(PYTEST) tests/integration
 
@@ -52,6 +58,9 @@ cluster-down: venv ## stop the local control plane and remove .cluster/
 demo: ## (not yet: lands with issue #6) cluster with simulated GPUs, driver installed, fractional pods
 	@echo "make demo: not yet — the end-to-end demo lands with issue #6 (single-node cluster + Helm install)." >&2
 	@exit 1
+
+bench: venv binaries ## benchmarks against a real control plane; prints medians/percentiles, writes build/bench/
+	$(PY) -m e2e.bench.plugin_bench
 
 clean: ## remove the virtualenv and build outputs (the binary cache stays)
 	rm -rf $(VENV) build dist *.egg-info

@@ -130,14 +130,15 @@ def cdi_device_id(driver: str, claim_uid: str, device: str, share_id: str | None
     return f"{cdi_kind(driver)}={cdi_device_name(claim_uid, device, share_id)}"
 
 
-def _spec_file_prefix(driver: str) -> str:
+def spec_file_prefix(driver: str) -> str:
+    """File-name prefix of this driver's per-claim specs: ``k8s.<driver>-claim_``."""
     return f"{cdi_vendor(driver)}-{CDI_CLASS}_"
 
 
 def spec_path(cdi_dir: Path, driver: str, claim_uid: str) -> Path:
     """``<cdi_dir>/k8s.<driver>-claim_<claimUID>.json`` (CDI's transient spec name)."""
     validate_device_name(claim_uid)  # also rules out path separators
-    return cdi_dir / f"{_spec_file_prefix(driver)}{claim_uid}.json"
+    return cdi_dir / f"{spec_file_prefix(driver)}{claim_uid}.json"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -386,7 +387,7 @@ def remove_spec(cdi_dir: Path, driver: str, claim_uid: str) -> bool:
 
 def list_spec_claim_uids(cdi_dir: Path, driver: str) -> set[str]:
     """Claim UIDs that have a spec file of this driver in ``cdi_dir`` (for orphan cleanup)."""
-    prefix = _spec_file_prefix(driver)
+    prefix = spec_file_prefix(driver)
     try:
         entries = list(cdi_dir.iterdir())
     except FileNotFoundError:

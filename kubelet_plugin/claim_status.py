@@ -7,7 +7,7 @@ Field manager `fracgpu-kubelet-plugin` owns only the conditions of this driver's
 import datetime
 from typing import Any
 
-from kubernetes import client
+from api.kube_rest import KubeRest, claim_path
 
 FIELD_MANAGER = "fracgpu-kubelet-plugin"
 
@@ -24,7 +24,7 @@ def is_ready(claim: dict[str, Any], driver: str) -> bool:
     return all((r["pool"], r["device"], r.get("shareID")) in ready for r in results)
 
 
-def apply_ready(api: client.ApiClient, claim: dict[str, Any], driver: str, node: str) -> None:
+def apply_ready(rest: KubeRest, claim: dict[str, Any], driver: str, node: str) -> None:
     """Set Ready=True on each of `driver`'s status.devices entries of `claim` (server-side apply)."""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     entries = []
@@ -51,11 +51,5 @@ def apply_ready(api: client.ApiClient, claim: dict[str, Any], driver: str, node:
         "metadata": {"name": claim["metadata"]["name"], "namespace": claim["metadata"]["namespace"]},
         "status": {"devices": entries},
     }
-    client.ResourceV1Api(api).patch_namespaced_resource_claim_status(
-        claim["metadata"]["name"],
-        claim["metadata"]["namespace"],
-        body,
-        field_manager=FIELD_MANAGER,
-        force=True,
-        _content_type="application/apply-patch+yaml",
-    )
+    path = claim_path(claim["metadata"]["namespace"], claim["metadata"]["name"]) + "/status"
+    rest.apply(path, body, FIELD_MANAGER)

@@ -4,14 +4,15 @@ import datetime
 import logging
 import uuid
 
-from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+from api.kube_rest import KubeRest
 
 log = logging.getLogger(__name__)
 COMPONENT = "fracgpu-kubelet-plugin"
 
 
-def post_node_event(api: client.ApiClient, node_name: str, reason: str, message: str, type_: str = "Warning") -> None:
+def post_node_event(rest: KubeRest, node_name: str, reason: str, message: str, type_: str = "Warning") -> None:
     """Post a core/v1 Event about Node `node_name`; failures are logged, never raised."""
     now = datetime.datetime.now(datetime.UTC).isoformat()
     body = {
@@ -28,6 +29,6 @@ def post_node_event(api: client.ApiClient, node_name: str, reason: str, message:
         "count": 1,
     }
     try:
-        client.CoreV1Api(api).create_namespaced_event("default", body)
+        rest.create("/api/v1/namespaces/default/events", body)
     except ApiException as err:
         log.warning("could not post Event", extra={"reason": reason, "status": err.status})

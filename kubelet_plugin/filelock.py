@@ -93,3 +93,13 @@ def atomic_write(path: Path, data: bytes, mode: int) -> None:
             tmp.unlink()
         raise
     fsync_dir(directory)
+
+
+def remove_temp_files(directory: Path, name_prefix: str) -> list[Path]:
+    """Delete temp files `atomic_write` left behind for targets named `<name_prefix>*` (after a crash)."""
+    removed = []
+    for tmp in directory.glob(f".{name_prefix}*.tmp"):
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+            removed.append(tmp)
+    return removed

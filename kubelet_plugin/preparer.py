@@ -6,7 +6,6 @@ the CDI spec, which a reboot may have wiped); unprepare of an unknown claim succ
 spec changes happen under one lock shared by every plugin instance on the node.
 """
 
-import json
 import logging
 import shutil
 import threading
@@ -19,13 +18,14 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from api.kube_rest import KubeRest, claim_path
 from kubelet_plugin import cdi
 from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry
 from kubelet_plugin.claim_spec import PrepareError, hami_cache_dir, hami_preload_file, plan_claim
 from kubelet_plugin.claim_status import apply_ready, is_ready
 from kubelet_plugin.devicenodes import HostDeviceNode, ensure_char_links
 from kubelet_plugin.events import post_node_event
-from kubelet_plugin.filelock import atomic_write, serialize_lock
+from kubelet_plugin.filelock import atomic_write, remove_temp_files, serialize_lock
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.model import ClaimRef, GpuInfo, PreparedDevice, PrepareResult
 from kubelet_plugin.settings import Settings
@@ -44,8 +44,7 @@ class Preparer:
         store: CheckpointStore,
         metrics: PluginMetrics,
     ) -> None:
-        self._api = api
-        self._claims = client.ResourceV1Api(api)
+        self._rest = KubeRest(api)
         self._settings = settings
         self._gpus = {g.device_name: g for g in gpus}
         self._store = store
@@ -70,6 +69,12 @@ class Preparer:
                 if uid not in checkpoint.claims:
                     log.warning("removing orphaned CDI spec", extra={"claim": uid})
                     cdi.remove_spec(self._settings.cdi_dir, self._settings.driver_name, uid)
+            for directory, prefix in (
+                (self._settings.cdi_dir, cdi.spec_file_prefix(self._settings.driver_name)),
+                (self._store.path.parent, self._store.path.name),
+            ):
+                for tmp in remove_temp_files(directory, prefix):
+                    log.warning("removed a temp file of an interrupted write", extra={"path": str(tmp)})
             if result_rebooted:
                 checkpoint = self._rewrite_after_reboot(checkpoint)
             self._store.save(checkpoint)
@@ -170,14 +175,13 @@ class Preparer:
     def _fetch(self, ref: ClaimRef) -> dict[str, Any]:
         """GET the claim; check it is the one the kubelet means and that it is allocated."""
         try:
-            resp = self._claims.read_namespaced_resource_claim(ref.name, ref.namespace, _preload_content=False)
+            claim = self._rest.get(claim_path(ref.namespace, ref.name))
         except ApiException as err:
             if err.status == 404:
                 raise PrepareError("claim_not_found", f"ResourceClaim {_show(ref)} not found") from None
             raise PrepareError(
                 "api_error", f"cannot read ResourceClaim {_show(ref)}: {err.status} {err.reason}"
             ) from None
-        claim: dict[str, Any] = json.loads(resp.data)
         if claim["metadata"]["uid"] != ref.uid:
             raise PrepareError(
                 "uid_mismatch",
@@ -219,7 +223,7 @@ class Preparer:
 
     def _mark_ready(self, claim: dict[str, Any]) -> None:
         try:
-            apply_ready(self._api, claim, self._settings.driver_name, self._settings.node_name)
+            apply_ready(self._rest, claim, self._settings.driver_name, self._settings.node_name)
         except ApiException as err:  # the container can start anyway; the condition is informational
             self._count_error("prepare", "status_update")
             log.warning(
@@ -232,7 +236,7 @@ class Preparer:
         if result.corruption:
             self._metrics.checkpoint_corruptions.inc()
             log.error("checkpoint was corrupt and has been rebuilt", extra={"problem": result.corruption})
-            post_node_event(self._api, self._settings.node_name, "CheckpointCorrupt", result.corruption)
+            post_node_event(self._rest, self._settings.node_name, "CheckpointCorrupt", result.corruption)
         return result.checkpoint
 
     @contextmanager

@@ -8,9 +8,10 @@ import logging
 import threading
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from api.kube_rest import SLICES, KubeRest, node_path
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.slices import build_slices
@@ -29,8 +30,7 @@ class SlicePublisher:
     """Reconciles the node's pool of ResourceSlices with the discovered GPUs."""
 
     def __init__(self, api: client.ApiClient, settings: Settings, gpus: list[GpuInfo]) -> None:
-        self._resource = client.ResourceV1Api(api)
-        self._core = client.CoreV1Api(api)
+        self._rest = KubeRest(api)
         self._settings = settings
         self._gpus = gpus
         self._generation = 0
@@ -38,8 +38,7 @@ class SlicePublisher:
         self.synced = threading.Event()
 
     def _existing(self) -> dict[str, dict[str, Any]]:
-        resp = self._resource.list_resource_slice(field_selector=self._selector, _preload_content=False)
-        items: list[dict[str, Any]] = json.loads(resp.data)["items"]
+        items: list[dict[str, Any]] = self._rest.get(SLICES, fieldSelector=self._selector)["items"]
         return {item["metadata"]["name"]: item for item in items}
 
     def _desired(self, node_uid: str, generation: int) -> list[dict[str, Any]]:
@@ -57,20 +56,28 @@ class SlicePublisher:
             body["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: _spec_hash(body)}
         return slices
 
+    @staticmethod
+    def _current(existing: dict[str, Any], desired: dict[str, Any], generation: int, node_uid: str) -> bool:
+        annotations = existing["metadata"].get("annotations") or {}
+        owners = existing["metadata"].get("ownerReferences") or [{}]
+        return bool(
+            annotations.get(SPEC_HASH_ANNOTATION) == desired["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
+            and existing["spec"]["pool"]["generation"] == generation
+            and owners[0].get("uid") == node_uid
+        )
+
     def sync(self) -> bool:
         """Make the published pool match the GPUs; return True when something was written."""
-        node_uid: str = self._core.read_node(self._settings.node_name).metadata.uid
+        node_uid: str = self._rest.get(node_path(self._settings.node_name))["metadata"]["uid"]
         existing = self._existing()
         generation = max([self._generation, *(s["spec"]["pool"]["generation"] for s in existing.values())])
         desired = self._desired(node_uid, generation)
-        up_to_date = set(existing) == {d["metadata"]["name"] for d in desired} and all(
-            (existing[d["metadata"]["name"]]["metadata"].get("annotations") or {}).get(SPEC_HASH_ANNOTATION)
-            == d["metadata"]["annotations"][SPEC_HASH_ANNOTATION]
-            and existing[d["metadata"]["name"]]["spec"]["pool"]["generation"] == generation
-            and existing[d["metadata"]["name"]]["metadata"]["ownerReferences"][0]["uid"] == node_uid
-            for d in desired
-        )
-        if up_to_date and generation > 0:
+        names = {d["metadata"]["name"] for d in desired}
+        if (
+            generation > 0
+            and set(existing) == names
+            and all(self._current(existing[d["metadata"]["name"]], d, generation, node_uid) for d in desired)
+        ):
             self._generation = generation
             self.synced.set()
             return False
@@ -79,11 +86,11 @@ class SlicePublisher:
             name = body["metadata"]["name"]
             if name in existing:
                 body["metadata"]["resourceVersion"] = existing[name]["metadata"]["resourceVersion"]
-                self._resource.replace_resource_slice(name, body)
+                self._rest.replace(f"{SLICES}/{name}", body)
             else:
-                self._resource.create_resource_slice(body)
-        for name in set(existing) - {d["metadata"]["name"] for d in desired}:
-            self._resource.delete_resource_slice(name)
+                self._rest.create(SLICES, body)
+        for name in set(existing) - names:
+            self._rest.delete(f"{SLICES}/{name}")
         self._generation = generation
         log.info(
             "published ResourceSlices",
@@ -109,17 +116,13 @@ class SlicePublisher:
 
     def _watch_until_change(self, stop: threading.Event) -> None:
         """Return after the first change made by someone else, or after the resync period."""
-        w = watch.Watch()
         seconds = max(1, int(self._settings.resync_seconds))
-        for event in w.stream(
-            self._resource.list_resource_slice, field_selector=self._selector, timeout_seconds=seconds
-        ):
+        for event in self._rest.watch(SLICES, seconds, fieldSelector=self._selector):
             if stop.is_set():
-                break
-            obj = event["object"]
-            annotations = obj.metadata.annotations or {}
-            ours = obj.spec.pool.generation == self._generation and SPEC_HASH_ANNOTATION in annotations
-            if event["type"] == "DELETED" or not ours:
-                log.info("ResourceSlice changed by someone else; re-publishing", extra={"slice": obj.metadata.name})
-                break
-        w.stop()
+                return
+            obj = event.get("object") or {}
+            annotations = (obj.get("metadata") or {}).get("annotations") or {}
+            ours = obj.get("spec", {}).get("pool", {}).get("generation") == self._generation
+            if event.get("type") in ("DELETED", "ERROR") or not (ours and SPEC_HASH_ANNOTATION in annotations):
+                log.info("ResourceSlice changed by someone else; re-publishing", extra={"event": event.get("type")})
+                return

@@ -8,13 +8,13 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from api.kube_rest import KubeRest, claim_path
 from api.names import DRIVER_NAME
 from api.quantity import MiB
 from kubelet_plugin import cdi
@@ -108,37 +108,35 @@ class FakeApi:
         self.claims[claim["metadata"]["namespace"], claim["metadata"]["name"]] = claim
         return claim
 
-    def read(self, name: str, namespace: str, **kwargs: Any) -> Any:
-        assert kwargs.get("_preload_content") is False, "the Preparer reads raw JSON"
+    def get(self, path: str, **query: Any) -> dict[str, Any]:
+        *_, namespace, kind, name = path.split("/")
+        assert path == claim_path(namespace, name) and kind == "resourceclaims", path
         self.reads.append((namespace, name))
         claim = self.claims.get((namespace, name))
         if claim is None:
             raise ApiException(status=404, reason="Not Found")
-        return SimpleNamespace(data=json.dumps(claim).encode())
+        return copy.deepcopy(claim)
 
-    def patch_status(self, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
-        self.status_patches.append({"name": name, "namespace": namespace, "body": copy.deepcopy(body), **kwargs})
+    def apply(self, path: str, body: Any, field_manager: str, force: bool = True) -> dict[str, Any]:
+        *_, namespace, _, name, subresource = path.split("/")
+        assert subresource == "status", path
+        self.status_patches.append(
+            {"name": name, "namespace": namespace, "body": copy.deepcopy(body), "field_manager": field_manager}
+        )
+        return {}
 
-    def create_event(self, namespace: str, body: Any, **kwargs: Any) -> None:
-        self.events.append({"namespace": namespace, "body": copy.deepcopy(body)})
+    def create(self, path: str, body: Any) -> dict[str, Any]:
+        assert path == "/api/v1/namespaces/default/events", path
+        self.events.append({"namespace": "default", "body": copy.deepcopy(body)})
+        return {}
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     f = FakeApi()
-
-    def read(_self: Any, name: str, namespace: str, **kwargs: Any) -> Any:
-        return f.read(name, namespace, **kwargs)
-
-    def patch(_self: Any, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
-        f.patch_status(name, namespace, body, **kwargs)
-
-    def event(_self: Any, namespace: str, body: Any, **kwargs: Any) -> None:
-        f.create_event(namespace, body, **kwargs)
-
-    monkeypatch.setattr(client.ResourceV1Api, "read_namespaced_resource_claim", read)
-    monkeypatch.setattr(client.ResourceV1Api, "patch_namespaced_resource_claim_status", patch)
-    monkeypatch.setattr(client.CoreV1Api, "create_namespaced_event", event)
+    monkeypatch.setattr(KubeRest, "get", f.get)
+    monkeypatch.setattr(KubeRest, "apply", f.apply)
+    monkeypatch.setattr(KubeRest, "create", f.create)
     return f
 
 
@@ -413,6 +411,22 @@ def test_recover_removes_orphan_specs_keeps_completed(env: Env) -> None:
     assert not env.spec_file(UID_C).exists()
     assert foreign.exists()
     assert len(env.api.reads) == reads  # same boot: nothing to fetch
+
+
+def test_recover_removes_temp_files_of_interrupted_writes(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "done"))
+    env.preparer.prepare([ref(claim)])
+    spec_tmp = env.spec_file(UID_C).with_name(f".{env.spec_file(UID_C).name}.k1l2.tmp")
+    spec_tmp.write_text('{"half": ')
+    checkpoint_tmp = env.store.path.with_name(f".{env.store.path.name}.x9.tmp")
+    checkpoint_tmp.write_text("{")
+    other = env.settings.cdi_dir / ".nvidia.com-gpu.json.zz.tmp"  # another writer's temp file: not ours
+    other.write_text("{")
+    env.new_preparer().recover()
+    assert not spec_tmp.exists()
+    assert not checkpoint_tmp.exists()
+    assert other.exists()
+    assert env.spec_file(UID_A).exists()
     assert env.sample("fracgpu_plugin_prepared_claims") == 1
 
 
@@ -494,10 +508,10 @@ def test_health_follows_device_nodes(env: Env) -> None:
 
 
 def test_status_update_failure_does_not_fail_prepare(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    def refuse(_self: Any, name: str, namespace: str, body: Any, **kwargs: Any) -> None:
+    def refuse(_self: Any, path: str, body: Any, field_manager: str, force: bool = True) -> None:
         raise ApiException(status=403, reason="Forbidden")
 
-    monkeypatch.setattr(client.ResourceV1Api, "patch_namespaced_resource_claim_status", refuse)
+    monkeypatch.setattr(KubeRest, "apply", refuse)
     claim = env.api.add(make_claim(UID_A, "claim-a"))
     assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
     assert env.checkpoint().claims[UID_A].state == "PrepareCompleted"
@@ -505,10 +519,10 @@ def test_status_update_failure_does_not_fail_prepare(env: Env, monkeypatch: pyte
 
 
 def test_api_error_is_a_claim_error(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken(_self: Any, name: str, namespace: str, **kwargs: Any) -> Any:
+    def broken(_self: Any, path: str, **query: Any) -> Any:
         raise ApiException(status=500, reason="Internal Server Error")
 
-    monkeypatch.setattr(client.ResourceV1Api, "read_namespaced_resource_claim", broken)
+    monkeypatch.setattr(KubeRest, "get", broken)
     results = env.preparer.prepare([ClaimRef(namespace=NS, name="x", uid=UID_A)])
     assert "500" in results[UID_A].error
     assert env.sample("fracgpu_plugin_errors_total", operation="prepare", type="api_error") == 1
