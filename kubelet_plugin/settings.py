@@ -5,7 +5,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from api.names import DRIVER_NAME
 from api.quantity import MiB, to_bytes
@@ -67,22 +67,59 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     p = argparse.ArgumentParser(
         prog="fracgpu-kubelet-plugin",
         description="fracgpu node plugin: publishes this node's NVIDIA GPUs as DRA devices shareable by memory "
-        "and prepares ResourceClaims of the driver as CDI devices for the kubelet.",
+        "and prepares ResourceClaims of the driver as CDI devices for the kubelet. Every flag defaults to the "
+        "environment variable named in its help.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    p.add_argument("--node-name", default=_env("NODE_NAME"), help="this node (env NODE_NAME; required)")
-    p.add_argument("--driver-name", default=_env("FRACGPU_DRIVER_NAME", DRIVER_NAME))
-    p.add_argument("--kubelet-dir", default=_env("FRACGPU_KUBELET_DIR", "/var/lib/kubelet"))
-    p.add_argument("--cdi-dir", default=_env("FRACGPU_CDI_DIR", "/var/run/cdi"))
-    p.add_argument("--driver-root", default=_env("FRACGPU_DRIVER_ROOT", "/"), help="host root of /dev/nvidia*")
-    p.add_argument("--dev-char-dir", default=_env("FRACGPU_DEV_CHAR_DIR", "/dev/char"))
-    p.add_argument("--memory-step", default=_env("FRACGPU_MEMORY_STEP", "256Mi"), help="granularity of shares")
-    p.add_argument("--memory-reserve", default=_env("FRACGPU_MEMORY_RESERVE", "0"), help="held back per GPU")
-    p.add_argument("--enforcement", default=_env("FRACGPU_ENFORCEMENT", "none"), help="none | hami-core")
-    p.add_argument("--hami-core-library", default=_env("FRACGPU_HAMI_CORE_LIBRARY", "/usr/local/vgpu/libvgpu.so"))
-    p.add_argument("--instance-id", default=_env("POD_UID"), help="pod UID for rolling-update socket names")
-    p.add_argument("--metrics-port", type=int, default=int(_env("FRACGPU_METRICS_PORT", "8080") or 0))
-    p.add_argument("--log-level", default=_env("FRACGPU_LOG_LEVEL", "info"))
-    p.add_argument("--log-format", default=_env("FRACGPU_LOG_FORMAT", "json"), help="json | text")
+    add = p.add_argument
+    add("--node-name", default=_env("NODE_NAME"), help="this node; required (NODE_NAME)")
+    add("--driver-name", default=_env("FRACGPU_DRIVER_NAME", DRIVER_NAME), help="DRA driver name (FRACGPU_DRIVER_NAME)")
+    add("--kubelet-dir", default=_env("FRACGPU_KUBELET_DIR", "/var/lib/kubelet"), help="(FRACGPU_KUBELET_DIR)")
+    add("--cdi-dir", default=_env("FRACGPU_CDI_DIR", "/var/run/cdi"), help="per-claim CDI specs (FRACGPU_CDI_DIR)")
+    add(
+        "--driver-root", default=_env("FRACGPU_DRIVER_ROOT", "/"), help="host root of dev/nvidia* (FRACGPU_DRIVER_ROOT)"
+    )
+    add(
+        "--dev-char-dir",
+        default=_env("FRACGPU_DEV_CHAR_DIR", "/dev/char"),
+        help="host /dev/char (FRACGPU_DEV_CHAR_DIR)",
+    )
+    add("--memory-step", default=_env("FRACGPU_MEMORY_STEP", "256Mi"), help="share granularity (FRACGPU_MEMORY_STEP)")
+    add(
+        "--memory-reserve",
+        default=_env("FRACGPU_MEMORY_RESERVE", "0"),
+        help="held back per GPU (FRACGPU_MEMORY_RESERVE)",
+    )
+    add(
+        "--enforcement",
+        choices=["none", "hami-core"],
+        default=_env("FRACGPU_ENFORCEMENT", "none"),
+        help="memory-limit enforcement for every claim unless its GpuConfig says otherwise (FRACGPU_ENFORCEMENT)",
+    )
+    add(
+        "--hami-core-library",
+        default=_env("FRACGPU_HAMI_CORE_LIBRARY", "/usr/local/vgpu/libvgpu.so"),
+        help="host path of HAMi-core's libvgpu.so (FRACGPU_HAMI_CORE_LIBRARY)",
+    )
+    add("--instance-id", default=_env("POD_UID"), help="pod UID, for rolling-update socket names (POD_UID)")
+    add(
+        "--metrics-port",
+        type=int,
+        default=int(_env("FRACGPU_METRICS_PORT", "8080") or 0),
+        help="0 = off (FRACGPU_METRICS_PORT)",
+    )
+    add(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default=_env("FRACGPU_LOG_LEVEL", "info"),
+        help="(FRACGPU_LOG_LEVEL)",
+    )
+    add(
+        "--log-format",
+        choices=["json", "text"],
+        default=_env("FRACGPU_LOG_FORMAT", "json"),
+        help="(FRACGPU_LOG_FORMAT)",
+    )
     args = p.parse_args(argv)
     if not args.node_name:
         p.error("--node-name (or env NODE_NAME) is required: the plugin publishes this node's GPUs")
@@ -102,6 +139,10 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
             metrics_port=args.metrics_port,
             log_level=args.log_level,
             log_format=args.log_format,
+        )
+    except ValidationError as err:
+        p.error(
+            "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in err.errors())
         )
     except ValueError as err:
         p.error(str(err))

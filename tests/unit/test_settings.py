@@ -1,0 +1,49 @@
+"""Node plugin settings: flags, environment defaults and clear refusals (kubelet_plugin/settings.py)."""
+
+from pathlib import Path
+
+import pytest
+
+from api.quantity import MiB
+from kubelet_plugin.settings import parse_settings
+
+
+def test_environment_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "node-a")
+    monkeypatch.setenv("FRACGPU_MEMORY_STEP", "1Gi")
+    monkeypatch.setenv("FRACGPU_DRIVER_ROOT", "/run/nvidia/driver")
+    settings = parse_settings([])
+    assert settings.node_name == "node-a"
+    assert settings.memory_step_bytes == 1024 * MiB
+    assert settings.driver_root == Path("/run/nvidia/driver")
+    assert settings.plugin_data_dir == Path("/var/lib/kubelet/plugins/gpu.fracgpu.dev")
+    assert settings.checkpoint_path.name == "checkpoint.json"
+
+
+def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "node-a")
+    settings = parse_settings(["--node-name", "node-b", "--memory-reserve", "512Mi", "--enforcement", "hami-core"])
+    assert (settings.node_name, settings.memory_reserve_bytes, settings.enforcement) == (
+        "node-b",
+        512 * MiB,
+        "hami-core",
+    )
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "--node-name (or env NODE_NAME) is required"),
+        (["--node-name", "n", "--memory-step", "100k"], "memory step must be a whole number of MiB"),
+        (["--node-name", "n", "--memory-step", "ten"], "'ten' is not a Kubernetes quantity"),
+        (["--node-name", "n", "--enforcement", "strict"], "invalid choice: 'strict'"),
+    ],
+)
+def test_bad_settings_are_refused_with_a_reason(
+    argv: list[str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("NODE_NAME", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(argv)
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
