@@ -9,7 +9,7 @@ export FRACGPU_CACHE ?= $(HOME)/.cache/fracgpu
 KUBE_BINARIES := kube-apiserver kube-controller-manager kube-scheduler kubectl etcd
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help venv lint typecheck unit integration e2e test binaries all-binaries mock-nvml proto cluster-up cluster-down demo bench clean
+.PHONY: help venv lint typecheck unit integration e2e test binaries all-binaries mock-nvml proto crds cluster-up cluster-down demo bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
@@ -61,6 +61,10 @@ demo: ## (not yet: lands with issue #6) cluster with simulated GPUs, driver inst
 
 bench: venv binaries ## benchmarks against a real control plane; prints medians/percentiles, writes build/bench/
 	$(PY) -m e2e.bench.plugin_bench
+	$(PY) -m e2e.bench.controller_bench --out build/bench/controller.json
+
+crds: venv ## regenerate api/crds/*.yaml from the pydantic models in api/
+	$(PY) -m api.crds
 
 clean: ## remove the virtualenv and build outputs (the binary cache stays)
 	rm -rf $(VENV) build dist *.egg-info

@@ -1,8 +1,12 @@
 """Small helpers for tests that talk to a real API server."""
 
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes import client
@@ -189,3 +193,233 @@ def allocate_claims(
         return [by_pod[p] for p in pods] if len(by_pod) == len(pods) else None
 
     return wait_for(allocated, timeout, what=f"allocation of {len(pods)} claims in {namespace}")
+
+
+# ----- controller tests and benchmark (issue #4) -----------------------------------------------------
+
+
+def simulated_gpus(node: str, count: int, memory_gib: int = 80, model: str = "NVIDIA H100 80GB HBM3") -> list[Any]:
+    """`count` GpuInfo values as NVML would report them on `node` (UUIDs unique per node and index)."""
+    import hashlib
+
+    from kubelet_plugin.model import GpuInfo
+
+    gpus = []
+    for i in range(count):
+        digest = hashlib.sha256(f"{node}/{i}".encode()).hexdigest()
+        gpus.append(
+            GpuInfo(
+                index=i,
+                uuid=f"GPU-{digest[:8]}-{digest[8:12]}-{digest[12:16]}-{digest[16:20]}-{digest[20:32]}",
+                product_name=model,
+                memory_total_bytes=memory_gib * GiB,
+                minor=i,
+                pci_bus_id=f"0000:{0x18 + i:02x}:00.0",
+                architecture="Hopper",
+                cuda_compute_capability="9.0",
+                driver_version="580.65.06",
+            )
+        )
+    return gpus
+
+
+def publish_gpus(
+    dyn: DynamicClient, node: dict[str, Any], driver: str, gpus: list[Any], *, generation: int = 1
+) -> list[dict[str, Any]]:
+    """Create or replace the node's ResourceSlices exactly as the node plugin builds them."""
+    from kubelet_plugin.slices import build_slices
+
+    slices = resource(dyn, "resource.k8s.io/v1", "ResourceSlice")
+    name = node["metadata"]["name"]
+    bodies = build_slices(
+        name, node["metadata"]["uid"], driver, gpus, step=256 * (1 << 20), reserve=0, generation=generation
+    )
+    for body in bodies:
+        try:
+            current = slices.get(name=body["metadata"]["name"]).to_dict()
+        except ApiException as err:
+            if err.status != 404:
+                raise
+            slices.create(body=body)
+        else:
+            body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+            slices.replace(body=body)
+    return bodies
+
+
+def apply_crd(api_client: client.ApiClient, body: dict[str, Any], timeout: float = 30) -> None:
+    """Create (or replace) a CRD and wait until it is Established."""
+    ext = client.ApiextensionsV1Api(api_client)
+    name = body["metadata"]["name"]
+    try:
+        ext.create_custom_resource_definition(body)
+    except ApiException as err:
+        if err.status != 409:
+            raise
+        current = ext.read_custom_resource_definition(name)
+        body = {**body, "metadata": {**body["metadata"], "resourceVersion": current.metadata.resource_version}}
+        ext.replace_custom_resource_definition(name, body)
+
+    def established() -> bool:
+        crd = ext.read_custom_resource_definition(name)
+        return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
+
+    wait_for(established, timeout, what=f"CRD {name} Established")
+
+
+def service_account_kubeconfig(
+    api_client: client.ApiClient,
+    *,
+    server: str,
+    ca_cert: Path,
+    namespace: str,
+    name: str,
+    rules: list[dict[str, Any]],
+    path: Path,
+) -> Path:
+    """A ServiceAccount bound (cluster-wide) to exactly `rules`, and a kubeconfig with a 24 h token for it."""
+    core = client.CoreV1Api(api_client)
+    rbac = client.RbacAuthorizationV1Api(api_client)
+    creates: list[Callable[[], object]] = [
+        lambda: core.create_namespace({"metadata": {"name": namespace}}),
+        lambda: core.create_namespaced_service_account(namespace, {"metadata": {"name": name}}),
+        lambda: rbac.create_cluster_role({"metadata": {"name": name}, "rules": rules}),
+        lambda: rbac.create_cluster_role_binding(
+            {
+                "metadata": {"name": name},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}],
+            }
+        ),
+    ]
+    for create in creates:
+        try:
+            create()
+        except ApiException as err:
+            if err.status != 409:
+                raise
+    rbac.replace_cluster_role(name, {"metadata": {"name": name}, "rules": rules})
+    token = core.create_namespaced_service_account_token(
+        name, namespace, {"spec": {"expirationSeconds": 86400}}
+    ).status.token
+    path.write_text(
+        f"""apiVersion: v1
+kind: Config
+clusters:
+- name: local
+  cluster: {{server: "{server}", certificate-authority: "{ca_cert}"}}
+users:
+- name: {name}
+  user: {{token: "{token}"}}
+contexts:
+- name: {name}
+  context: {{cluster: local, user: {name}}}
+current-context: {name}
+"""
+    )
+    path.chmod(0o600)
+    return path
+
+
+class ControllerProcess:
+    """`python -m controller` as a child process with its webhook on 127.0.0.1 (reachable by the apiserver)."""
+
+    def __init__(self, workdir: Path, kubeconfig: Path, *extra_args: str) -> None:
+        import socket
+
+        def free_port() -> int:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port: int = s.getsockname()[1]
+                return port
+
+        self.workdir = workdir
+        self.kubeconfig = kubeconfig
+        self.webhook_port = free_port()
+        self.health_port = free_port()
+        self.metrics_port = free_port()
+        self.extra_args = extra_args
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = workdir / "controller.log"
+
+    @property
+    def argv(self) -> list[str]:
+        return [
+            sys.executable,
+            "-m",
+            "controller",
+            f"--kubeconfig={self.kubeconfig}",
+            "--webhook-address=127.0.0.1",
+            f"--webhook-port={self.webhook_port}",
+            f"--health-port={self.health_port}",
+            f"--metrics-port={self.metrics_port}",
+            "--log-format=text",
+            *self.extra_args,
+        ]
+
+    def start(self, timeout: float = 30) -> None:
+        """Start and wait until its liveness endpoint answers."""
+        import urllib.request
+
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("ab") as log:
+            log.write(f"--- start {time.strftime('%H:%M:%S')}\n".encode())
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=Path(__file__).resolve().parents[2],
+                start_new_session=True,
+            )
+
+        def healthy() -> bool:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise AssertionError(f"controller exited with {self.proc.returncode}:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.health_port}/healthz", timeout=1) as r:
+                    return bool(r.status == 200)
+            except OSError:
+                return False
+
+        wait_for(healthy, timeout, what="controller liveness endpoint")
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash or an OOM kill would."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait()
+
+    def terminate(self, timeout: float = 20) -> int:
+        """SIGTERM and wait; the exit code (SIGKILL after `timeout`)."""
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        return self.proc.returncode
+
+    def metric(self, name: str, **labels: str) -> float:
+        """Current value of a sample of the controller's Prometheus metrics (0 when absent)."""
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+        series = f"{name}{{{want}}}" if want else name
+        for line in text.splitlines():
+            if not line.startswith("#") and line.rsplit(" ", 1)[0] == series:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])

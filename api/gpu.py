@@ -1,0 +1,104 @@
+"""The `GPU` ledger (`kubectl get gpus`) and the data the controller records in a claim's `status.devices`.
+
+Both are written only by the controller (field manager `fracgpu-controller`); the models here are the
+wire shapes (camelCase), and `api/crds/gpus.fracgpu.dev.yaml` is generated from `Gpu`.
+"""
+
+from typing import Final
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from api.names import API_GROUP
+
+GPU_VERSION: Final = "v1alpha1"
+GPU_API_VERSION: Final = f"{API_GROUP}/{GPU_VERSION}"
+GPU_KIND: Final = "GPU"
+GPU_PLURAL: Final = "gpus"
+GPU_SINGULAR: Final = "gpu"
+GPU_CRD_NAME: Final = f"{GPU_PLURAL}.{API_GROUP}"
+NODE_LABEL: Final = f"{API_GROUP}/node"
+"""Label on every GPU object: the node it lives on (for `kubectl get gpus -l fracgpu.dev/node=...`)."""
+
+
+def gpu_object_name(node: str, device: str) -> str:
+    """Name of the ledger object of `device` on `node`: `<node>-<device>`."""
+    return f"{node}-{device}"
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+
+
+class GpuSpec(_Wire):
+    """Which published device this object describes."""
+
+    driver: str = Field(description="DRA driver that publishes the device")
+    pool: str = Field(description="ResourceSlice pool of the device (the node name for fracgpu)")
+    device: str = Field(description="device name inside the pool, e.g. gpu-0")
+    node: str = Field(description="node the GPU is attached to")
+
+
+class GpuShare(_Wire):
+    """One allocation of (part of) this GPU to a request of a ResourceClaim."""
+
+    namespace: str
+    name: str = Field(description="ResourceClaim name")
+    request: str = Field(description="request name inside the claim (`<request>[/<subrequest>]`)")
+    share_id: str = Field("", alias="shareID", description="share ID of the allocation (empty: whole device)")
+    memory: str = Field(description="GPU memory granted to the request, as a quantity")
+
+
+class GpuStatus(_Wire):
+    """The GPU and its current allocations, recomputed by the controller from ResourceSlices and claims."""
+
+    node: str
+    index: int | None = Field(None, description="NVML index of the GPU on its node")
+    uuid: str = Field("", description="GPU UUID")
+    model: str = Field("", description="product name")
+    total_memory: str = Field(alias="totalMemory", description="memory offered for sharing, as a quantity")
+    allocated_memory: str = Field(alias="allocatedMemory", description="sum of the granted memory of all shares")
+    free_memory: str = Field(alias="freeMemory", description="totalMemory minus allocatedMemory (at least 0)")
+    shares: int = Field(ge=0, description="number of allocations on this GPU")
+    claims: list[GpuShare] = Field(default_factory=list, description="the allocations, sorted by claim")
+
+
+class Gpu(_Wire):
+    """A physical GPU published by the node plugin, with its allocations: one object per device."""
+
+    spec: GpuSpec
+    status: GpuStatus | None = None
+
+
+PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
+    {"name": "Node", "type": "string", "jsonPath": ".spec.node"},
+    {"name": "Model", "type": "string", "jsonPath": ".status.model"},
+    {"name": "Total", "type": "string", "jsonPath": ".status.totalMemory"},
+    {"name": "Allocated", "type": "string", "jsonPath": ".status.allocatedMemory"},
+    {"name": "Free", "type": "string", "jsonPath": ".status.freeMemory"},
+    {"name": "Shares", "type": "integer", "jsonPath": ".status.shares"},
+    {"name": "Index", "type": "integer", "jsonPath": ".status.index", "priority": 1},
+    {"name": "UUID", "type": "string", "jsonPath": ".status.uuid", "priority": 1},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+)
+
+
+class AllocatedGpuData(_Wire):
+    """`status.devices[].data` of a claim's entry for one of our allocation results.
+
+    Tells the user which physical GPU the request got and how much of its memory.
+    """
+
+    gpu: str = Field(description="name of the GPU ledger object (`kubectl get gpu <gpu>`)")
+    node: str
+    device: str
+    index: int | None = None
+    uuid: str | None = None
+    product_name: str | None = Field(None, alias="productName")
+    request: str
+    memory: str = Field(description="granted memory (the allocation's consumedCapacity), as a quantity")
+    memory_total: str = Field(alias="memoryTotal", description="memory the GPU offers, as a quantity")
+
+    def to_data(self) -> dict[str, object]:
+        """The JSON object stored in `data` (camelCase, unset fields omitted)."""
+        out: dict[str, object] = self.model_dump(by_alias=True, exclude_none=True, mode="json")
+        return out

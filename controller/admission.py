@@ -1,0 +1,114 @@
+"""Admission review of ResourceClaims and ResourceClaimTemplates that concern our driver (pure functions).
+
+A claim spec concerns us when a request (or a `firstAvailable` alternative) names our DeviceClass, or an
+opaque config names our driver. Refused: GpuConfig parameters that do not decode strictly, capacity
+requests other than `memory`, and memory amounts that are not positive whole numbers of bytes. Each
+problem names its field path, as `kubectl` users write it, and what is allowed.
+"""
+
+from collections.abc import Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+from pydantic import BaseModel, ConfigDict
+
+from api.gpu_config import GpuConfigError, decode_gpu_config
+from api.names import MEMORY_CAPACITY
+from api.quantity import format_bytes
+
+
+class Review(BaseModel):
+    """Outcome of reviewing one claim spec: refusal reasons and admission warnings."""
+
+    model_config = ConfigDict(frozen=True)
+
+    problems: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def allowed(self) -> bool:
+        return not self.problems
+
+    @property
+    def message(self) -> str:
+        """All problems in one line, as the user sees it after `denied the request:`."""
+        return "; ".join(self.problems)
+
+
+def _check_memory(value: object, path: str) -> tuple[int | None, str | None]:
+    """(bytes, None) for a positive whole number of bytes, else (None, problem)."""
+    allowed = "must be a positive quantity of bytes such as 10Gi or 512Mi"
+    try:
+        parsed: Decimal = parse_quantity(value)
+    except (ValueError, TypeError, InvalidOperation):
+        return None, f"{path}: {allowed}, got {value!r}"
+    if parsed <= 0:
+        return None, f"{path}: {allowed}, got {value!r}"
+    if parsed != parsed.to_integral_value():
+        return None, f"{path}: {allowed} (whole bytes; fractions such as {value!r} are not allowed)"
+    return int(parsed), None
+
+
+def _review_request(
+    exact: Mapping[str, Any], path: str, request: str, driver: str, largest: int | None
+) -> tuple[list[str], list[str]]:
+    problems: list[str] = []
+    warnings: list[str] = []
+    requests = (exact.get("capacity") or {}).get("requests") or {}
+    for name, value in requests.items():
+        field = f"{path}.capacity.requests.{name}"
+        if name not in (MEMORY_CAPACITY, f"{driver}/{MEMORY_CAPACITY}"):
+            problems.append(f"{field}: unknown capacity; {driver} devices offer only {MEMORY_CAPACITY!r}")
+            continue
+        memory, problem = _check_memory(value, field)
+        if problem is not None:
+            problems.append(problem)
+        elif memory is not None and largest is not None and memory > largest:
+            warnings.append(
+                f"{field}: request {request!r} asks for {value} of GPU memory, more than any GPU in the cluster "
+                f"offers (largest GPU has {format_bytes(largest)}); the claim stays pending until a larger GPU "
+                "is published"
+            )
+    return problems, warnings
+
+
+def _config_problems(problems: tuple[str, ...], path: str) -> list[str]:
+    """Prefix GpuConfig decode problems (`field: ...` or `parameters ...`) with the config's path."""
+    return [f"{path}.{p}" if p.startswith("parameters") else f"{path}.parameters.{p}" for p in problems]
+
+
+def review_claim_spec(
+    spec: Mapping[str, Any] | None, prefix: str, *, driver: str, device_class: str, largest: int | None
+) -> Review:
+    """Review a ResourceClaimSpec found at field path `prefix` (`spec` or `spec.spec` for templates).
+
+    `largest` is the largest memory request any published GPU admits (None when none is published);
+    requests above it pass with a warning, since a larger GPU may join later.
+    """
+    devices = (spec or {}).get("devices") or {}
+    problems: list[str] = []
+    warnings: list[str] = []
+    for i, req in enumerate(devices.get("requests") or []):
+        base = f"{prefix}.devices.requests[{i}]"
+        name = str(req.get("name", ""))
+        alternatives = [(req["exactly"], f"{base}.exactly", name)] if req.get("exactly") else []
+        alternatives += [
+            (sub, f"{base}.firstAvailable[{j}]", f"{name}/{sub.get('name', '')}")
+            for j, sub in enumerate(req.get("firstAvailable") or [])
+        ]
+        for exact, path, request in alternatives:
+            if exact.get("deviceClassName") == device_class:
+                p, w = _review_request(exact, path, request, driver, largest)
+                problems += p
+                warnings += w
+    for k, config in enumerate(devices.get("config") or []):
+        opaque = config.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        path = f"{prefix}.devices.config[{k}].opaque"
+        try:
+            decode_gpu_config(opaque.get("parameters"))  # type: ignore[arg-type]  # any JSON: it reports
+        except GpuConfigError as err:
+            problems += _config_problems(err.problems, path)
+    return Review(problems=tuple(problems), warnings=tuple(warnings))

@@ -1,0 +1,173 @@
+"""kopf handlers and operator settings of the controller.
+
+As the kopf pitfalls require: on ResourceClaims and ResourceSlices only `on.event` and `index` (no
+kopf annotations, finalizers or status written on objects we do not own); admission through kopf's
+webhook server; Event posting lowered to WARNING; no peering; liveness endpoint.
+"""
+
+import logging
+import os
+import socket
+from typing import Any
+
+import kopf
+
+from api.gpu import GPU_PLURAL, GPU_VERSION
+from api.names import API_GROUP
+from controller import kube, metrics
+from controller.admission import Review, review_claim_spec
+from controller.ledger import ExistingGpu
+from controller.model import ClaimView, SliceView, claim_view, slice_view
+from controller.reconciler import Controller
+from controller.settings import COMPONENT, Settings
+from controller.webhook import WebhookServer
+
+log = logging.getLogger(__name__)
+RESOURCE_GROUP = "resource.k8s.io"
+RESOURCE_VERSION = "v1"
+
+
+def operator_settings(settings: Settings) -> kopf.OperatorSettings:
+    """kopf settings: standalone, quiet Event posting, our webhook server and managed configuration."""
+    out = kopf.OperatorSettings()
+    out.peering.standalone = True
+    out.posting.level = logging.WARNING
+    out.posting.reporting_component = COMPONENT
+    out.posting.reporting_instance = (os.environ.get("POD_NAME") or socket.gethostname())[:128]
+    if settings.admission:
+        cert_dir = settings.webhook_cert_dir
+        service = tuple(settings.webhook_service.split("/", 1)) if settings.webhook_service else None
+        host = settings.webhook_host
+        if service is not None and host is None:
+            host = f"{service[1]}.{service[0]}.svc"
+        out.admission.server = WebhookServer(
+            addr=settings.webhook_address,
+            port=settings.webhook_port,
+            host=host,
+            certfile=cert_dir / "tls.crt" if cert_dir else None,
+            pkeyfile=cert_dir / "tls.key" if cert_dir else None,
+            extra_sans=[f"{service[1]}.{service[0]}.svc.cluster.local"] if service else [],
+            service=(service[0], service[1]) if service else None,
+            service_port=settings.webhook_port if service else None,
+        )
+        out.admission.managed = settings.webhook_config_name
+    return out
+
+
+def _review(controller: Controller, spec: Any, prefix: str) -> Review:
+    s = controller.settings
+    return review_claim_spec(
+        spec, prefix, driver=s.driver_name, device_class=s.device_class, largest=controller.largest_request()
+    )
+
+
+def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Controller) -> None:
+    """Register every handler of the controller in `registry`."""
+    driver = settings.driver_name
+
+    @kopf.on.login(registry=registry, id="login")
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        return kube.connection_info(settings)
+
+    @kopf.on.startup(registry=registry, id="startup")
+    async def startup(**kwargs: Any) -> None:
+        # kopf passes every index as a keyword argument named after its id (still empty at startup)
+        controller.bind(kwargs["fracgpu_slices"], kwargs["fracgpu_claims"], kwargs["fracgpu_gpus"])
+        await controller.start()
+
+    @kopf.on.cleanup(registry=registry, id="cleanup")
+    async def cleanup(**_: Any) -> None:
+        await controller.stop()
+
+    # ----- indexes: compact views, recomputed on every watch event ----------------------------------
+
+    @kopf.index(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", registry=registry, id="fracgpu_slices")
+    async def index_slice(body: kopf.Body, name: str, **_: Any) -> dict[str, SliceView] | None:
+        try:
+            view = slice_view(body, driver)
+        except (KeyError, TypeError, ValueError):
+            log.exception("cannot read ResourceSlice %s", name)
+            return None
+        return {name: view} if view is not None else None
+
+    @kopf.index(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", registry=registry, id="fracgpu_claims")
+    async def index_claim(body: kopf.Body, **_: Any) -> dict[tuple[str, str], ClaimView] | None:
+        try:
+            view = claim_view(body, driver, settings.device_class)
+        except (KeyError, TypeError, ValueError):
+            log.exception("cannot read ResourceClaim %s/%s", body.metadata.namespace, body.metadata.name)
+            return None
+        return {view.key: view} if view is not None else None
+
+    @kopf.index(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="fracgpu_gpus")
+    async def index_gpu(body: kopf.Body, name: str, **_: Any) -> dict[str, ExistingGpu]:
+        return {
+            name: ExistingGpu(
+                name=name,
+                labels=dict(body.metadata.labels),
+                spec=dict(body.get("spec") or {}),
+                status=dict(body["status"]) if body.get("status") else None,
+            )
+        }
+
+    # ----- events: only wake the reconciler; it reads the indexes -------------------------------------
+
+    @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", registry=registry, id="slice_event")
+    async def slice_event(body: kopf.Body, **_: Any) -> None:
+        if (body.get("spec") or {}).get("driver") == driver:
+            controller.slices_changed()
+
+    @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", registry=registry, id="claim_event")
+    async def claim_event(*, type: str, namespace: str | None, name: str, uid: str, **kwargs: Any) -> None:
+        claims: kopf.Index[tuple[str, str], ClaimView] = kwargs["fracgpu_claims"]
+        if type == "DELETED":
+            controller.claim_deleted(uid)
+        elif (namespace or "", name) in claims:
+            controller.claim_changed((namespace or "", name))
+
+    @kopf.on.event(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="gpu_event")
+    async def gpu_event(**_: Any) -> None:
+        controller.gpus_changed()
+
+    # ----- admission ---------------------------------------------------------------------------------
+
+    if not settings.admission:
+        return
+
+    @kopf.on.validate(
+        RESOURCE_GROUP,
+        RESOURCE_VERSION,
+        "resourceclaims",
+        registry=registry,
+        id="resourceclaims",
+        operations=["CREATE"],  # the spec is immutable
+        ignore_failures=True,  # a controller outage must not block every claim in the cluster
+    )
+    async def validate_claim(body: kopf.Body, warnings: list[str], **_: Any) -> None:
+        _respond(_review(controller, body.get("spec"), "spec"), warnings, body)
+
+    @kopf.on.validate(
+        RESOURCE_GROUP,
+        RESOURCE_VERSION,
+        "resourceclaimtemplates",
+        registry=registry,
+        id="resourceclaimtemplates",
+        operations=["CREATE"],
+        ignore_failures=True,
+    )
+    async def validate_template(body: kopf.Body, warnings: list[str], **_: Any) -> None:
+        _respond(_review(controller, (body.get("spec") or {}).get("spec"), "spec.spec"), warnings, body)
+
+
+def _respond(review: Review, warnings: list[str], body: kopf.Body) -> None:
+    """Add the review's warnings to the response; refuse (HTTP 422 to the user) when it has problems."""
+    kind = str(body.get("kind", ""))
+    metrics.ADMISSION.labels(kind, str(review.allowed).lower()).inc()
+    warnings.extend(review.warnings)
+    if not review.allowed:
+        meta = body.get("metadata") or {}
+        name = meta.get("name") or f"{meta.get('generateName', '')}*"
+        log.info(
+            "admission refused", extra={"object": f"{kind} {meta.get('namespace')}/{name}", "problems": review.message}
+        )
+        raise kopf.AdmissionError(review.message, code=422)

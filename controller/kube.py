@@ -1,0 +1,139 @@
+"""The controller's writes to the API server (blocking calls; run them in threads).
+
+Reads come from kopf's watches and indexes; everything written goes through here: server-side apply of
+claim status and GPU objects, GPU deletion, and Events on claims. Plain JSON through `api.kube_rest`
+(the generated per-method client layer costs tens of MiB of memory).
+"""
+
+import datetime
+import logging
+import os
+import socket
+import uuid
+from typing import Any
+
+import kopf
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from api.gpu import GPU_PLURAL, GPU_VERSION
+from api.kube_rest import KubeRest, claim_path
+from api.names import API_GROUP
+from controller.model import ClaimView
+from controller.settings import COMPONENT, FIELD_MANAGER, Settings
+
+log = logging.getLogger(__name__)
+
+
+def configuration(settings: Settings) -> client.Configuration:
+    """Client configuration from `--kubeconfig`, else the in-cluster service account."""
+    cfg = client.Configuration()
+    if settings.kubeconfig is not None:
+        config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=cfg)
+    else:
+        config.load_incluster_config(client_configuration=cfg)
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, settings.workers + 8)
+    return cfg
+
+
+def api_client(settings: Settings) -> client.ApiClient:
+    """An ApiClient for the controller's own writes."""
+    return client.ApiClient(configuration(settings))
+
+
+def connection_info(settings: Settings) -> kopf.ConnectionInfo:
+    """kopf credentials equal to those of `api_client` (the same kubeconfig or service account)."""
+    cfg = configuration(settings)
+    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+    parts = header.split(" ", 1) if header else []
+    scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
+    return kopf.ConnectionInfo(
+        server=cfg.host,
+        ca_path=cfg.ssl_ca_cert,
+        insecure=not cfg.verify_ssl,
+        username=cfg.username or None,
+        password=cfg.password or None,
+        scheme=scheme,
+        token=token,
+        certificate_path=cfg.cert_file,
+        private_key_path=cfg.key_file,
+    )
+
+
+def gpu_path(name: str, *, status: bool = False) -> str:
+    """API path of a GPU object (or of its status subresource)."""
+    return f"/apis/{API_GROUP}/{GPU_VERSION}/{GPU_PLURAL}/{name}" + ("/status" if status else "")
+
+
+def apply_claim_status(rest: KubeRest, namespace: str, name: str, body: dict[str, Any]) -> str:
+    """Server-side apply `body` to `resourceclaims/status`; returns the new resourceVersion."""
+    answer = rest.apply(claim_path(namespace, name) + "/status", body, FIELD_MANAGER)
+    return str(answer["metadata"]["resourceVersion"])
+
+
+def apply_gpu(rest: KubeRest, body: dict[str, Any], *, status: bool) -> None:
+    """Server-side apply a GPU object (main resource, or its status subresource)."""
+    rest.apply(gpu_path(body["metadata"]["name"], status=status), body, FIELD_MANAGER)
+
+
+def delete_gpu(rest: KubeRest, name: str) -> None:
+    """Delete a GPU object; already gone is fine."""
+    try:
+        rest.delete(gpu_path(name))
+    except ApiException as err:
+        if err.status != 404:
+            raise
+
+
+_INSTANCE = os.environ.get("POD_NAME") or socket.gethostname()
+
+
+def post_claim_event(rest: KubeRest, claim: ClaimView, *, reason: str, message: str, type_: str = "Warning") -> None:
+    """Post a core/v1 Event about a ResourceClaim; failures are logged, never raised."""
+    now = datetime.datetime.now(datetime.UTC)
+    namespace, name = claim.namespace, claim.name
+    body = {
+        "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "name": name,
+            "namespace": namespace,
+            "uid": claim.uid,
+        },
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": _INSTANCE[:128],
+        "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "count": 1,
+    }
+    try:
+        rest.create(f"/api/v1/namespaces/{namespace}/events", body)
+    except ApiException as err:
+        # a namespace being deleted refuses new Events: expected, not worth a warning
+        level = logging.DEBUG if err.status == 403 and "terminat" in str(err.body) else logging.WARNING
+        extra = {"reason": reason, "claim": f"{namespace}/{name}", "status": err.status}
+        log.log(level, "could not post Event", extra=extra)
+
+
+class KubeWriter:
+    """The controller's `Writer` (controller/reconciler.py) against the API server."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        self.rest = KubeRest(api)
+
+    def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        apply_claim_status(self.rest, namespace, name, body)
+
+    def apply_gpu(self, body: dict[str, Any], *, status: bool) -> None:
+        apply_gpu(self.rest, body, status=status)
+
+    def delete_gpu(self, name: str) -> None:
+        delete_gpu(self.rest, name)
+
+    def post_claim_event(self, claim: ClaimView, reason: str, message: str) -> None:
+        post_claim_event(self.rest, claim, reason=reason, message=message)

@@ -1,0 +1,149 @@
+"""The `GPU` ledger, recomputed from published devices and allocated claims (pure functions).
+
+Nothing is accumulated over time: the desired objects follow from the current slices and claims alone,
+so a restarted controller converges to the same ledger.
+"""
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from api.gpu import GPU_API_VERSION, GPU_KIND, NODE_LABEL, GpuShare, GpuSpec, GpuStatus, gpu_object_name
+from api.quantity import format_bytes
+from controller.model import ClaimView, DeviceKey, DeviceRecord
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+
+
+class GpuObject(BaseModel):
+    """A desired GPU object: identity (metadata + spec) and status, as wire dicts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    labels: dict[str, str]
+    spec: dict[str, Any]
+    status: dict[str, Any]
+
+
+class ExistingGpu(BaseModel):
+    """What the API server holds for one GPU object (from the controller's index)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    labels: dict[str, str]
+    spec: dict[str, Any]
+    status: dict[str, Any] | None
+
+
+class LedgerPlan(BaseModel):
+    """Writes that bring the API server to the desired ledger."""
+
+    model_config = ConfigDict(frozen=True)
+
+    apply_identity: tuple[GpuObject, ...] = ()
+    """Objects to create, or whose labels/spec differ (applied to the main resource)."""
+    apply_status: tuple[GpuObject, ...] = ()
+    """Objects whose status differs (applied to the status subresource)."""
+    delete: tuple[str, ...] = ()
+    """Names of objects of our driver whose device is gone."""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.apply_identity or self.apply_status or self.delete)
+
+
+def desired_ledger(
+    devices: Mapping[DeviceKey, DeviceRecord], claims: Iterable[ClaimView], driver: str, manager: str
+) -> dict[str, GpuObject]:
+    """One object per published device with the allocations of every claim on it."""
+    shares: dict[DeviceKey, list[tuple[ClaimView, Any]]] = {key: [] for key in devices}
+    for claim in claims:
+        for share in claim.shares:
+            if share.device_key in shares:
+                shares[share.device_key].append((claim, share))
+    out: dict[str, GpuObject] = {}
+    for key, device in devices.items():
+        claims_on = []
+        allocated = 0
+        for claim, share in sorted(
+            shares[key], key=lambda cs: (cs[0].namespace, cs[0].name, cs[1].request, cs[1].share_id or "")
+        ):
+            granted = share.memory if share.memory is not None else device.memory_total
+            allocated += granted
+            claims_on.append(
+                GpuShare(
+                    namespace=claim.namespace,
+                    name=claim.name,
+                    request=share.request,
+                    share_id=share.share_id or "",
+                    memory=format_bytes(granted),
+                )
+            )
+        status = GpuStatus(
+            node=device.node,
+            index=device.index,
+            uuid=device.uuid or "",
+            model=device.product_name or "",
+            total_memory=format_bytes(device.memory_total),
+            allocated_memory=format_bytes(allocated),
+            free_memory=format_bytes(max(0, device.memory_total - allocated)),
+            shares=len(claims_on),
+            claims=claims_on,
+        )
+        name = gpu_object_name(device.node, device.device)
+        out[name] = GpuObject(
+            name=name,
+            labels={NODE_LABEL: device.node, MANAGED_BY_LABEL: manager},
+            spec=GpuSpec(driver=driver, pool=device.pool, device=device.device, node=device.node).model_dump(
+                by_alias=True
+            ),
+            status=status.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        )
+    return out
+
+
+def _normalized(value: Any) -> Any:
+    """Drop empty lists/maps and None recursively: the API server may store them either way."""
+    if isinstance(value, Mapping):
+        return {k: _normalized(v) for k, v in value.items() if v not in (None, [], {})}
+    if isinstance(value, list):
+        return [_normalized(v) for v in value]
+    return value
+
+
+def plan_ledger(desired: Mapping[str, GpuObject], existing: Mapping[str, ExistingGpu], driver: str) -> LedgerPlan:
+    """Compare desired objects with existing ones of `driver`; other drivers' objects are left alone."""
+    identity: list[GpuObject] = []
+    status: list[GpuObject] = []
+    for name, want in sorted(desired.items()):
+        have = existing.get(name)
+        if (
+            have is None
+            or any(have.labels.get(k) != v for k, v in want.labels.items())
+            or _normalized(have.spec) != _normalized(want.spec)
+        ):
+            identity.append(want)
+        if have is None or _normalized(have.status or {}) != _normalized(want.status):
+            status.append(want)
+    delete = tuple(
+        sorted(name for name, have in existing.items() if name not in desired and have.spec.get("driver") == driver)
+    )
+    return LedgerPlan(apply_identity=tuple(identity), apply_status=tuple(status), delete=delete)
+
+
+def identity_body(obj: GpuObject) -> dict[str, Any]:
+    """Server-side-apply body for the main resource (labels and spec)."""
+    return {
+        "apiVersion": GPU_API_VERSION,
+        "kind": GPU_KIND,
+        "metadata": {"name": obj.name, "labels": dict(obj.labels)},
+        "spec": dict(obj.spec),
+    }
+
+
+def status_body(obj: GpuObject) -> dict[str, Any]:
+    """Server-side-apply body for the status subresource."""
+    return {"apiVersion": GPU_API_VERSION, "kind": GPU_KIND, "metadata": {"name": obj.name}, "status": obj.status}

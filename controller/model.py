@@ -1,0 +1,229 @@
+"""Compact, immutable views of ResourceSlices and ResourceClaims: what the controller keeps in its indexes.
+
+Parsing happens once per watch event; everything downstream (status, ledger, events) works on these.
+"""
+
+from collections.abc import Iterable, Mapping
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+from pydantic import BaseModel, ConfigDict
+
+from api.names import MEMORY_CAPACITY
+
+DeviceKey = tuple[str, str]
+"""(pool, device)."""
+
+
+class DeviceRecord(BaseModel):
+    """One published device of our driver, as its ResourceSlice describes it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    pool: str
+    device: str
+    node: str
+    generation: int
+    index: int | None = None
+    uuid: str | None = None
+    product_name: str | None = None
+    memory_total: int
+    max_request: int
+    """The largest memory request the device's request policy admits (≤ memory_total)."""
+
+    @property
+    def key(self) -> DeviceKey:
+        return (self.pool, self.device)
+
+
+class SliceView(BaseModel):
+    """The part of one of our ResourceSlices the controller needs."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    pool: str
+    generation: int
+    devices: tuple[DeviceRecord, ...]
+
+
+class Share(BaseModel):
+    """One allocation result of our driver in a claim."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request: str
+    pool: str
+    device: str
+    share_id: str | None = None
+    memory: int | None = None
+    """consumedCapacity.memory in bytes; None when the result does not say (then the whole device)."""
+
+    @property
+    def device_key(self) -> DeviceKey:
+        return (self.pool, self.device)
+
+    @property
+    def entry_key(self) -> tuple[str, str, str]:
+        """Key of its status.devices entry (driver implied): (pool, device, shareID or "")."""
+        return (self.pool, self.device, self.share_id or "")
+
+
+class MemoryRequest(BaseModel):
+    """A request (or subrequest) of our DeviceClass with an explicit memory amount."""
+
+    model_config = ConfigDict(frozen=True)
+
+    request: str
+    memory: int
+
+
+class ClaimView(BaseModel):
+    """The part of a ResourceClaim that concerns our driver."""
+
+    model_config = ConfigDict(frozen=True)
+
+    namespace: str
+    name: str
+    uid: str
+    allocated: bool
+    node: str | None = None
+    shares: tuple[Share, ...] = ()
+    memory_requests: tuple[tuple[MemoryRequest, ...], ...] = ()
+    """Per request of our class: its alternatives (one for `exactly`, several for `firstAvailable`)."""
+    status_data: dict[tuple[str, str, str], Any] = {}
+    """Existing `data` of our driver's status.devices entries, by entry key (None when absent)."""
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+
+def quantity_bytes(value: object) -> int | None:
+    """A Kubernetes quantity as whole bytes (rounded up), or None when it is not a quantity."""
+    try:
+        parsed: Decimal = parse_quantity(value)
+    except (ValueError, TypeError, InvalidOperation):
+        return None
+    return int(parsed.to_integral_value(rounding="ROUND_CEILING"))
+
+
+def _attribute(attributes: Mapping[str, Any], name: str, driver: str, kind: str) -> Any:
+    for key in (name, f"{driver}/{name}"):
+        value = (attributes.get(key) or {}).get(kind)
+        if value is not None:
+            return value
+    return None
+
+
+def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
+    """The view of a ResourceSlice of `driver`; None for other drivers' slices."""
+    spec = body.get("spec") or {}
+    if spec.get("driver") != driver:
+        return None
+    pool = spec.get("pool") or {}
+    pool_name = str(pool.get("name", ""))
+    generation = int(pool.get("generation", 0))
+    node = str(spec.get("nodeName") or pool_name)
+    devices = []
+    for dev in spec.get("devices") or []:
+        attributes = dev.get("attributes") or {}
+        memory = (dev.get("capacity") or {}).get(MEMORY_CAPACITY) or {}
+        total = quantity_bytes(memory.get("value"))
+        if total is None:
+            continue  # not a GPU shareable by memory: nothing to account
+        valid_range = (memory.get("requestPolicy") or {}).get("validRange") or {}
+        max_request = quantity_bytes(valid_range.get("max")) if valid_range.get("max") is not None else None
+        index = _attribute(attributes, "index", driver, "int")
+        devices.append(
+            DeviceRecord(
+                pool=pool_name,
+                device=str(dev["name"]),
+                node=node,
+                generation=generation,
+                index=int(index) if index is not None else None,
+                uuid=_attribute(attributes, "uuid", driver, "string"),
+                product_name=_attribute(attributes, "productName", driver, "string"),
+                memory_total=total,
+                max_request=min(total, max_request) if max_request is not None else total,
+            )
+        )
+    return SliceView(name=str(body["metadata"]["name"]), pool=pool_name, generation=generation, devices=tuple(devices))
+
+
+def current_devices(slices: Iterable[SliceView]) -> dict[DeviceKey, DeviceRecord]:
+    """Devices of the newest generation of each pool (older generations are being replaced)."""
+    slices = list(slices)
+    newest: dict[str, int] = {}
+    for s in slices:
+        newest[s.pool] = max(newest.get(s.pool, s.generation), s.generation)
+    return {d.key: d for s in slices if s.generation == newest[s.pool] for d in s.devices}
+
+
+def _allocated_node(allocation: Mapping[str, Any]) -> str | None:
+    terms = ((allocation.get("nodeSelector") or {}).get("nodeSelectorTerms")) or []
+    if len(terms) != 1:
+        return None
+    fields = terms[0].get("matchFields") or []
+    if len(fields) == 1 and fields[0].get("key") == "metadata.name" and len(fields[0].get("values") or []) == 1:
+        return str(fields[0]["values"][0])
+    return None
+
+
+def _memory_request(exact: Mapping[str, Any], name: str) -> MemoryRequest | None:
+    requested = ((exact.get("capacity") or {}).get("requests") or {}).get(MEMORY_CAPACITY)
+    memory = quantity_bytes(requested) if requested is not None else None
+    return MemoryRequest(request=name, memory=memory) if memory is not None else None
+
+
+def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> ClaimView | None:
+    """The view of a claim that has results of `driver` or requests `device_class`; None otherwise."""
+    meta = body.get("metadata") or {}
+    spec_devices = (body.get("spec") or {}).get("devices") or {}
+    status = body.get("status") or {}
+    allocation = status.get("allocation")
+    shares = tuple(
+        Share(
+            request=str(r.get("request", "")),
+            pool=str(r["pool"]),
+            device=str(r["device"]),
+            share_id=r.get("shareID") or None,
+            memory=quantity_bytes(r["consumedCapacity"][MEMORY_CAPACITY])
+            if MEMORY_CAPACITY in (r.get("consumedCapacity") or {})
+            else None,
+        )
+        for r in ((allocation or {}).get("devices") or {}).get("results") or []
+        if r.get("driver") == driver
+    )
+    ours_requested = False
+    memory_requests: list[tuple[MemoryRequest, ...]] = []
+    for req in spec_devices.get("requests") or []:
+        alternatives = (
+            [(req["exactly"], req["name"])]
+            if req.get("exactly")
+            else [(sub, f"{req['name']}/{sub['name']}") for sub in req.get("firstAvailable") or []]
+        )
+        ours = [(exact, name) for exact, name in alternatives if exact.get("deviceClassName") == device_class]
+        ours_requested = ours_requested or bool(ours)
+        if ours and len(ours) == len(alternatives):  # only if every alternative needs one of our GPUs
+            found = [m for exact, name in ours if (m := _memory_request(exact, name)) is not None]
+            if len(found) == len(ours):
+                memory_requests.append(tuple(found))
+    if not shares and not ours_requested:
+        return None
+    status_data = {
+        (str(d["pool"]), str(d["device"]), str(d.get("shareID") or "")): d.get("data")
+        for d in status.get("devices") or []
+        if d.get("driver") == driver
+    }
+    return ClaimView(
+        namespace=str(meta.get("namespace", "")),
+        name=str(meta.get("name", "")),
+        uid=str(meta.get("uid", "")),
+        allocated=allocation is not None,
+        node=_allocated_node(allocation) if allocation else None,
+        shares=shares,
+        memory_requests=tuple(memory_requests),
+        status_data=status_data,
+    )

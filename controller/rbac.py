@@ -1,0 +1,51 @@
+"""The Kubernetes permissions the controller needs (ClusterRole rules), kept next to the code that uses them.
+
+The Helm chart's ClusterRole must grant exactly these; the integration tests run the controller as a
+ServiceAccount bound to them, so a missing rule fails a test.
+"""
+
+from typing import Any
+
+from api.gpu import GPU_PLURAL
+from api.names import API_GROUP, DRIVER_NAME
+
+
+def cluster_role_rules(driver: str = DRIVER_NAME, webhook_config: str | None = None) -> list[dict[str, Any]]:
+    """ClusterRole rules for a controller of `driver` managing the webhook configuration `webhook_config`."""
+    managed = webhook_config or driver
+    return [
+        # claims: watch; write our status.devices data (server-side apply) -- 1.36+ also checks the
+        # per-driver synthetic subresource (DRAResourceClaimGranularStatusAuthorization)
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["patch"]},
+        {
+            "apiGroups": ["resource.k8s.io"],
+            "resources": ["resourceclaims/driver"],
+            "verbs": ["arbitrary-node:patch"],
+            "resourceNames": [driver],
+        },
+        {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch"]},
+        # the GPU ledger
+        {
+            "apiGroups": [API_GROUP],
+            "resources": [GPU_PLURAL],
+            "verbs": ["get", "list", "watch", "create", "patch", "delete"],
+        },
+        {"apiGroups": [API_GROUP], "resources": [f"{GPU_PLURAL}/status"], "verbs": ["patch"]},
+        # Events on claims
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        # kopf: discovery of CRDs (the GPU CRD may be installed after the controller starts)
+        {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
+        # kopf: the managed webhook configurations (kopf creates both kinds; the mutating one stays empty)
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+            "verbs": ["create"],
+        },
+        {
+            "apiGroups": ["admissionregistration.k8s.io"],
+            "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+            "verbs": ["patch"],
+            "resourceNames": [managed],
+        },
+    ]

@@ -1,0 +1,354 @@
+"""The controller's work loops: claim status writers, the ledger, Events, periodic resync.
+
+kopf feeds the indexes (slices, claims, GPU objects) and calls the `*_changed` methods from its event
+handlers; this module decides what to write and retries failed writes. All decisions are recomputed
+from the indexes, never from what this process did before, so a restart converges to the same state.
+"""
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol, TypeVar
+
+from kubernetes.client.exceptions import ApiException
+
+from api.gpu import GPU_CRD_NAME
+from api.quantity import format_bytes
+from controller import metrics
+from controller.claim_status import apply_body, plan_status
+from controller.ledger import ExistingGpu, desired_ledger, identity_body, plan_ledger, status_body
+from controller.model import ClaimView, DeviceKey, DeviceRecord, Share, SliceView, current_devices
+from controller.settings import FIELD_MANAGER, Settings
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+ClaimKey = tuple[str, str]
+
+REASON_DEVICE_GONE = "AllocatedDeviceGone"
+REASON_UNSATISFIABLE = "UnsatisfiableGpuRequest"
+MAX_ATTEMPTS = 8
+
+
+class Writer(Protocol):
+    """The API writes the controller makes (blocking; called from worker threads)."""
+
+    def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
+    def apply_gpu(self, body: dict[str, Any], *, status: bool) -> None: ...
+    def delete_gpu(self, name: str) -> None: ...
+    def post_claim_event(self, claim: ClaimView, reason: str, message: str) -> None: ...
+
+
+Index = Mapping[Any, Iterable[Any]]
+"""kopf.Index shape: key -> collection of values."""
+
+
+def describe(err: BaseException) -> str:
+    """A one-line reason for a failed API call: the API server's message when it sent one."""
+    if isinstance(err, ApiException):
+        try:
+            message = json.loads(err.body or "{}").get("message")
+        except (ValueError, AttributeError):
+            message = None
+        return f"{err.status} {message or err.reason}"[:500]
+    return f"{type(err).__name__}: {err}"[:500]
+
+
+def _first(index: Index, key: Any) -> Any:
+    values = index.get(key)
+    return next(iter(values), None) if values is not None else None
+
+
+class Controller:
+    """Reconciles claim status, the GPU ledger and claim Events from kopf's indexes."""
+
+    def __init__(self, settings: Settings, writer: Writer) -> None:
+        self.settings = settings
+        self.writer = writer
+        self.driver = settings.driver_name
+        self._slices: Index = {}
+        self._claims: Index = {}
+        self._gpus: Index = {}
+        self._devices: dict[DeviceKey, DeviceRecord] | None = None
+        self._queue: asyncio.Queue[ClaimKey] = asyncio.Queue()
+        self._queued: set[ClaimKey] = set()
+        self._active: set[ClaimKey] = set()
+        self._again: set[ClaimKey] = set()
+        self._attempts: dict[ClaimKey, int] = {}
+        self._posted: dict[str, set[tuple[str, ...]]] = {}  # claim uid -> event keys already posted
+        self._missing_since: dict[tuple[str, str, str], float] = {}  # (uid, pool, device) -> monotonic
+        self._ledger_dirty = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._executor = ThreadPoolExecutor(max_workers=settings.workers + 4, thread_name_prefix="fracgpu-api")
+        self.ready = asyncio.Event()
+        """Set once kopf delivered the first event after the indexes were populated."""
+
+    # ----- wiring ---------------------------------------------------------------------------------
+
+    def bind(self, slices: Index, claims: Index, gpus: Index) -> None:
+        """Attach kopf's live indexes (passed to startup handlers before they are populated)."""
+        self._slices, self._claims, self._gpus = slices, claims, gpus
+        self._devices = None
+
+    async def start(self) -> None:
+        """Start the writers, the ledger loop and the resync loop."""
+        self._tasks = [
+            asyncio.create_task(self._worker(), name=f"claim-worker-{i}") for i in range(self.settings.workers)
+        ]
+        self._tasks.append(asyncio.create_task(self._ledger_loop(), name="ledger"))
+        self._tasks.append(asyncio.create_task(self._resync_loop(), name="resync"))
+
+    async def stop(self) -> None:
+        """Cancel every loop and wait for them; in-flight API calls finish in their threads."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks = []
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # ----- inputs from kopf handlers (event loop) ------------------------------------------------
+
+    def claim_changed(self, key: ClaimKey) -> None:
+        """A claim of ours was added or modified (its index entry is already updated)."""
+        self.ready.set()
+        self.enqueue(key)
+        self._ledger_dirty.set()
+
+    def claim_deleted(self, uid: str) -> None:
+        """A claim is gone: forget its Event bookkeeping; the ledger drops its shares."""
+        self.ready.set()
+        self._posted.pop(uid, None)
+        for k in [k for k in self._missing_since if k[0] == uid]:
+            del self._missing_since[k]
+        self._ledger_dirty.set()
+
+    def slices_changed(self) -> None:
+        """A slice of our driver changed: devices may have appeared, changed or vanished."""
+        self.ready.set()
+        self._devices = None
+        for key in list(self._claims):
+            self.enqueue(key)
+        self._ledger_dirty.set()
+
+    def gpus_changed(self) -> None:
+        """A GPU object changed (possibly by someone else): re-check the ledger."""
+        self.ready.set()
+        self._ledger_dirty.set()
+
+    def enqueue(self, key: ClaimKey) -> None:
+        """Schedule a reconcile of one claim (deduplicated)."""
+        if key in self._active:
+            self._again.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._queue.put_nowait(key)
+            metrics.RECONCILE_QUEUE.set(len(self._queued))
+
+    # ----- derived views -------------------------------------------------------------------------
+
+    def devices(self) -> dict[DeviceKey, DeviceRecord]:
+        """Published devices of our driver (newest pool generations), cached until a slice changes."""
+        if self._devices is None:
+            views: list[SliceView] = [v for values in self._slices.values() for v in values]
+            self._devices = current_devices(views)
+        return self._devices
+
+    def largest_request(self) -> int | None:
+        """The largest memory amount any published GPU admits; None when no GPU is published."""
+        return max((d.max_request for d in self.devices().values()), default=None)
+
+    def claims(self) -> list[ClaimView]:
+        return [v for values in self._claims.values() for v in values]
+
+    # ----- claim status --------------------------------------------------------------------------
+
+    async def _run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, lambda: fn(*args, **kwargs))
+
+    async def _worker(self) -> None:
+        while True:
+            key = await self._queue.get()
+            self._queued.discard(key)
+            metrics.RECONCILE_QUEUE.set(len(self._queued))
+            self._active.add(key)
+            try:
+                await self.reconcile_claim(key)
+                self._attempts.pop(key, None)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                self._retry(key, err)
+            finally:
+                self._active.discard(key)
+                if key in self._again:
+                    self._again.discard(key)
+                    self.enqueue(key)
+
+    def _retry(self, key: ClaimKey, err: Exception) -> None:
+        status = err.status if isinstance(err, ApiException) else None
+        body = str(err.body).lower() if isinstance(err, ApiException) else ""
+        if status == 404 or (status == 409 and "uid" in body):
+            log.info("claim gone or replaced; not retrying", extra={"claim": "/".join(key), "status": status})
+            self._attempts.pop(key, None)
+            return
+        attempt = self._attempts.get(key, 0) + 1
+        if attempt > MAX_ATTEMPTS:
+            log.error(
+                "giving up on claim status after %d attempts: %s",
+                MAX_ATTEMPTS,
+                describe(err),
+                extra={"claim": "/".join(key)},
+            )
+            self._attempts.pop(key, None)
+            return
+        self._attempts[key] = attempt
+        delay = min(30.0, 0.25 * 2**attempt)
+        log.warning(
+            "claim status write failed; retrying",
+            extra={"claim": "/".join(key), "error": describe(err), "retry_in": delay},
+        )
+        asyncio.get_running_loop().call_later(delay, self.enqueue, key)
+
+    async def reconcile_claim(self, key: ClaimKey) -> None:
+        """Write the claim's status entries if they differ; post Events about it. Raises on API errors."""
+        claim: ClaimView | None = _first(self._claims, key)
+        if claim is None:
+            return
+        metrics.RECONCILES.inc()
+        devices = self.devices()
+        plan = plan_status(claim, devices.get, self.driver)
+        if plan.changed:
+            started = time.monotonic()
+            try:
+                await self._run(
+                    self.writer.apply_claim_status, claim.namespace, claim.name, apply_body(claim, plan.entries)
+                )
+            except Exception:
+                metrics.STATUS_WRITES.labels("error").inc()
+                raise
+            metrics.STATUS_WRITES.labels("ok").inc()
+            metrics.STATUS_WRITE_SECONDS.observe(time.monotonic() - started)
+        await self._device_gone_events(claim, plan.missing)
+        await self._unsatisfiable_events(claim)
+
+    # ----- events --------------------------------------------------------------------------------
+
+    async def _post_once(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> None:
+        posted = self._posted.setdefault(claim.uid, set())
+        if key in posted:
+            return
+        posted.add(key)
+        metrics.EVENTS.labels(reason).inc()
+        log.warning(message, extra={"claim": f"{claim.namespace}/{claim.name}", "reason": reason})
+        await self._run(self.writer.post_claim_event, claim, reason, message)
+
+    async def _device_gone_events(self, claim: ClaimView, missing: tuple[Share, ...]) -> None:
+        now = time.monotonic()
+        gone = {(claim.uid, s.pool, s.device) for s in missing}
+        for k in [k for k in self._missing_since if k[0] == claim.uid and k not in gone]:
+            del self._missing_since[k]  # published again
+        grace = self.settings.device_gone_grace_seconds
+        for share in missing:
+            since = self._missing_since.setdefault((claim.uid, share.pool, share.device), now)
+            if now - since < grace:
+                asyncio.get_running_loop().call_later(since + grace - now + 0.05, self.enqueue, claim.key)
+                continue
+            message = (
+                f"request {share.request!r} was allocated device {share.device} of pool {share.pool} "
+                f"(driver {self.driver}), which no longer exists: the GPU was removed or its node plugin "
+                "stopped publishing it; delete the pod and its claim to get another GPU"
+            )
+            await self._post_once(claim, (REASON_DEVICE_GONE, share.pool, share.device), REASON_DEVICE_GONE, message)
+
+    async def _unsatisfiable_events(self, claim: ClaimView) -> None:
+        if claim.allocated or not claim.memory_requests:
+            return
+        largest = self.largest_request()
+        if largest is None:
+            return  # no GPU published yet: nothing to compare with
+        for alternatives in claim.memory_requests:
+            if all(m.memory > largest for m in alternatives):
+                asked = " or ".join(f"{format_bytes(m.memory)} (request {m.request!r})" for m in alternatives)
+                message = (
+                    f"no GPU of {self.driver} can ever satisfy this claim: it asks for {asked} of GPU memory, "
+                    f"and the largest GPU has {format_bytes(largest)}"
+                )
+                key = (REASON_UNSATISFIABLE, alternatives[0].request, str(largest))
+                await self._post_once(claim, key, REASON_UNSATISFIABLE, message)
+
+    # ----- ledger --------------------------------------------------------------------------------
+
+    async def _ledger_loop(self) -> None:
+        failures = 0
+        while True:
+            await self._ledger_dirty.wait()
+            await asyncio.sleep(self.settings.ledger_delay_seconds)
+            self._ledger_dirty.clear()
+            try:
+                ok = await self.reconcile_ledger()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("ledger reconcile failed")
+                ok = False
+            if ok:
+                failures = 0
+            else:
+                failures += 1
+                await asyncio.sleep(min(30.0, 0.5 * 2**failures))
+                self._ledger_dirty.set()
+
+    async def reconcile_ledger(self) -> bool:
+        """Bring GPU objects in line with devices and claims; False if some write failed."""
+        desired = desired_ledger(self.devices(), self.claims(), self.driver, FIELD_MANAGER)
+        existing: dict[str, ExistingGpu] = {v.name: v for values in self._gpus.values() for v in values}
+        plan = plan_ledger(desired, existing, self.driver)
+        metrics.LEDGER_OBJECTS.set(len(desired))
+        if plan.empty:
+            return True
+        identity = {o.name for o in plan.apply_identity}
+        status = {o.name for o in plan.apply_status}
+        objects = {o.name: o for o in (*plan.apply_identity, *plan.apply_status)}
+        limit = asyncio.Semaphore(4)
+        failures: list[str] = []
+
+        async def write(kind: str, fn: Callable[..., None], *args: Any, **kwargs: Any) -> bool:
+            async with limit:
+                try:
+                    await self._run(fn, *args, **kwargs)
+                except ApiException as err:
+                    metrics.LEDGER_WRITES.labels(kind, "error").inc()
+                    failures.append(f"{kind}: {describe(err)}")
+                    return False
+                metrics.LEDGER_WRITES.labels(kind, "ok").inc()
+                return True
+
+        async def upsert(name: str) -> bool:
+            obj = objects[name]
+            if name in identity and not await write("apply", self.writer.apply_gpu, identity_body(obj), status=False):
+                return False  # the status of an object that could not be created cannot be applied
+            if name in status:
+                return await write("status", self.writer.apply_gpu, status_body(obj), status=True)
+            return True
+
+        results = await asyncio.gather(
+            *(upsert(name) for name in sorted(objects)),
+            *(write("delete", self.writer.delete_gpu, name) for name in plan.delete),
+        )
+        if failures:
+            hint = f" (is the CRD {GPU_CRD_NAME} installed?)" if any(": 404 " in f for f in failures) else ""
+            log.warning("%d GPU object writes failed%s; first: %s", len(failures), hint, failures[0])
+        return all(results)
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resync_seconds)
+            for key in list(self._claims):
+                self.enqueue(key)
+            self._ledger_dirty.set()

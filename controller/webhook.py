@@ -1,0 +1,109 @@
+"""kopf's own webhook server, with its self-signed certificate built by `cryptography` (no cert-manager).
+
+kopf generates and serves the certificate and manages the ValidatingWebhookConfiguration (CA bundle
+included); it only lacks a certificate builder that is installed here (kopf's uses `certbuilder`), and a
+way to register a Service reference instead of a URL. This subclass adds both.
+"""
+
+import datetime
+import ipaddress
+from collections.abc import AsyncIterator, Collection
+from typing import Any
+
+import kopf
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CERT_VALIDITY = datetime.timedelta(days=3650)
+
+
+def self_signed_certificate(hostnames: Collection[str], password: str | None = None) -> tuple[bytes, bytes]:
+    """A self-signed CA certificate valid for `hostnames` (DNS names and IPs) and its key, both PEM.
+
+    Same contract as `kopf.WebhookServer.build_certificate`: unspecified addresses (0.0.0.0, ::) are left
+    out; the first DNS name (else the first IP) is the common name.
+    """
+    names: list[x509.GeneralName] = []
+    dns: list[str] = []
+    ips: list[str] = []
+    for host in dict.fromkeys(hostnames):
+        try:
+            ip = ipaddress.ip_address(host)
+        except ValueError:
+            names.append(x509.DNSName(host))
+            dns.append(host)
+            continue
+        if not ip.is_unspecified:
+            names.append(x509.IPAddress(ip))
+            ips.append(str(ip))
+    common_name = (dns or ips or ["fracgpu-controller"])[0]
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = datetime.datetime.now(datetime.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + CERT_VALIDITY)
+        .add_extension(x509.SubjectAlternativeName(names), critical=False)
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(
+            x509.KeyUsage(
+                digital_signature=True,
+                content_commitment=False,
+                key_encipherment=False,
+                data_encipherment=False,
+                key_agreement=False,
+                key_cert_sign=True,
+                crl_sign=False,
+                encipher_only=False,
+                decipher_only=False,
+            ),
+            critical=True,
+        )
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    encryption: serialization.KeySerializationEncryption = (
+        serialization.BestAvailableEncryption(password.encode()) if password else serialization.NoEncryption()
+    )
+    key_pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+    return cert.public_bytes(serialization.Encoding.PEM), key_pem
+
+
+class WebhookServer(kopf.WebhookServer):
+    """`kopf.WebhookServer` that builds its self-signed certificate with `cryptography`.
+
+    With `service=(namespace, name)` the registered client config is a Service reference (port
+    `service_port`) instead of a URL, as a webhook inside the cluster is reached.
+    """
+
+    def __init__(
+        self, *, service: tuple[str, str] | None = None, service_port: int | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(**kwargs)
+        self.service = service
+        self.service_port = service_port
+
+    @staticmethod
+    def build_certificate(hostnames: Collection[str], password: str | None = None) -> tuple[bytes, bytes]:
+        return self_signed_certificate(hostnames, password)
+
+    async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        async for config in super().__call__(fn):
+            if self.service is None:
+                yield config
+                continue
+            namespace, name = self.service
+            service: dict[str, Any] = {"namespace": namespace, "name": name}
+            if self.service_port:
+                service["port"] = self.service_port
+            out = kopf.WebhookClientConfig(service=service)  # type: ignore[typeddict-item]
+            if "caBundle" in config:
+                out["caBundle"] = config["caBundle"]
+            yield out

@@ -1,0 +1,758 @@
+"""The controller against the real control plane (issue #4): claim status, GPU ledger, admission, Events.
+
+The controller runs as a process under a ServiceAccount bound to exactly the rules of `controller.rbac`
+(so a missing permission fails here); the real scheduler allocates; ResourceSlices are built by the node
+plugin's own `build_slices` on fake Nodes.
+"""
+
+import json
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import yaml
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from api.crds import CRD_DIR
+from api.gpu import GPU_API_VERSION, GPU_CRD_NAME, NODE_LABEL, gpu_object_name
+from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
+from api.quantity import format_bytes, to_bytes
+from controller.rbac import cluster_role_rules
+from e2e.cluster.controlplane import ControlPlane
+from tests.integration import kube
+
+pytestmark = pytest.mark.integration
+T = TypeVar("T")
+
+OTHER_DRIVER = "nic.other.example.com"  # a second driver on the same nodes: its entries must stay untouched
+SA_NAMESPACE = "fracgpu-system"
+KOPF_MARK = "kopf.zalando.org"
+
+
+# ----- fixtures ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def controller(
+    control_plane: ControlPlane,
+    api_client: client.ApiClient,
+    dyn: DynamicClient,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[kube.ControllerProcess]:
+    """The GPU CRD (the generated YAML), our DeviceClass, and the controller running with its RBAC only."""
+    kube.apply_crd(api_client, yaml.safe_load((CRD_DIR / f"{GPU_CRD_NAME}.yaml").read_text()))
+    kube.ensure_device_class(dyn, DEVICE_CLASS_NAME, DRIVER_NAME)
+    kube.ensure_device_class(dyn, OTHER_DRIVER, OTHER_DRIVER)
+    workdir = tmp_path_factory.mktemp("controller")
+    kubeconfig = kube.service_account_kubeconfig(
+        api_client,
+        server=control_plane.server,
+        ca_cert=control_plane.ca_cert,
+        namespace=SA_NAMESPACE,
+        name="fracgpu-controller",
+        rules=cluster_role_rules(),
+        path=workdir / "controller.kubeconfig",
+    )
+    proc = kube.ControllerProcess(workdir, kubeconfig, "--device-gone-grace=1", "--ledger-delay=0.2")
+    proc.start()
+    _wait_for_webhook(dyn, proc)
+    yield proc
+    proc.terminate()
+    print(f"controller log:\n{proc.log_tail(40)}")
+
+
+@pytest.fixture(scope="module")
+def gpu_node(controller: kube.ControllerProcess, api_client: client.ApiClient, dyn: DynamicClient) -> str:
+    """A node with two 80Gi GPUs, so that admission knows the largest GPU."""
+    return _gpu_node(api_client, dyn, 2)
+
+
+# ----- helpers ----------------------------------------------------------------------------------------
+
+
+def _wait(proc: kube.ControllerProcess, probe: Callable[[], T | None], timeout: float, what: str) -> T:
+    """`kube.wait_for` that shows the controller's log when it times out."""
+    try:
+        return kube.wait_for(probe, timeout, what=what)
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n--- controller log:\n{proc.log_tail()}") from None
+
+
+def _claim_body(
+    name: str, requests: list[dict[str, Any]], config: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": requests}
+    if config is not None:
+        devices["config"] = config
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": name},
+        "spec": {"devices": devices},
+    }
+
+
+def _request(
+    name: str, memory: str | None = None, device_class: str = DEVICE_CLASS_NAME, **extra: Any
+) -> dict[str, Any]:
+    exactly: dict[str, Any] = {"deviceClassName": device_class, **extra}
+    if memory is not None:
+        exactly["capacity"] = {"requests": {"memory": memory}}
+    return {"name": name, "exactly": exactly}
+
+
+def _gpu_config(**fields: Any) -> list[dict[str, Any]]:
+    params = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig", **fields}
+    return [{"opaque": {"driver": DRIVER_NAME, "parameters": params}}]
+
+
+def _wait_for_webhook(dyn: DynamicClient, proc: kube.ControllerProcess) -> None:
+    """The apiserver picks up the webhook configuration asynchronously: wait until it refuses a bad claim."""
+    bad = _claim_body("probe", [_request("gpu", "0")])
+
+    def refused() -> bool:
+        try:
+            _claims(dyn).create(namespace="default", body=bad, query_params=[("dryRun", "All")])
+        except ApiException as err:
+            return err.status == 422 and "fracgpu" in str(err.body)
+        return False
+
+    _wait(proc, refused, 30, "the validating webhook to refuse a bad claim")
+
+
+def _claims(dyn: DynamicClient) -> Any:
+    return kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaim")
+
+
+def _gpus(dyn: DynamicClient) -> Any:
+    return kube.resource(dyn, GPU_API_VERSION, "GPU")
+
+
+def _gpu_node(api_client: client.ApiClient, dyn: DynamicClient, count: int) -> str:
+    node = kube.create_fake_node(api_client, kube.unique("gpunode"))
+    name: str = node["metadata"]["name"]
+    kube.publish_gpus(dyn, node, DRIVER_NAME, kube.simulated_gpus(name, count))
+    return name
+
+
+def _node_ledger(dyn: DynamicClient, node: str) -> dict[str, dict[str, Any]]:
+    items = _gpus(dyn).get(label_selector=f"{NODE_LABEL}={node}").to_dict()["items"]
+    return {g["metadata"]["name"]: g for g in items}
+
+
+def _our_entries(claim: dict[str, Any]) -> dict[tuple[str, str, str], Any]:
+    return {
+        (d["pool"], d["device"], d.get("shareID") or ""): d.get("data")
+        for d in (claim.get("status") or {}).get("devices") or []
+        if d["driver"] == DRIVER_NAME
+    }
+
+
+def _our_results(claim: dict[str, Any]) -> list[dict[str, Any]]:
+    allocation = (claim.get("status") or {}).get("allocation") or {}
+    return [r for r in allocation.get("devices", {}).get("results", []) if r["driver"] == DRIVER_NAME]
+
+
+def _status_written(claim: dict[str, Any]) -> bool:
+    """Every result of our driver has an entry with data."""
+    results = _our_results(claim)
+    entries = _our_entries(claim)
+    return bool(results) and all(entries.get((r["pool"], r["device"], r.get("shareID") or "")) for r in results)
+
+
+def _written_claim(dyn: DynamicClient, namespace: str, name: str) -> dict[str, Any] | None:
+    """The claim once its status data is written, else None."""
+    claim: dict[str, Any] = _claims(dyn).get(namespace=namespace, name=name).to_dict()
+    return claim if _status_written(claim) else None
+
+
+def _expected_data(claim: dict[str, Any], gpus_by_node: dict[str, list[Any]]) -> dict[tuple[str, str, str], Any]:
+    """What the controller must write, derived independently from the allocation and the simulated GPUs."""
+    out = {}
+    for r in _our_results(claim):
+        gpu = next(g for g in gpus_by_node[r["pool"]] if g.device_name == r["device"])
+        out[(r["pool"], r["device"], r.get("shareID") or "")] = {
+            "gpu": gpu_object_name(r["pool"], r["device"]),
+            "node": r["pool"],
+            "device": r["device"],
+            "index": gpu.index,
+            "uuid": gpu.uuid,
+            "productName": gpu.product_name,
+            "request": r["request"],
+            "memory": format_bytes(to_bytes(r["consumedCapacity"]["memory"])),
+            "memoryTotal": format_bytes(gpu.memory_total_bytes),
+        }
+    return out
+
+
+def _expected_ledger(claims: list[dict[str, Any]], node: str, gpus: list[Any]) -> dict[str, dict[str, Any]]:
+    """Per GPU object name: allocated bytes, share count and the (namespace, name, request, shareID, memory) set."""
+    out: dict[str, dict[str, Any]] = {
+        gpu_object_name(node, g.device_name): {"allocated": 0, "shares": 0, "claims": set()} for g in gpus
+    }
+    for claim in claims:
+        for r in _our_results(claim):
+            if r["pool"] != node:
+                continue
+            memory = to_bytes(r["consumedCapacity"]["memory"])
+            entry = out[gpu_object_name(node, r["device"])]
+            entry["allocated"] += memory
+            entry["shares"] += 1
+            meta = claim["metadata"]
+            entry["claims"].add((meta["namespace"], meta["name"], r["request"], r["shareID"], format_bytes(memory)))
+    return out
+
+
+def _ledger_matches(dyn: DynamicClient, node: str, expected: dict[str, dict[str, Any]]) -> bool:
+    ledger = _node_ledger(dyn, node)
+    if set(ledger) != set(expected):
+        return False
+    for name, want in expected.items():
+        status = ledger[name].get("status") or {}
+        got_claims = {
+            (c["namespace"], c["name"], c["request"], c["shareID"], c["memory"]) for c in status.get("claims") or []
+        }
+        if (
+            status.get("shares") != want["shares"]
+            or to_bytes(status.get("allocatedMemory", "-1")) != want["allocated"]
+            or to_bytes(status.get("freeMemory", "-1")) != to_bytes(status["totalMemory"]) - want["allocated"]
+            or got_claims != want["claims"]
+        ):
+            return False
+    return True
+
+
+def _no_kopf_marks(obj: dict[str, Any]) -> bool:
+    meta = obj["metadata"]
+    return not any(KOPF_MARK in k for k in meta.get("annotations") or {}) and not any(
+        KOPF_MARK in f for f in meta.get("finalizers") or []
+    )
+
+
+def _events(api_client: client.ApiClient, namespace: str, claim: str, reason: str) -> list[Any]:
+    return list(
+        client.CoreV1Api(api_client)
+        .list_namespaced_event(namespace, field_selector=f"involvedObject.name={claim},reason={reason}")
+        .items
+    )
+
+
+def _largest_gpu(dyn: DynamicClient) -> int:
+    """The largest memory any GPU of our driver offers, as published in the cluster right now."""
+    slices = kube.resource(dyn, "resource.k8s.io/v1", "ResourceSlice").get().to_dict()["items"]
+    return max(
+        to_bytes(d["capacity"]["memory"]["value"])
+        for s in slices
+        if s["spec"]["driver"] == DRIVER_NAME
+        for d in s["spec"].get("devices") or []
+    )
+
+
+def _kubectl(control_plane: ControlPlane, *args: str) -> str:
+    """Run the upstream kubectl with the admin kubeconfig; its stdout."""
+    out = subprocess.run(
+        [str(control_plane.bin["kubectl"]), f"--kubeconfig={control_plane.kubeconfig}", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    return out.stdout
+
+
+def _pod(name: str, node: str, claims: dict[str, str]) -> dict[str, Any]:
+    """A pod on `node` using existing claims (pod claim name -> ResourceClaim name)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "tolerations": [{"operator": "Exists"}],
+            "resourceClaims": [{"name": k, "resourceClaimName": v} for k, v in claims.items()],
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "fracgpu.invalid/never-pulled:0",
+                    "resources": {"claims": [{"name": k} for k in claims]},
+                }
+            ],
+        },
+    }
+
+
+# ----- claim status -----------------------------------------------------------------------------------
+
+
+def test_status_names_the_physical_gpu_and_leaves_other_drivers_alone(  # noqa: PLR0917 - pytest fixtures
+    control_plane: ControlPlane,
+    controller: kube.ControllerProcess,
+    api_client: client.ApiClient,
+    dyn: DynamicClient,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    node_body = kube.create_fake_node(api_client, kube.unique("gpunode"))
+    node = node_body["metadata"]["name"]
+    gpus = kube.simulated_gpus(node, 2)
+    kube.publish_gpus(dyn, node_body, DRIVER_NAME, gpus)
+    nics = [{"name": f"nic-{i}", "attributes": {"port": {"int": i}}} for i in range(2)]
+    other_slice = kube.gpu_slice(OTHER_DRIVER, node_body, nics)
+    kube.resource(dyn, "resource.k8s.io/v1", "ResourceSlice").create(body=other_slice)
+
+    claims = _claims(dyn)
+    claims.create(
+        namespace=namespace,
+        body=_claim_body("mixed", [_request("a", "10Gi"), _request("b", "20Gi"), _request("nic", None, OTHER_DRIVER)]),
+    )
+    claims.create(namespace=namespace, body=_claim_body("foreign", [_request("nic", None, OTHER_DRIVER)]))
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, _pod("p-mixed", node, {"c": "mixed"}))
+    core.create_namespaced_pod(namespace, _pod("p-foreign", node, {"c": "foreign"}))
+
+    mixed = _wait(
+        controller,
+        lambda: _written_claim(dyn, namespace, "mixed"),
+        60,
+        "status data of claim 'mixed'",
+    )
+    # two requests of ours -> two entries, each naming the GPU, its UUID/index/node and the granted memory
+    assert _our_entries(mixed) == _expected_data(mixed, {node: gpus})
+    assert sorted(d["memory"] for d in _our_entries(mixed).values()) == ["10Gi", "20Gi"]
+    assert len(_our_entries(mixed)) == 2
+    assert not [d for d in mixed["status"]["devices"] if d["driver"] == OTHER_DRIVER], "we wrote for another driver"
+
+    # the other driver writes its own entry; an unrelated change makes the controller look at the claim again
+    nic_result = next(r for r in mixed["status"]["allocation"]["devices"]["results"] if r["driver"] == OTHER_DRIVER)
+    other_entry = {
+        "driver": OTHER_DRIVER,
+        "pool": nic_result["pool"],
+        "device": nic_result["device"],
+        "data": {"port": 7},
+    }
+    reconciles = controller.metric("fracgpu_controller_claim_reconciles_total")
+    client.ResourceV1Api(api_client).patch_namespaced_resource_claim_status(
+        "mixed",
+        namespace,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "mixed", "namespace": namespace},
+            "status": {"devices": [other_entry]},
+        },
+        field_manager="other-driver",
+        _content_type="application/apply-patch+yaml",
+    )
+    writes = controller.metric("fracgpu_controller_claim_status_writes_total", result="ok")
+    for change in ("the other driver's entry", "a label"):
+        if change == "a label":
+            labelled = claims.patch(
+                namespace=namespace,
+                name="mixed",
+                body={"metadata": {"labels": {"touched": "yes"}}},
+                content_type="application/merge-patch+json",
+            ).to_dict()
+        before = reconciles
+
+        def reconciled(before: float = before) -> bool:
+            return controller.metric("fracgpu_controller_claim_reconciles_total") > before
+
+        _wait(controller, reconciled, 20, f"the controller to reconcile the claim after {change}")
+        reconciles = controller.metric("fracgpu_controller_claim_reconciles_total")
+    # idempotent: reconciled, but nothing written (same resourceVersion as after our own label patch)
+    assert controller.metric("fracgpu_controller_claim_status_writes_total", result="ok") == writes
+    after = claims.get(namespace=namespace, name="mixed").to_dict()
+    assert after["metadata"]["resourceVersion"] == labelled["metadata"]["resourceVersion"]
+    assert _our_entries(after) == _expected_data(mixed, {node: gpus})
+    theirs = [d for d in after["status"]["devices"] if d["driver"] == OTHER_DRIVER]
+    assert [d["data"] for d in theirs] == [{"port": 7}]
+
+    # our field manager owns only `data` (and the shared key fields) of our driver's entries
+    ours = next(m for m in after["metadata"]["managedFields"] if m["manager"] == "fracgpu-controller")
+    assert ours["operation"] == "Apply" and ours["subresource"] == "status"
+    owned = ours["fieldsV1"]["f:status"]["f:devices"]
+    assert set(ours["fieldsV1"]) == {"f:status"} and set(ours["fieldsV1"]["f:status"]) == {"f:devices"}
+    for key, fields in owned.items():
+        assert json.loads(key.removeprefix("k:"))["driver"] == DRIVER_NAME
+        assert set(fields) <= {".", "f:data", "f:driver", "f:pool", "f:device", "f:shareID"}
+
+    foreign = claims.get(namespace=namespace, name="foreign").to_dict()
+    assert foreign["status"]["allocation"], "the other driver's claim was allocated"
+    assert not _our_entries(foreign) and not [
+        m for m in foreign["metadata"]["managedFields"] if m["manager"] == "fracgpu-controller"
+    ]
+    for claim in claims.get(namespace=namespace).to_dict()["items"]:
+        assert _no_kopf_marks(claim), claim["metadata"]
+    for s in kube.resource(dyn, "resource.k8s.io/v1", "ResourceSlice").get().to_dict()["items"]:
+        assert _no_kopf_marks(s), s["metadata"]
+
+    # the ledger shows both shares on their GPU
+    assert _wait(
+        controller,
+        lambda: _ledger_matches(dyn, node, _expected_ledger([after], node, gpus)),
+        20,
+        "the ledger to show claim 'mixed'",
+    )
+
+    # what a user sees with kubectl
+    shown = yaml.safe_load(_kubectl(control_plane, "get", "resourceclaim", "mixed", "-n", namespace, "-o", "yaml"))
+    shown_data = [d["data"] for d in shown["status"]["devices"] if d["driver"] == DRIVER_NAME]
+    assert sorted(d["memory"] for d in shown_data) == ["10Gi", "20Gi"]
+    assert {(d["uuid"], d["index"], d["node"]) for d in shown_data} == {
+        (g.uuid, g.index, node) for g in gpus if g.device_name == shown_data[0]["device"]
+    }
+
+    # Kubernetes >= 1.36 checks resourceclaims/driver `arbitrary-node:patch` for status.devices: without that
+    # rule, the same apply is refused (so the rule in controller.rbac is needed, not decorative); RBAC
+    # propagation to the new role can take a moment, hence the wait
+    rules = [r for r in cluster_role_rules() if r["resources"] != ["resourceclaims/driver"]]
+    limited = kube.service_account_kubeconfig(
+        api_client,
+        server=control_plane.server,
+        ca_cert=control_plane.ca_cert,
+        namespace=SA_NAMESPACE,
+        name="fracgpu-without-driver-rule",
+        rules=rules,
+        path=tmp_path / "limited.kubeconfig",
+    )
+    as_limited = config.new_client_from_config(config_file=str(limited))
+    result = _our_results(after)[0]
+    entry = {"driver": DRIVER_NAME, "pool": result["pool"], "device": result["device"], "shareID": result["shareID"]}
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "mixed", "namespace": namespace},
+        "status": {"devices": [{**entry, "data": {"tampered": True}}]},
+    }
+
+    def refused() -> ApiException | None:
+        try:
+            client.ResourceV1Api(as_limited).patch_namespaced_resource_claim_status(
+                "mixed",
+                namespace,
+                body,
+                field_manager="intruder",
+                force=True,
+                _content_type="application/apply-patch+yaml",
+            )
+        except ApiException as err:
+            # refused by the claim strategy as an invalid change (422), not by RBAC on the request (403)
+            return err if err.status == 422 and "resourceclaims/driver" in str(err.body) else None
+        raise AssertionError("status.devices written without the resourceclaims/driver permission")
+
+    denial = str(_wait(controller, refused, 10, "a refusal naming resourceclaims/driver").body)
+    assert 'requires resource=\\"resourceclaims/driver\\", verb=\\"[arbitrary-node:patch]\\"' in denial, denial
+
+
+# ----- admission --------------------------------------------------------------------------------------
+
+ALLOWED_FIELDS = "allowed fields are apiVersion, kind, enforcement, computeLimitPercent, env"
+POSITIVE = "must be a positive quantity of bytes such as 10Gi or 512Mi"
+BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
+    (
+        "unknown config field",
+        _claim_body("c", [_request("gpu", "10Gi")], _gpu_config(memoryLimit=5)),
+        f"spec.devices.config[0].opaque.parameters.memoryLimit: unknown field; {ALLOWED_FIELDS}",
+    ),
+    (
+        "wrong type",
+        _claim_body("c", [_request("gpu", "10Gi")], _gpu_config(computeLimitPercent="50")),
+        'spec.devices.config[0].opaque.parameters.computeLimitPercent: must be an integer between 1 and 100, got "50"',
+    ),
+    (
+        "out of range",
+        _claim_body("c", [_request("gpu", "10Gi")], _gpu_config(computeLimitPercent=150)),
+        "spec.devices.config[0].opaque.parameters.computeLimitPercent: must be an integer between 1 and 100, got 150",
+    ),
+    (
+        "unknown enforcement",
+        _claim_body("c", [_request("gpu")], _gpu_config(enforcement="strict")),
+        "spec.devices.config[0].opaque.parameters.enforcement: must be one of 'none', 'hami-core', got \"strict\"",
+    ),
+    (
+        "missing kind",
+        _claim_body(
+            "c",
+            [_request("gpu")],
+            [{"opaque": {"driver": DRIVER_NAME, "parameters": {"apiVersion": "fracgpu.dev/v1alpha1"}}}],
+        ),
+        "spec.devices.config[0].opaque.parameters.kind: required, must be 'GpuConfig'",
+    ),
+    (
+        "zero memory",
+        _claim_body("c", [_request("gpu", "0")]),
+        f"spec.devices.requests[0].exactly.capacity.requests.memory: {POSITIVE}, got '0'",
+    ),
+    (
+        "negative memory",
+        _claim_body("c", [_request("gpu", "-1Gi")]),
+        f"spec.devices.requests[0].exactly.capacity.requests.memory: {POSITIVE}, got '-1Gi'",
+    ),
+    (
+        "fractional memory",
+        _claim_body("c", [_request("gpu", "0.5")]),
+        f"spec.devices.requests[0].exactly.capacity.requests.memory: {POSITIVE} (whole bytes",
+    ),
+    (
+        "unknown capacity",
+        _claim_body(
+            "c",
+            [
+                {
+                    "name": "gpu",
+                    "exactly": {"deviceClassName": DEVICE_CLASS_NAME, "capacity": {"requests": {"cores": "2"}}},
+                }
+            ],
+        ),
+        "spec.devices.requests[0].exactly.capacity.requests.cores: unknown capacity; gpu.fracgpu.dev devices offer only 'memory'",
+    ),
+    (
+        "bad alternative",
+        _claim_body(
+            "c",
+            [
+                {
+                    "name": "gpu",
+                    "firstAvailable": [
+                        {
+                            "name": "big",
+                            "deviceClassName": DEVICE_CLASS_NAME,
+                            "capacity": {"requests": {"memory": "40Gi"}},
+                        },
+                        {
+                            "name": "small",
+                            "deviceClassName": DEVICE_CLASS_NAME,
+                            "capacity": {"requests": {"memory": "0"}},
+                        },
+                    ],
+                }
+            ],
+        ),
+        f"spec.devices.requests[0].firstAvailable[1].capacity.requests.memory: {POSITIVE}, got '0'",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", BAD_CLAIMS, ids=[c[0] for c in BAD_CLAIMS])
+def test_admission_refuses_bad_claims_with_field_and_rule(
+    controller: kube.ControllerProcess,
+    gpu_node: str,
+    dyn: DynamicClient,
+    namespace: str,
+    case: tuple[str, dict[str, Any], str],
+) -> None:
+    _, body, message = case
+    with pytest.raises(ApiException) as refused:
+        _claims(dyn).create(namespace=namespace, body=body)
+    assert refused.value.status == 422, refused.value.body
+    text = json.loads(refused.value.body)["message"]
+    assert 'admission webhook "resourceclaims.gpu.fracgpu.dev" denied the request' in text
+    assert message in text, text
+
+
+def test_admission_checks_templates_and_passes_valid_claims_with_a_warning_for_oversized_requests(
+    controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    templates = kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaimTemplate")
+    bad_template = kube.claim_template(
+        "bad",
+        DEVICE_CLASS_NAME,
+        "10Gi",
+        {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig", "env": {"CUDA_X": "1"}},
+    )
+    with pytest.raises(ApiException) as refused:
+        templates.create(namespace=namespace, body=bad_template)
+    assert refused.value.status == 422
+    assert "spec.spec.devices.config[0].opaque.parameters.env: variable name 'CUDA_X' is reserved" in refused.value.body
+
+    good = kube.claim_template(
+        "good",
+        DEVICE_CLASS_NAME,
+        "10Gi",
+        {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig", "computeLimitPercent": 50},
+    )
+    assert templates.create(namespace=namespace, body=good).metadata.name == "good"
+    valid = _claim_body("valid", [_request("gpu", "512Mi")], _gpu_config(enforcement="none", env={"MY_VAR": "1"}))
+    assert _claims(dyn).create(namespace=namespace, body=valid).metadata.name == "valid"
+    # another driver's claim with a config we could not decode is not ours to judge
+    foreign = _claim_body(
+        "foreign", [_request("nic", None, OTHER_DRIVER)], [{"opaque": {"driver": OTHER_DRIVER, "parameters": {"x": 1}}}]
+    )
+    assert _claims(dyn).create(namespace=namespace, body=foreign).metadata.name == "foreign"
+
+    largest = _largest_gpu(dyn)
+    huge = _claim_body("huge", [_request("gpu", "4Ti")])
+    response = client.ResourceV1Api(api_client).create_namespaced_resource_claim(
+        namespace, huge, _preload_content=False
+    )
+    assert response.status == 201
+    headers = response.headers
+    warning = headers.get("Warning", "")
+    assert "spec.devices.requests[0].exactly.capacity.requests.memory" in warning, headers
+    assert f"largest GPU has {format_bytes(largest)}" in warning
+
+
+# ----- events and the ledger following slices -----------------------------------------------------------
+
+
+def test_events_for_unsatisfiable_requests_and_vanished_devices(
+    controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    claims = _claims(dyn)
+    claims.create(namespace=namespace, body=_claim_body("too-big", [_request("gpu", "4Ti")]))
+    events = _wait(
+        controller,
+        lambda: _events(api_client, namespace, "too-big", "UnsatisfiableGpuRequest"),
+        20,
+        "Unsatisfiable event",
+    )
+    assert events[0].type == "Warning"
+    assert f"largest GPU has {format_bytes(_largest_gpu(dyn))}" in events[0].message, events[0].message
+    assert "4Ti" in events[0].message
+    assert events[0].involved_object.kind == "ResourceClaim"
+    assert events[0].source.component == "fracgpu-controller"
+
+    node_body = kube.create_fake_node(api_client, kube.unique("gpunode"))
+    node = node_body["metadata"]["name"]
+    gpus = kube.simulated_gpus(node, 2)
+    kube.publish_gpus(dyn, node_body, DRIVER_NAME, gpus)
+    assert _wait(controller, lambda: len(_node_ledger(dyn, node)) == 2, 20, "GPU objects of the new node")
+    on_gpu1 = _request(
+        "gpu", "10Gi", selectors=[{"cel": {"expression": f'device.attributes["{DRIVER_NAME}"].index == 1'}}]
+    )
+    claims.create(namespace=namespace, body=_claim_body("pinned", [on_gpu1]))
+    client.CoreV1Api(api_client).create_namespaced_pod(namespace, _pod("p-pinned", node, {"c": "pinned"}))
+    pinned = _wait(
+        controller,
+        lambda: _written_claim(dyn, namespace, "pinned"),
+        60,
+        "status of claim 'pinned'",
+    )
+    assert [d["device"] for d in _our_entries(pinned).values()] == ["gpu-1"]
+
+    # the node plugin stops publishing gpu-1 (new pool generation): its object goes, the claim is told
+    kube.publish_gpus(dyn, node_body, DRIVER_NAME, gpus[:1], generation=2)
+    gone = _wait(
+        controller,
+        lambda: _events(api_client, namespace, "pinned", "AllocatedDeviceGone"),
+        20,
+        "AllocatedDeviceGone event",
+    )
+    assert "gpu-1" in gone[0].message and "no longer exists" in gone[0].message, gone[0].message
+    assert _wait(
+        controller, lambda: set(_node_ledger(dyn, node)) == {gpu_object_name(node, "gpu-0")}, 20, "gpu-1 object deleted"
+    )
+    still = claims.get(namespace=namespace, name="pinned").to_dict()
+    assert _our_entries(still) == _our_entries(pinned), "the claim keeps the data of its (vanished) GPU"
+
+    # all slices of the node gone: all its GPU objects gone
+    for s in kube.resource(dyn, "resource.k8s.io/v1", "ResourceSlice").get().to_dict()["items"]:
+        if s["spec"].get("nodeName") == node:
+            kube.resource(dyn, "resource.k8s.io/v1", "ResourceSlice").delete(name=s["metadata"]["name"])
+    assert _wait(controller, lambda: not _node_ledger(dyn, node), 20, "all GPU objects of the node deleted")
+
+
+# ----- burst and restart ------------------------------------------------------------------------------
+
+
+def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_the_middle(
+    control_plane: ControlPlane,
+    controller: kube.ControllerProcess,
+    api_client: client.ApiClient,
+    dyn: DynamicClient,
+    namespace: str,
+) -> None:
+    node_body = kube.create_fake_node(api_client, kube.unique("gpunode"))
+    node = node_body["metadata"]["name"]
+    gpus = kube.simulated_gpus(node, 4)
+    kube.publish_gpus(dyn, node_body, DRIVER_NAME, gpus)
+    templates = kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaimTemplate")
+    for name, memory in (("small", "4Gi"), ("large", "8Gi")):
+        templates.create(namespace=namespace, body=kube.claim_template(name, DEVICE_CLASS_NAME, memory))
+    core = client.CoreV1Api(api_client)
+    claims = _claims(dyn)
+
+    def create(i: int) -> None:
+        core.create_namespaced_pod(namespace, kube.pod_with_claim(f"p{i:02d}", "small" if i % 2 else "large", node))
+
+    def delete(i: int) -> None:
+        core.delete_namespaced_pod(f"p{i:02d}", namespace, grace_period_seconds=0)
+
+    def items() -> list[dict[str, Any]]:
+        return list(claims.get(namespace=namespace).to_dict()["items"])
+
+    for i in range(25):
+        create(i)
+    _wait(controller, lambda: sum(_status_written(c) for c in items()) >= 5, 60, "first status writes of the burst")
+    controller.kill()  # in the middle of the burst: some claims written, some allocated only, some pending
+    for i in range(25, 50):
+        create(i)
+    for i in range(10):
+        delete(i)
+    _wait(
+        controller,
+        lambda: sum(bool(_our_results(c)) for c in items()) >= 30,
+        60,
+        "allocations while the controller is down",
+    )
+    before_restart = {c["metadata"]["name"]: c["metadata"]["resourceVersion"] for c in items() if _status_written(c)}
+    assert 5 <= len(before_restart) < 40, "the restart must find claims both written and still to write"
+    controller.start()
+
+    def converged() -> list[dict[str, Any]] | None:
+        current = [c for c in items() if not c["metadata"].get("deletionTimestamp")]
+        owners = {(c["metadata"].get("ownerReferences") or [{}])[0].get("name") for c in current}
+        if owners != {f"p{i:02d}" for i in range(10, 50)} or not all(_status_written(c) for c in current):
+            return None
+        return current if _ledger_matches(dyn, node, _expected_ledger(current, node, gpus)) else None
+
+    current = _wait(controller, converged, 90, "40 claims written and the ledger matching after the restart")
+    for claim in current:
+        assert _our_entries(claim) == _expected_data(claim, {node: gpus}), claim["metadata"]["name"]
+    # claims written before the restart were not written again
+    for claim in current:
+        name = claim["metadata"]["name"]
+        if name in before_restart:
+            assert claim["metadata"]["resourceVersion"] == before_restart[name], name
+    ledger = _node_ledger(dyn, node)
+    assert sum(g["status"]["shares"] for g in ledger.values()) == 40
+    assert (
+        sum(to_bytes(g["status"]["allocatedMemory"]) for g in ledger.values()) == 20 * 4 * kube.GiB + 20 * 8 * kube.GiB
+    )
+    # `kubectl get gpus` reads like `kubectl inspect gpushare`: one row per GPU with its memory split
+    table = _kubectl(control_plane, "get", "gpus", "-l", f"{NODE_LABEL}={node}").splitlines()
+    assert table[0].split() == ["NAME", "NODE", "MODEL", "TOTAL", "ALLOCATED", "FREE", "SHARES", "AGE"]
+    rows = {line.split()[0]: line.split() for line in table[1:]}
+    assert set(rows) == set(ledger)
+    for name, g in ledger.items():
+        st = g["status"]
+        assert rows[name][1] == node and " ".join(rows[name][2:6]) == "NVIDIA H100 80GB HBM3"
+        assert rows[name][6:10] == [st["totalMemory"], st["allocatedMemory"], st["freeMemory"], str(st["shares"])]
+
+    for i in range(10, 50):
+        delete(i)
+    _wait(controller, lambda: not items(), 90, "all claims of the burst deleted")
+    assert _wait(
+        controller, lambda: _ledger_matches(dyn, node, _expected_ledger([], node, gpus)), 30, "an empty ledger"
+    )
+    for g in _node_ledger(dyn, node).values():
+        assert (g["status"]["allocatedMemory"], g["status"]["freeMemory"], g["status"]["shares"]) == ("0", "80Gi", 0)
+
+
+# ----- shutdown (last: stops the module's controller) ----------------------------------------------------
+
+
+def test_sigterm_exits_cleanly_and_unregisters_the_webhooks(
+    controller: kube.ControllerProcess, api_client: client.ApiClient
+) -> None:
+    started = time.monotonic()
+    assert controller.terminate() == 0, controller.log_tail()
+    assert time.monotonic() - started < 15
+    config = client.AdmissionregistrationV1Api(api_client).read_validating_webhook_configuration(DRIVER_NAME)
+    assert not config.webhooks, "webhooks left registered after a clean exit"
+    assert "Traceback" not in controller.log_tail(400)

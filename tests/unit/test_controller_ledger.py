@@ -1,0 +1,131 @@
+"""Unit tests of the GPU ledger (controller/ledger.py)."""
+
+from api.gpu import NODE_LABEL
+from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
+from api.quantity import GiB
+from controller.ledger import (
+    MANAGED_BY_LABEL,
+    ExistingGpu,
+    GpuObject,
+    desired_ledger,
+    identity_body,
+    plan_ledger,
+    status_body,
+)
+from controller.model import ClaimView, DeviceKey, DeviceRecord, SliceView, claim_view, current_devices, slice_view
+from tests.unit.test_controller_model import NODE, claim, gpu, result, slices
+
+MANAGER = "fracgpu-controller"
+
+
+def devices(count: int = 2) -> dict[DeviceKey, DeviceRecord]:
+    views = [slice_view(s, DRIVER_NAME) for s in slices(count=count)]
+    return current_devices([v for v in views if isinstance(v, SliceView)])
+
+
+def claims(*bodies: dict[str, object]) -> list[ClaimView]:
+    out = [claim_view(b, DRIVER_NAME, DEVICE_CLASS_NAME) for b in bodies]
+    return [c for c in out if c is not None]
+
+
+def ledger(*bodies: dict[str, object], count: int = 2) -> dict[str, GpuObject]:
+    return desired_ledger(devices(count), claims(*bodies), DRIVER_NAME, MANAGER)
+
+
+def existing(obj: GpuObject) -> ExistingGpu:
+    return ExistingGpu(name=obj.name, labels=obj.labels, spec=obj.spec, status=obj.status)
+
+
+def test_one_object_per_device_with_totals_shares_and_claims() -> None:
+    out = ledger(
+        claim("c1", results=[result("a", "gpu-0", "10Gi", "s-1"), result("b", "gpu-0", "20Gi", "s-2")]),
+        claim("c0", results=[result("gpu", "gpu-0", "5Gi", "s-3")], namespace="aa"),
+    )
+    assert sorted(out) == [f"{NODE}-gpu-0", f"{NODE}-gpu-1"]
+    g0 = out[f"{NODE}-gpu-0"]
+    assert g0.labels == {NODE_LABEL: NODE, MANAGED_BY_LABEL: MANAGER}
+    assert g0.spec == {"driver": DRIVER_NAME, "pool": NODE, "device": "gpu-0", "node": NODE}
+    assert {k: v for k, v in g0.status.items() if k != "claims"} == {
+        "node": NODE,
+        "index": 0,
+        "uuid": gpu(0).uuid,
+        "model": "NVIDIA H100 80GB HBM3",
+        "totalMemory": "80Gi",
+        "allocatedMemory": "35Gi",
+        "freeMemory": "45Gi",
+        "shares": 3,
+    }
+    assert g0.status["claims"] == [
+        {"namespace": "aa", "name": "c0", "request": "gpu", "shareID": "s-3", "memory": "5Gi"},
+        {"namespace": "ns", "name": "c1", "request": "a", "shareID": "s-1", "memory": "10Gi"},
+        {"namespace": "ns", "name": "c1", "request": "b", "shareID": "s-2", "memory": "20Gi"},
+    ]
+    g1 = out[f"{NODE}-gpu-1"].status
+    assert (g1["allocatedMemory"], g1["freeMemory"], g1["shares"], g1["claims"]) == ("0", "80Gi", 0, [])
+
+
+def test_whole_device_allocations_and_unknown_devices() -> None:
+    out = ledger(
+        claim("whole", results=[result("gpu", "gpu-1", None, None)]),
+        claim("lost", results=[result("gpu", "gpu-7", "1Gi", "s")]),
+        claim("pending", results=None),
+    )
+    g1 = out[f"{NODE}-gpu-1"].status
+    assert (g1["allocatedMemory"], g1["freeMemory"], g1["shares"]) == ("80Gi", "0", 1)
+    assert g1["claims"][0]["shareID"] == ""
+    assert sum(o.status["shares"] for o in out.values()) == 1
+
+
+def test_ledger_is_a_function_of_its_inputs_only() -> None:
+    bodies = [claim(f"c{i}", results=[result("gpu", f"gpu-{i % 2}", f"{i + 1}Gi", f"s-{i}")]) for i in range(6)]
+    assert ledger(*bodies) == ledger(*reversed(bodies))
+    total = sum(int(o.status["allocatedMemory"].removesuffix("Gi")) for o in ledger(*bodies).values())
+    assert total * GiB == sum((i + 1) * GiB for i in range(6))
+
+
+def test_plan_creates_missing_objects_and_writes_nothing_when_in_sync() -> None:
+    want = ledger(claim("c1", results=[result("a", "gpu-0", "10Gi", "s-1")]))
+    plan = plan_ledger(want, {}, DRIVER_NAME)
+    assert [o.name for o in plan.apply_identity] == [o.name for o in plan.apply_status] == sorted(want)
+    assert not plan.delete
+    in_sync = plan_ledger(want, {n: existing(o) for n, o in want.items()}, DRIVER_NAME)
+    assert in_sync.empty
+
+
+def test_plan_updates_only_changed_status_and_ignores_empty_vs_missing_lists() -> None:
+    before = ledger()
+    after = ledger(claim("c1", results=[result("a", "gpu-0", "10Gi", "s-1")]))
+    stored = {n: existing(o) for n, o in before.items()}
+    stored[f"{NODE}-gpu-1"] = existing(before[f"{NODE}-gpu-1"]).model_copy(
+        update={"status": {k: v for k, v in before[f"{NODE}-gpu-1"].status.items() if k != "claims"}}
+    )  # the API server may drop an empty list
+    plan = plan_ledger(after, stored, DRIVER_NAME)
+    assert not plan.apply_identity
+    assert [o.name for o in plan.apply_status] == [f"{NODE}-gpu-0"]
+
+
+def test_plan_deletes_objects_of_vanished_devices_but_not_other_drivers_objects() -> None:
+    want = ledger(count=1)
+    stored = {n: existing(o) for n, o in ledger(count=2).items()}
+    foreign = existing(ledger(count=2)[f"{NODE}-gpu-1"])
+    stored["other-gpu-1"] = foreign.model_copy(update={"name": "other-gpu-1", "spec": {**foreign.spec, "driver": "x"}})
+    plan = plan_ledger(want, stored, DRIVER_NAME)
+    assert plan.delete == (f"{NODE}-gpu-1",)
+    assert not plan.apply_identity and not plan.apply_status
+
+
+def test_plan_reapplies_identity_when_labels_or_spec_drift() -> None:
+    want = ledger(count=1)
+    name = f"{NODE}-gpu-0"
+    drifted = existing(want[name]).model_copy(update={"labels": {NODE_LABEL: "elsewhere"}})
+    assert [o.name for o in plan_ledger(want, {name: drifted}, DRIVER_NAME).apply_identity] == [name]
+
+
+def test_apply_bodies() -> None:
+    obj = ledger(count=1)[f"{NODE}-gpu-0"]
+    ident = identity_body(obj)
+    assert ident["apiVersion"] == "fracgpu.dev/v1alpha1" and ident["kind"] == "GPU"
+    assert ident["metadata"] == {"name": obj.name, "labels": obj.labels}
+    assert "status" not in ident and ident["spec"] == obj.spec
+    st = status_body(obj)
+    assert st["metadata"] == {"name": obj.name} and st["status"] == obj.status and "spec" not in st

@@ -1,0 +1,206 @@
+"""Unit tests of the controller's views of slices and claims (controller/model.py).
+
+The slices are built by the node plugin's own `build_slices`, so the controller reads what the plugin writes.
+Helpers here are shared by the other `test_controller_*` modules.
+"""
+
+from typing import Any
+
+from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
+from api.quantity import GiB, MiB
+from controller.model import claim_view, current_devices, quantity_bytes, slice_view
+from kubelet_plugin.model import GpuInfo
+from kubelet_plugin.slices import build_slices
+
+NODE = "node-a"
+
+
+def gpu(index: int, memory_gib: int = 80, model: str = "NVIDIA H100 80GB HBM3") -> GpuInfo:
+    return GpuInfo(
+        index=index,
+        uuid=f"GPU-{index:08d}-1111-2222-3333-444444444444",
+        product_name=model,
+        memory_total_bytes=memory_gib * GiB,
+        minor=index,
+        pci_bus_id=f"0000:{index + 16:02x}:00.0",
+        architecture="Hopper",
+        cuda_compute_capability="9.0",
+        driver_version="580.65.06",
+    )
+
+
+def slices(node: str = NODE, count: int = 2, generation: int = 1, memory_gib: int = 80) -> list[dict[str, Any]]:
+    return build_slices(
+        node,
+        "uid-" + node,
+        DRIVER_NAME,
+        [gpu(i, memory_gib) for i in range(count)],
+        step=256 * MiB,
+        reserve=0,
+        generation=generation,
+    )
+
+
+def result(request: str, device: str, memory: str | None, share: str | None, pool: str = NODE) -> dict[str, Any]:
+    out: dict[str, Any] = {"request": request, "driver": DRIVER_NAME, "pool": pool, "device": device}
+    if share:
+        out["shareID"] = share
+    if memory:
+        out["consumedCapacity"] = {"memory": memory}
+    return out
+
+
+def claim(
+    name: str = "c1",
+    *,
+    results: list[dict[str, Any]] | None = None,
+    requests: list[dict[str, Any]] | None = None,
+    devices_status: list[dict[str, Any]] | None = None,
+    namespace: str = "ns",
+    node: str = NODE,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "spec": {
+            "devices": {
+                "requests": requests
+                if requests is not None
+                else [{"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS_NAME}}]
+            }
+        },
+        "status": {},
+    }
+    if results is not None:
+        body["status"]["allocation"] = {
+            "devices": {"results": results},
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+            },
+        }
+    if devices_status is not None:
+        body["status"]["devices"] = devices_status
+    return body
+
+
+def memory_request(name: str, memory: str, device_class: str = DEVICE_CLASS_NAME) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": device_class, "capacity": {"requests": {"memory": memory}}}}
+
+
+# ----- slices ------------------------------------------------------------------------------------------
+
+
+def test_slice_view_reads_what_the_node_plugin_publishes() -> None:
+    view = slice_view(slices(count=2)[0], DRIVER_NAME)
+    assert view is not None
+    assert (view.pool, view.generation, view.name) == (NODE, 1, f"{NODE}-{DRIVER_NAME}-0")
+    first = view.devices[0]
+    assert (first.device, first.node, first.index, first.uuid) == ("gpu-0", NODE, 0, gpu(0).uuid)
+    assert first.product_name == "NVIDIA H100 80GB HBM3"
+    assert first.memory_total == first.max_request == 80 * GiB
+    assert [d.device for d in view.devices] == ["gpu-0", "gpu-1"]
+
+
+def test_slice_view_ignores_other_drivers_and_devices_without_memory() -> None:
+    other = slices()[0]
+    other["spec"]["driver"] = "other.example.com"
+    assert slice_view(other, DRIVER_NAME) is None
+    body = slices()[0]
+    body["spec"]["devices"].append({"name": "nic-0", "attributes": {}})
+    view = slice_view(body, DRIVER_NAME)
+    assert view is not None and [d.device for d in view.devices] == ["gpu-0", "gpu-1"]
+
+
+def test_slice_view_honours_a_smaller_valid_range_max_and_qualified_attribute_names() -> None:
+    body = slices(count=1)[0]
+    dev = body["spec"]["devices"][0]
+    dev["capacity"]["memory"]["requestPolicy"]["validRange"]["max"] = "40Gi"
+    dev["attributes"] = {f"{DRIVER_NAME}/uuid": {"string": "GPU-x"}, f"{DRIVER_NAME}/index": {"int": 3}}
+    view = slice_view(body, DRIVER_NAME)
+    assert view is not None
+    d = view.devices[0]
+    assert (d.memory_total, d.max_request, d.uuid, d.index, d.product_name) == (80 * GiB, 40 * GiB, "GPU-x", 3, None)
+
+
+def test_current_devices_use_the_newest_generation_of_each_pool() -> None:
+    old = slice_view(slices(count=2, generation=1)[0], DRIVER_NAME)
+    new = slice_view(slices(count=1, generation=2)[0] | {"metadata": {"name": "newer"}}, DRIVER_NAME)
+    other = slice_view(slices(node="node-b", count=1)[0], DRIVER_NAME)
+    assert old is not None and new is not None and other is not None
+    devices = current_devices([old, new, other])
+    assert sorted(devices) == [(NODE, "gpu-0"), ("node-b", "gpu-0")]
+    assert devices[(NODE, "gpu-0")].generation == 2
+
+
+# ----- claims ------------------------------------------------------------------------------------------
+
+
+def test_claim_view_of_an_allocated_claim() -> None:
+    body = claim(
+        results=[
+            result("a", "gpu-0", "10Gi", "s-1"),
+            result("b", "gpu-0", "20Gi", "s-2"),
+            {"request": "nic", "driver": "other.example.com", "pool": NODE, "device": "nic-0"},
+        ],
+        devices_status=[
+            {"driver": DRIVER_NAME, "pool": NODE, "device": "gpu-0", "shareID": "s-1", "data": {"x": 1}},
+            {"driver": "other.example.com", "pool": NODE, "device": "nic-0", "data": {"y": 2}},
+        ],
+    )
+    view = claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert view is not None
+    assert view.key == ("ns", "c1") and view.allocated and view.node == NODE
+    assert [(s.request, s.device, s.share_id, s.memory) for s in view.shares] == [
+        ("a", "gpu-0", "s-1", 10 * GiB),
+        ("b", "gpu-0", "s-2", 20 * GiB),
+    ]
+    assert view.status_data == {(NODE, "gpu-0", "s-1"): {"x": 1}}
+
+
+def test_claim_view_ignores_claims_that_are_not_ours() -> None:
+    body = claim(requests=[{"name": "nic", "exactly": {"deviceClassName": "other"}}])
+    assert claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME) is None
+
+
+def test_claim_view_of_a_pending_claim_collects_memory_requests_per_request() -> None:
+    body = claim(
+        requests=[
+            memory_request("a", "100Gi"),
+            {
+                "name": "b",
+                "firstAvailable": [
+                    {"name": "big", "deviceClassName": DEVICE_CLASS_NAME, "capacity": {"requests": {"memory": "90Gi"}}},
+                    {
+                        "name": "small",
+                        "deviceClassName": DEVICE_CLASS_NAME,
+                        "capacity": {"requests": {"memory": "1Gi"}},
+                    },
+                ],
+            },
+            {"name": "whole", "exactly": {"deviceClassName": DEVICE_CLASS_NAME}},
+            {
+                "name": "mixed",
+                "firstAvailable": [
+                    {
+                        "name": "ours",
+                        "deviceClassName": DEVICE_CLASS_NAME,
+                        "capacity": {"requests": {"memory": "90Gi"}},
+                    },
+                    {"name": "theirs", "deviceClassName": "other"},
+                ],
+            },
+        ]
+    )
+    view = claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert view is not None and not view.allocated and view.node is None and not view.shares
+    assert [[(m.request, m.memory) for m in alts] for alts in view.memory_requests] == [
+        [("a", 100 * GiB)],
+        [("b/big", 90 * GiB), ("b/small", 1 * GiB)],
+    ]
+
+
+def test_quantity_bytes() -> None:
+    assert quantity_bytes("10Gi") == 10 * GiB
+    assert quantity_bytes("1.5Ki") == 1536
+    assert quantity_bytes("100m") == 1
+    assert quantity_bytes("lots") is None
+    assert quantity_bytes(None) is None

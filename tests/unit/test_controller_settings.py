@@ -1,0 +1,66 @@
+"""Unit tests of the controller's command line and kopf settings (controller/settings.py, handlers.py)."""
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from api.names import DRIVER_NAME
+from controller.__main__ import main
+from controller.handlers import operator_settings
+from controller.settings import Settings, parse_settings
+from controller.webhook import WebhookServer
+
+
+def test_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("KUBECONFIG", "FRACGPU_WORKERS", "FRACGPU_ADMISSION"):
+        monkeypatch.delenv(var, raising=False)
+    s = parse_settings([])
+    assert s.kubeconfig is None and s.driver_name == DRIVER_NAME and s.admission
+    assert (s.webhook_port, s.health_port, s.metrics_port, s.webhook_config_name) == (9443, 8080, 8081, DRIVER_NAME)
+    assert s.liveness_endpoint == "http://0.0.0.0:8080/healthz"
+
+
+def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBECONFIG", "/k")
+    monkeypatch.setenv("FRACGPU_WORKERS", "7")
+    s = parse_settings(["--no-admission", "--health-port=0", "--device-gone-grace=5", "--webhook-service=sys/hook"])
+    assert s.kubeconfig == Path("/k") and s.workers == 7 and not s.admission
+    assert s.liveness_endpoint is None and s.device_gone_grace_seconds == 5 and s.webhook_service == "sys/hook"
+
+
+@pytest.mark.parametrize("argv", [["--workers=0"], ["--webhook-service=nope"], ["--log-format=xml"]])
+def test_bad_values_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(argv)
+    assert exited.value.code == 2
+    assert "fracgpu-controller" in capsys.readouterr().err
+
+
+def test_help_works(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    assert "--webhook-port" in capsys.readouterr().out
+
+
+def test_missing_credentials_exit_2(tmp_path: Path) -> None:
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    try:
+        assert main([f"--kubeconfig={tmp_path / 'absent'}", "--metrics-port=0", "--log-format=text"]) == 2
+    finally:
+        root.handlers[:] = handlers
+        root.setLevel(level)
+
+
+def test_kopf_settings_follow_the_pitfalls() -> None:
+    s = operator_settings(Settings(webhook_address="127.0.0.1", webhook_port=1234))
+    assert s.peering.standalone and s.posting.level == logging.WARNING
+    assert s.posting.reporting_component == "fracgpu-controller"
+    assert s.admission.managed == DRIVER_NAME
+    assert isinstance(s.admission.server, WebhookServer) and s.admission.server.port == 1234
+    svc = operator_settings(Settings(webhook_service="sys/hook")).admission.server
+    assert isinstance(svc, WebhookServer) and svc.service == ("sys", "hook") and svc.host == "hook.sys.svc"
+    off = operator_settings(Settings(admission=False))
+    assert off.admission.server is None and off.admission.managed is None
