@@ -6,10 +6,10 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export FRACGPU_CACHE ?= $(HOME)/.cache/fracgpu
-KUBE_BINARIES := kube-apiserver kube-controller-manager kube-scheduler kubectl etcd
+TEST_BINARIES := kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm containerd ctr containerd-shim-runc-v2
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help venv lint typecheck unit integration e2e test binaries all-binaries mock-nvml proto crds cluster-up cluster-down demo bench clean
+.PHONY: help venv lint typecheck unit integration e2e test binaries all-binaries mock-nvml proto crds image cluster-up cluster-down demo bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
@@ -32,8 +32,8 @@ typecheck: venv ## mypy (strict)
 unit: venv ## unit and protocol tests (fast, no cluster)
 	$(PYTEST) tests/unit
 
-binaries: ## build the upstream control-plane binaries from Go modules (cached in $FRACGPU_CACHE)
-	bash e2e/cluster/build-binaries.sh $(KUBE_BINARIES)
+binaries: ## build the upstream binaries the tests use from Go modules (cached in $FRACGPU_CACHE)
+	bash e2e/cluster/build-binaries.sh $(TEST_BINARIES)
 
 all-binaries: ## build every pinned upstream component (adds kubelet, containerd, ctr, helm)
 	bash e2e/cluster/build-binaries.sh
@@ -58,6 +58,9 @@ cluster-down: venv ## stop the local control plane and remove .cluster/
 demo: ## (not yet: lands with issue #6) cluster with simulated GPUs, driver installed, fractional pods
 	@echo "make demo: not yet — the end-to-end demo lands with issue #6 (single-node cluster + Helm install)." >&2
 	@exit 1
+
+image: venv ## container image as an OCI archive, without Docker (build/image/fracgpu-<tag>.oci.tar)
+	$(PY) -m e2e.image.build --out build/image
 
 bench: venv binaries ## benchmarks against a real control plane; prints medians/percentiles, writes build/bench/
 	$(PY) -m e2e.bench.plugin_bench

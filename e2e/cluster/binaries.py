@@ -33,6 +33,7 @@ def version_of(component: str) -> str:
         "etcd": pinned["ETCD_VERSION"],
         "containerd": pinned["CONTAINERD_VERSION"],
         "ctr": pinned["CONTAINERD_VERSION"],
+        "containerd-shim-runc-v2": pinned["CONTAINERD_VERSION"],
         "helm": pinned["HELM_VERSION"],
     }[component]
 

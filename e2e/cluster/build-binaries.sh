@@ -3,7 +3,8 @@
 #
 #   e2e/cluster/build-binaries.sh [component ...]
 #
-# Components: kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd containerd ctr helm
+# Components: kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd containerd ctr
+# containerd-shim-runc-v2 helm
 # (default: all). Each lands at $FRACGPU_CACHE/bin/<component>-<version>; present binaries are skipped.
 # Nothing is written into the repository; Go's module and build caches are the usual ones.
 set -euo pipefail
@@ -17,14 +18,14 @@ export GOFLAGS=${GOFLAGS:--mod=mod}
 export CGO_ENABLED=${CGO_ENABLED:-1}
 
 kube=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
-all=("${kube[@]}" etcd containerd ctr helm)
+all=("${kube[@]}" etcd containerd ctr containerd-shim-runc-v2 helm)
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=("${all[@]}")
 
 version_of() {
   case "$1" in
     kube-*|kubelet|kubectl) echo "$KUBERNETES_VERSION" ;;
     etcd) echo "$ETCD_VERSION" ;;
-    containerd|ctr) echo "$CONTAINERD_VERSION" ;;
+    containerd|ctr|containerd-shim-runc-v2) echo "$CONTAINERD_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
     *) echo "unknown component: $1 (known: ${all[*]})" >&2; exit 2 ;;
   esac
@@ -120,6 +121,7 @@ package tools
 
 import (
 	_ "github.com/containerd/containerd/v2/cmd/containerd"
+	_ "github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2"
 	_ "github.com/containerd/containerd/v2/cmd/ctr"
 )
 GO
@@ -153,7 +155,7 @@ kube_todo=(); ctd_todo=(); other=()
 for c in $(missing "${want[@]}"); do
   case "$c" in
     kube-*|kubelet|kubectl) kube_todo+=("$c") ;;
-    containerd|ctr) ctd_todo+=("$c") ;;
+    containerd|ctr|containerd-shim-runc-v2) ctd_todo+=("$c") ;;
     *) other+=("$c") ;;
   esac
 done

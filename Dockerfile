@@ -1,0 +1,39 @@
+# syntax=docker/dockerfile:1
+# fracgpu: one image for both components (fracgpu-controller and fracgpu-kubelet-plugin).
+#
+#   rev=$(git rev-parse --short HEAD)
+#   docker build --build-arg VERSION=0.1.0 --build-arg REVISION=$rev -t fracgpu:0.1.0-$rev .
+#
+# Our own tests assemble the same layout without Docker: `python -m e2e.image.build` (see e2e/image/).
+ARG PYTHON_IMAGE=python:3.11-slim
+
+FROM ${PYTHON_IMAGE} AS builder
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/fracgpu
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY api ./api
+COPY controller ./controller
+COPY kubelet_plugin ./kubelet_plugin
+# Install the wheel and its dependencies into the venv, precompile, then drop the installer itself.
+RUN /opt/fracgpu/bin/pip install --no-compile . \
+ && /opt/fracgpu/bin/python -m compileall -q /opt/fracgpu/lib \
+ && /opt/fracgpu/bin/pip uninstall -y setuptools pip
+
+FROM ${PYTHON_IMAGE}
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="fracgpu" \
+      org.opencontainers.image.description="Kubernetes DRA driver sharing NVIDIA GPUs by memory (controller and node plugin)" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0"
+# Same base image as the builder, so the venv's python symlink (/usr/local/bin/python3) resolves.
+COPY --from=builder /opt/fracgpu /opt/fracgpu
+ENV PATH=/opt/fracgpu/bin:$PATH VIRTUAL_ENV=/opt/fracgpu PYTHONUNBUFFERED=1
+RUN groupadd --gid 65532 fracgpu \
+ && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin fracgpu
+# Non-root by default (the controller needs nothing else). The node plugin's DaemonSet overrides this with
+# runAsUser: 0, since it needs /dev, the kubelet's plugin directories and the CDI spec directory.
+USER 65532:65532
+CMD ["fracgpu-controller", "--help"]
