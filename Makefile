@@ -66,8 +66,9 @@ bench: venv binaries ## benchmarks against a real control plane; prints medians/
 	$(PY) -m e2e.bench.plugin_bench
 	$(PY) -m e2e.bench.controller_bench --out build/bench/controller.json
 
-crds: venv ## regenerate api/crds/*.yaml from the pydantic models in api/
+crds: venv ## regenerate api/crds/*.yaml from the pydantic models in api/ (and the chart's copy)
 	$(PY) -m api.crds
+	cp api/crds/*.yaml charts/fracgpu/crds/
 
 clean: ## remove the virtualenv and build outputs (the binary cache stays)
 	rm -rf $(VENV) build dist *.egg-info

@@ -133,6 +133,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
 
     if not settings.admission:
         return
+    ignore_failures = settings.webhook_failure_policy == "Ignore"  # failurePolicy of the webhooks
 
     @kopf.on.validate(
         RESOURCE_GROUP,
@@ -141,7 +142,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
         registry=registry,
         id="resourceclaims",
         operations=["CREATE"],  # the spec is immutable
-        ignore_failures=True,  # a controller outage must not block every claim in the cluster
+        ignore_failures=ignore_failures,
     )
     async def validate_claim(body: kopf.Body, warnings: list[str], **_: Any) -> None:
         _respond(_review(controller, body.get("spec"), "spec"), warnings, body)
@@ -153,7 +154,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
         registry=registry,
         id="resourceclaimtemplates",
         operations=["CREATE"],
-        ignore_failures=True,
+        ignore_failures=ignore_failures,
     )
     async def validate_template(body: kopf.Body, warnings: list[str], **_: Any) -> None:
         _respond(_review(controller, (body.get("spec") or {}).get("spec"), "spec.spec"), warnings, body)

@@ -30,6 +30,9 @@ class Settings(BaseModel):
     )
     webhook_config_name: str = Field(DRIVER_NAME, description="name of the ValidatingWebhookConfiguration")
     webhook_cert_dir: Path | None = Field(None, description="directory with tls.crt/tls.key; None: self-signed")
+    webhook_failure_policy: Literal["Ignore", "Fail"] = Field(
+        "Ignore", description="what the API server does when the webhook cannot be reached"
+    )
     health_address: str = "0.0.0.0"
     health_port: int = Field(8080, ge=0, le=65535, description="kopf liveness endpoint /healthz; 0 disables")
     metrics_port: int = Field(8081, ge=0, le=65535, description="Prometheus /metrics; 0 disables")
@@ -83,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=_env("FRACGPU_WEBHOOK_CERT_DIR"),
         help="directory with tls.crt and tls.key (default: generate a self-signed certificate at start)",
     )
+    p.add_argument(
+        "--webhook-failure-policy",
+        choices=["Ignore", "Fail"],
+        default=_env("FRACGPU_WEBHOOK_FAILURE_POLICY", "Ignore"),
+        help="Ignore: a controller outage never blocks claims (the node plugin still refuses bad configs at "
+        "prepare); Fail: no claim of the driver is admitted unchecked",
+    )
     p.add_argument("--health-port", type=int, default=int(_env("FRACGPU_HEALTH_PORT", "8080") or 0))
     p.add_argument("--metrics-port", type=int, default=int(_env("FRACGPU_METRICS_PORT", "8081") or 0))
     p.add_argument("--workers", type=int, default=int(_env("FRACGPU_WORKERS", "4") or 4))
@@ -117,6 +127,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
             webhook_service=args.webhook_service or None,
             webhook_config_name=args.webhook_config_name or args.driver_name,
             webhook_cert_dir=Path(args.webhook_cert_dir) if args.webhook_cert_dir else None,
+            webhook_failure_policy=args.webhook_failure_policy,
             health_port=args.health_port,
             metrics_port=args.metrics_port,
             workers=args.workers,

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from e2e.cluster import binaries
+from e2e.cluster.netns import Netns
 from e2e.cluster.pki import CertPair, Pki
 from e2e.cluster.processes import ProcessGroup, stop_recorded
 
@@ -21,8 +22,10 @@ SERVICE_CIDR = "198.51.100.0/24"
 COMPONENTS = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kubectl")
 
 
-def free_port(host: str) -> int:
-    """A TCP port on `host` that is free right now."""
+def free_port(host: str, netns: Netns | None = None, default: int = 0) -> int:
+    """A TCP port on `host` that is free right now (`default` inside a namespace of our own)."""
+    if netns is not None:
+        return default
     with socket.socket() as s:
         s.bind((host, 0))
         port: int = s.getsockname()[1]
@@ -57,10 +60,13 @@ current-context: {user}@local
 class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler under `state_dir`."""
 
-    def __init__(self, state_dir: Path, *, host: str = "127.0.0.1", detached: bool = False) -> None:
+    def __init__(
+        self, state_dir: Path, *, host: str = "127.0.0.1", detached: bool = False, netns: Netns | None = None
+    ) -> None:
         self.state_dir = state_dir.resolve()
-        self.host = host
-        self.procs = ProcessGroup(self.state_dir, detached=detached)
+        self.netns = netns
+        self.host = netns.address if netns else host
+        self.procs = ProcessGroup(self.state_dir, detached=detached, prefix=netns.exec_prefix() if netns else ())
         self.pki_dir = self.state_dir / "pki"
         self.api_port = 0
         self.kubeconfig = self.state_dir / "admin.kubeconfig"
@@ -93,7 +99,7 @@ class ControlPlane:
         host = self.host
         pki = Pki(self.pki_dir)
         self.pki = pki
-        self.api_port = free_port(host)
+        self.api_port = free_port(host, self.netns, 6443)
         serving = pki.issue(
             "apiserver",
             "kube-apiserver",
@@ -109,7 +115,7 @@ class ControlPlane:
             client=True,
         )  # fmt: skip
 
-        etcd_port, etcd_peer = free_port(host), free_port(host)
+        etcd_port, etcd_peer = free_port(host, self.netns, 2379), free_port(host, self.netns, 2380)
         etcd_url = f"http://{host}:{etcd_port}"
         peer_url = f"http://{host}:{etcd_peer}"
         self.procs.start(
@@ -148,6 +154,7 @@ class ControlPlane:
                 "--authorization-mode=Node,RBAC",
                 "--enable-admission-plugins=NodeRestriction",
                 "--endpoint-reconciler-type=none",
+                "--kubelet-preferred-address-types=InternalIP",  # never a DNS lookup for a node name
                 "--allow-privileged=true",
                 f"--kubelet-client-certificate={apiserver_client.cert}",
                 f"--kubelet-client-key={apiserver_client.key}",
@@ -158,9 +165,10 @@ class ControlPlane:
         )
         self._wait("kube-apiserver", f"{self.server}/readyz", timeout)
 
-        for name, extra in (
+        for name, default_port, extra in (
             (
                 "kube-controller-manager",
+                10257,
                 [
                     f"--service-account-private-key-file={sa.key}",
                     f"--root-ca-file={pki.ca.cert}",
@@ -171,11 +179,11 @@ class ControlPlane:
                     "--controllers=*",
                 ],
             ),
-            ("kube-scheduler", []),
+            ("kube-scheduler", 10259, []),
         ):
             cert = pki.issue(name, f"system:{name}", client=True, server=True, ips=(host,))
             kubeconfig = write_kubeconfig(self.state_dir / f"{name}.kubeconfig", self.server, pki.ca.cert, cert, name)
-            port = free_port(host)
+            port = free_port(host, self.netns, default_port)
             self.procs.start(
                 name,
                 [

@@ -26,9 +26,10 @@ class ProcessGroup:
     `detached=True` (command line): children outlive this process; `stop_recorded()` ends them later.
     """
 
-    def __init__(self, state_dir: Path, *, detached: bool) -> None:
+    def __init__(self, state_dir: Path, *, detached: bool, prefix: Sequence[str] = ()) -> None:
         self.state_dir = state_dir
         self.detached = detached
+        self.prefix = list(prefix)  # e.g. nsenter into the cluster's network namespace
         self.logs = state_dir / "logs"
         self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
@@ -42,7 +43,7 @@ class ProcessGroup:
         log = (self.logs / f"{name}.log").open("ab")
         preexec: Callable[[], None] | None = None if self.detached else _die_with_parent
         proc = subprocess.Popen(
-            [str(a) for a in argv],
+            [*self.prefix, *(str(a) for a in argv)],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -423,3 +423,72 @@ class ControllerProcess:
 
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+# ----- acting as a service account (Helm chart tests, issue #5) ---------------------------------------
+
+
+def token_client(server: str, ca_cert: Path, token: str) -> client.ApiClient:
+    """An ApiClient that authenticates with `token` alone (no client certificate)."""
+    cfg = client.Configuration()
+    cfg.host = server
+    cfg.ssl_ca_cert = str(ca_cert)
+    cfg.api_key = {"BearerToken": token}
+    cfg.api_key_prefix = {"BearerToken": "Bearer"}
+    return client.ApiClient(cfg)
+
+
+def node_bound_pod(
+    api_client: client.ApiClient, namespace: str, name: str, *, node: str, service_account: str
+) -> dict[str, Any]:
+    """A Pod of `service_account` already bound to `node` (spec.nodeName), as a DaemonSet pod is; nothing runs it."""
+    pod = client.CoreV1Api(api_client).create_namespaced_pod(
+        namespace,
+        {
+            "metadata": {"name": name},
+            "spec": {
+                "nodeName": node,
+                "serviceAccountName": service_account,
+                "tolerations": [{"operator": "Exists"}],
+                "containers": [{"name": "c", "image": "fracgpu.invalid/never-pulled:0"}],
+            },
+        },
+    )
+    return dict(api_client.sanitize_for_serialization(pod))
+
+
+def service_account_token(
+    api_client: client.ApiClient,
+    namespace: str,
+    service_account: str,
+    *,
+    bound_pod: dict[str, Any] | None = None,
+    seconds: int = 3600,
+) -> str:
+    """A TokenRequest token for a ServiceAccount; bound to `bound_pod` it carries the pod's node name and UID
+    as user extras (`authentication.kubernetes.io/node-name`), exactly like a DaemonSet pod's mounted token."""
+    spec: dict[str, Any] = {"expirationSeconds": seconds}
+    if bound_pod is not None:
+        spec["boundObjectRef"] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": bound_pod["metadata"]["name"],
+            "uid": bound_pod["metadata"]["uid"],
+        }
+    answer = client.CoreV1Api(api_client).create_namespaced_service_account_token(
+        service_account, namespace, {"spec": spec}
+    )
+    token: str = answer.status.token
+    return token
+
+
+def whoami(api_client: client.ApiClient) -> dict[str, Any]:
+    """The caller's user info as the API server sees it (SelfSubjectReview): username, groups, extra."""
+    from api.kube_rest import KubeRest
+
+    review = KubeRest(api_client).create(
+        "/apis/authentication.k8s.io/v1/selfsubjectreviews",
+        {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
+    )
+    info: dict[str, Any] = review["status"]["userInfo"]
+    return info

@@ -64,3 +64,19 @@ def test_kopf_settings_follow_the_pitfalls() -> None:
     assert isinstance(svc, WebhookServer) and svc.service == ("sys", "hook") and svc.host == "hook.sys.svc"
     off = operator_settings(Settings(admission=False))
     assert off.admission.server is None and off.admission.managed is None
+
+
+@pytest.mark.parametrize(("value", "ignore"), [("Ignore", True), ("Fail", False)])
+def test_webhook_failure_policy_reaches_the_handlers(value: str, ignore: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    import kopf
+
+    from controller import handlers
+    from controller.reconciler import Controller
+
+    monkeypatch.setenv("FRACGPU_WEBHOOK_FAILURE_POLICY", value)
+    settings = parse_settings([])
+    assert settings.webhook_failure_policy == value
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, settings, Controller.__new__(Controller))
+    validators = registry._webhooks.get_all_handlers()
+    assert validators and all(h.ignore_failures is ignore for h in validators)

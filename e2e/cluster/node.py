@@ -1,0 +1,236 @@
+"""A single-node cluster of upstream binaries in a network namespace of its own:
+
+control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) + containerd 2.x (CDI on) +
+kubelet, all inside `fracgpu-<slot>`; the host reaches the API server through a veth pair. Pods use
+`hostNetwork: true`, i.e. the namespace's network: there is no pod network and no default route, so no
+packet can leave the machine. Images are imported from local archives, never pulled.
+"""
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from e2e.cluster import binaries
+from e2e.cluster.containerd import Containerd, ContainerdSettings
+from e2e.cluster.controlplane import ControlPlane, write_kubeconfig
+from e2e.cluster.netns import Netns, free_slot
+from e2e.cluster.processes import stop_recorded
+from e2e.image import small
+
+NODE_NAME = "fracgpu-node"
+# containerd's CRI plugin reports the network ready once it has loaded a CNI config; this one names a
+# plugin that does not exist, so only hostNetwork pods can run: a pod asking for a pod network fails to
+# start instead of getting an address that could route anywhere.
+NO_POD_NETWORK = {
+    "cniVersion": "1.0.0",
+    "name": "fracgpu-host-network-only",
+    "plugins": [{"type": "fracgpu-no-pod-network"}],
+}
+
+
+class SingleNodeCluster:
+    """Everything under `state_dir` (logs, PKI, etcd, containerd) and `/run/fg<slot>` (short socket paths)."""
+
+    def __init__(self, state_dir: Path, *, detached: bool = False, node_name: str = NODE_NAME) -> None:
+        self.state_dir = state_dir.resolve()
+        self.netns = Netns(free_slot())
+        self.node_name = node_name
+        self.short_dir = Path(f"/run/fg{self.netns.slot}")
+        self.kubelet_dir = self.short_dir / "kubelet"
+        self.cdi_dir = self.short_dir / "cdi"
+        self.plane = ControlPlane(self.state_dir, netns=self.netns, detached=detached)
+        self.procs = self.plane.procs
+        self.containerd = Containerd(
+            self.state_dir / "containerd",
+            settings=ContainerdSettings(
+                cdi_spec_dirs=[str(self.cdi_dir)],
+                cni_conf_dir=str(self.state_dir / "cni"),
+                cni_bin_dirs=[str(self.state_dir / "cni-bin")],
+                # Sandboxes get oom_score_adj -998, which needs CAP_SYS_RESOURCE; our machines' root lacks
+                # it, so clamp every score to containerd's own instead of failing each pod start.
+                extra={"plugins": {"io.containerd.cri.v1.runtime": {"restrict_oom_score_adj": True}}},
+            ),
+            socket=self.short_dir / "containerd.sock",
+            procs=self.procs,
+        )
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.plane.kubeconfig
+
+    @property
+    def server(self) -> str:
+        return self.plane.server
+
+    def start(self, timeout: float = 180.0) -> None:
+        """Create the namespace, start every component, import the base images, wait for the Node Ready."""
+        (self.state_dir / "cni").mkdir(parents=True, exist_ok=True)
+        (self.state_dir / "cni" / "10-fracgpu.conflist").write_text(json.dumps(NO_POD_NETWORK))
+        for directory in (self.kubelet_dir, self.cdi_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        self.netns.create()
+        self.state_dir.joinpath("cluster.json").write_text(
+            json.dumps(
+                {"slot": self.netns.slot, "short_dir": str(self.short_dir), "socket": str(self.containerd.socket)}
+            )
+        )
+        try:
+            self.plane.start(timeout)
+            self.containerd.start()
+            images = self.state_dir / "images"
+            for archive in (small.build_pause(images), small.build_busybox(images)):
+                self.import_image(archive.path)
+            self._start_kubelet()
+            self.wait_node_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def import_image(self, archive: Path) -> None:
+        """Import an OCI archive into the node's containerd (CRI namespace `k8s.io`)."""
+        self.containerd.ctr("images", "import", "--no-unpack=false", str(archive), namespace="k8s.io")
+
+    def _start_kubelet(self) -> None:
+        pki = self.plane.pki
+        node = self.node_name
+        client = pki.issue("kubelet-client", f"system:node:{node}", organizations=("system:nodes",), client=True)
+        serving = pki.issue("kubelet-serving", node, ips=(self.netns.address,), dns=(node,), server=True)
+        kubeconfig = write_kubeconfig(
+            self.state_dir / "kubelet.kubeconfig", self.server, pki.ca.cert, client, f"system:node:{node}"
+        )
+        resolv = self.state_dir / "resolv.conf"
+        resolv.write_text("")  # pods get no name servers: nothing to query outside the namespace
+        config = {
+            "apiVersion": "kubelet.config.k8s.io/v1beta1",
+            "kind": "KubeletConfiguration",
+            "failCgroupV1": False,  # this machine has cgroup v1 (hybrid); kubelet >= 1.35 refuses it otherwise
+            "cgroupDriver": "cgroupfs",  # no systemd as PID 1
+            "containerRuntimeEndpoint": f"unix://{self.containerd.socket}",
+            "address": self.netns.address,
+            "port": 10250,
+            "readOnlyPort": 0,
+            "healthzBindAddress": self.netns.address,
+            "healthzPort": 10248,
+            "tlsCertFile": str(serving.cert),
+            "tlsPrivateKeyFile": str(serving.key),
+            "authentication": {
+                "anonymous": {"enabled": False},
+                "webhook": {"enabled": True},
+                "x509": {"clientCAFile": str(pki.ca.cert)},
+            },
+            "authorization": {"mode": "Webhook"},
+            "resolvConf": str(resolv),
+            "failSwapOn": False,
+            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+            "imageGCHighThresholdPercent": 100,
+            "imageGCLowThresholdPercent": 99,
+            "serializeImagePulls": False,
+            "maxPods": 32,
+        }
+        config_path = self.state_dir / "kubelet-config.json"
+        config_path.write_text(json.dumps(config, indent=2))
+        kubelet = binaries.ensure_built("kubelet")["kubelet"]
+        self.procs.start(
+            "kubelet",
+            [
+                kubelet,
+                f"--config={config_path}",
+                f"--kubeconfig={kubeconfig}",
+                f"--root-dir={self.kubelet_dir}",
+                f"--cert-dir={self.state_dir / 'kubelet-pki'}",
+                f"--hostname-override={node}",
+                f"--node-ip={self.netns.address}",
+                "--node-labels=nvidia.com/gpu.present=true",
+                "--v=1",
+            ],
+        )
+
+    def restart_kubelet(self) -> None:
+        """Stop and start the kubelet process (pods keep running)."""
+        self.procs.stop("kubelet")
+        self._start_kubelet()
+
+    def kubectl(self, *args: str, check: bool = True, input_: str | None = None) -> subprocess.CompletedProcess[str]:
+        """kubectl against this cluster, from the host."""
+        argv = [str(binaries.binary("kubectl")), f"--kubeconfig={self.kubeconfig}", *args]
+        return subprocess.run(argv, check=check, capture_output=True, text=True, input=input_, timeout=120)
+
+    def wait_node_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        status = ""
+        while time.monotonic() < deadline:
+            self.procs.check_alive("kubelet")
+            result = self.kubectl(
+                "get", "node", self.node_name, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
+                check=False,
+            )  # fmt: skip
+            status = result.stdout.strip() or result.stderr.strip()
+            if status == "True":
+                return
+            time.sleep(1)
+        raise TimeoutError(f"node {self.node_name} not Ready ({status}):\n{self.procs.log_tail('kubelet', 40)}")
+
+    def stop(self) -> None:
+        """Stop the kubelet, containerd (and its containers), the control plane, and delete the namespace."""
+        if "kubelet" in self.procs.procs:
+            self.procs.stop("kubelet")
+        self.containerd.stop()
+        self.plane.stop()
+        self.netns.delete()
+        _unmount_below(self.kubelet_dir)
+        shutil.rmtree(self.short_dir, ignore_errors=True)
+
+
+def down(state_dir: Path) -> list[str]:
+    """Tear down a detached cluster from its recorded state: processes, containers, mounts, namespace."""
+    state_dir = state_dir.resolve()
+    info_file = state_dir / "cluster.json"
+    stopped = stop_recorded(state_dir)
+    if not info_file.exists():
+        return stopped
+    info = json.loads(info_file.read_text())
+    for proc in Path("/proc").iterdir():  # shims (and their containers) outlive containerd
+        if proc.name.isdigit():
+            try:
+                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and info["socket"].encode() in cmdline:
+                for pid in [*_descendants(int(proc.name)), int(proc.name)]:  # containers first, then the shim
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
+                stopped.append(f"shim {proc.name}")
+    time.sleep(0.5)
+    for directory in (state_dir, Path(info["short_dir"])):
+        _unmount_below(directory)
+    Netns(int(info["slot"])).delete()
+    shutil.rmtree(info["short_dir"], ignore_errors=True)
+    return stopped
+
+
+def _descendants(root: int) -> list[int]:
+    """PIDs of every process below `root`, deepest last."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def _unmount_below(directory: Path) -> None:
+    prefix = f"{directory}/"
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    for mount in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
+        subprocess.run(["umount", "-l", mount], check=False, capture_output=True)

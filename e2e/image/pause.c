@@ -1,0 +1,19 @@
+/* The e2e cluster's pod sandbox ("pause") process: sleeps until SIGINT/SIGTERM, reaps zombies. */
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void stop(int sig) { (void)sig; _exit(0); }
+
+static void reap(int sig) {
+    (void)sig;
+    while (waitpid(-1, 0, WNOHANG) > 0) {
+    }
+}
+
+int main(void) {
+    signal(SIGINT, stop);
+    signal(SIGTERM, stop);
+    signal(SIGCHLD, reap);
+    for (;;) pause();
+}

@@ -1,0 +1,650 @@
+"""The Helm chart (issue #5): lint, render, schema; every rendered object accepted by the real API server;
+the chart's RBAC and admission policy proven by acting as its service accounts with pod-bound tokens.
+
+Nothing here runs the images: the chart is checked as the API server sees it. The end-to-end tests install
+it into a cluster with a kubelet.
+"""
+
+import json
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from api.kube_rest import SLICES, KubeRest, claim_path
+from controller.admission import review_claim_spec
+from controller.rbac import cluster_role_rules
+from e2e.cluster import binaries
+from e2e.cluster.controlplane import ControlPlane
+from kubelet_plugin.claim_status import apply_ready
+from kubelet_plugin.slices import build_slices
+from tests.integration import kube
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "charts" / "fracgpu"
+KUBE_VERSION = binaries.version_of("kubectl").removeprefix("v")
+MiB = 1 << 20
+MERGE = "application/merge-patch+json"
+
+# Every value changed from its default that changes what is rendered.
+CUSTOM: dict[str, Any] = {
+    "driverName": "gpu.example.test",
+    "image": {"repository": "registry.example/fracgpu", "tag": "0.1.0-abc1234", "pullPolicy": "Never"},
+    "deviceClass": {"name": "example-gpu"},
+    "kubernetesServiceHost": "192.0.2.10",
+    "kubernetesServicePort": 6443,
+    "logging": {"level": "debug", "format": "text"},
+    "memory": {"step": "1Gi", "reserve": "2Gi"},
+    "enforcement": {"mode": "hami-core", "hamiCore": {"libraryPath": "/opt/hami/lib/libvgpu.so"}},
+    "driverRoot": "/run/nvidia/driver",
+    "nvml": {"libraryPath": "/run/nvidia/driver/usr/lib64"},
+    "kubeletDir": "/data/kubelet",
+    "cdiDir": "/etc/cdi",
+    "controller": {
+        "hostNetwork": True,
+        "healthPort": 9101,
+        "metricsPort": 9100,
+        "webhook": {"port": 9444, "configName": "example-gpu-webhook", "failurePolicy": "Fail"},
+        "extraEnv": [{"name": "EXTRA", "value": "1"}],
+    },
+    "kubeletPlugin": {
+        "hostNetwork": True,
+        "metricsPort": 9102,
+        "nodeSelector": {"nvidia.com/gpu.present": None, "example.test/gpu": "yes"},
+        "extraEnv": [{"name": "FRACGPU_MOCK_NVML_PROFILE", "value": "/opt/fracgpu/nvml-host/gpu80x2.profile"}],
+    },
+}
+# Everything optional switched off.
+MINIMAL: dict[str, Any] = {
+    "deviceClass": {"create": False},
+    "nvml": {"libraryPath": ""},
+    "controller": {"webhook": {"enabled": False}, "metricsPort": 0},
+    "kubeletPlugin": {"metricsPort": 0, "admissionPolicy": {"enabled": False}, "nodeSelector": None},
+}
+VARIANTS = {"default": {}, "custom": CUSTOM, "minimal": MINIMAL}
+
+
+# ----- helpers ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tools() -> dict[str, Path]:
+    return binaries.ensure_built("helm", "kubectl")
+
+
+def run(argv: list[str | Path], *, check: bool = True, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(a) for a in argv], input=stdin, capture_output=True, text=True, check=False)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{' '.join(map(str, argv))} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}")
+    return proc
+
+
+def values_file(tmp: Path, values: dict[str, Any]) -> Path:
+    path = tmp / f"values-{uuid.uuid4().hex[:6]}.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def helm_template(
+    helm: Path, tmp: Path, values: dict[str, Any], *extra: str, release: str = "fg", namespace: str = "fracgpu"
+) -> subprocess.CompletedProcess[str]:
+    argv: list[str | Path] = [helm, "template", release, CHART, "--namespace", namespace]
+    argv += ["--kube-version", KUBE_VERSION, "--values", values_file(tmp, values), *extra]
+    return run(argv, check=False)
+
+
+def render(
+    helm: Path, tmp: Path, values: dict[str, Any], *extra: str, release: str = "fg", namespace: str = "fracgpu"
+) -> list[dict[str, Any]]:
+    proc = helm_template(helm, tmp, values, *extra, release=release, namespace=namespace)
+    assert proc.returncode == 0, proc.stderr
+    return [doc for doc in yaml.safe_load_all(proc.stdout) if doc]
+
+
+def one(docs: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, Any]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
+    assert len(found) == 1, f"{len(found)} {kind} objects named *{suffix}"
+    return found[0]
+
+
+def env_of(container: dict[str, Any]) -> dict[str, Any]:
+    return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env") or []}
+
+
+def mounts_of(pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[str, tuple[str, Any]]:
+    """mountPath -> (host path or volume kind, read-only) for every volume mount of `container`."""
+    volumes = {v["name"]: v for v in pod_spec["volumes"]}
+    out = {}
+    for m in container["volumeMounts"]:
+        vol = volumes[m["name"]]
+        source = vol["hostPath"]["path"] if "hostPath" in vol else next(k for k in vol if k != "name")
+        out[m["mountPath"]] = (source, bool(m.get("readOnly")))
+    return out
+
+
+def refused(call: Callable[[], object], status: int = 403) -> str:
+    """Run `call`, expect an ApiException with `status`; return its message."""
+    with pytest.raises(ApiException) as caught:
+        call()
+    assert caught.value.status == status, f"expected {status}, got {caught.value.status}: {caught.value.body}"
+    body = caught.value.body
+    try:
+        message: str = json.loads(body)["message"]
+    except (TypeError, ValueError, KeyError):
+        message = str(body)
+    return message
+
+
+# ----- lint, schema, rendering --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_lint_and_template_pass(tools: dict[str, Path], tmp_path: Path, variant: str) -> None:
+    values = values_file(tmp_path, VARIANTS[variant])
+    run([tools["helm"], "lint", "--strict", CHART, "--kube-version", KUBE_VERSION, "--values", values])
+    docs = render(tools["helm"], tmp_path, VARIANTS[variant])
+    assert {d["kind"] for d in docs} >= {"Deployment", "DaemonSet", "ClusterRole", "ServiceAccount"}
+
+
+def test_schema_and_checks_refuse_bad_values(tools: dict[str, Path], tmp_path: Path) -> None:
+    cases: list[tuple[dict[str, Any], list[str]]] = [
+        ({"enforcement": {"mode": "strict"}}, ["/enforcement/mode", "'none', 'hami-core'"]),
+        ({"kubeletPlugin": {"hostNetwok": True}}, ["additional properties 'hostNetwok' not allowed"]),
+        ({"logging": {"format": "xml"}}, ["/logging/format", "'json', 'text'"]),
+        ({"driverName": "GPU_Driver"}, ["/driverName"]),
+        ({"kubeletDir": "var/lib/kubelet"}, ["/kubeletDir"]),
+        ({"controller": {"replicas": 2}}, ["/controller/replicas"]),
+        ({"image": {"pullPolicy": "Sometimes"}}, ["/image/pullPolicy", "'IfNotPresent'"]),
+        ({"kubernetesServicePort": 6443}, ["kubernetesServicePort is set but kubernetesServiceHost is not"]),
+        ({"controller": {"metricsPort": 8080}}, ["must differ"]),
+    ]
+    for values, expected in cases:
+        proc = helm_template(tools["helm"], tmp_path, values)
+        assert proc.returncode != 0, f"{values} was accepted"
+        for text in expected:
+            assert text in proc.stderr, f"{values}: {text!r} not in {proc.stderr}"
+
+
+def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: Path) -> None:
+    docs = render(tools["helm"], tmp_path, {}, "--include-crds", namespace="gpus")
+    crd = one(docs, "CustomResourceDefinition")
+    assert crd["metadata"]["name"] == "gpus.fracgpu.dev"
+    assert one(docs, "DeviceClass")["spec"] == {
+        "selectors": [{"cel": {"expression": 'device.driver == "gpu.fracgpu.dev"'}}]
+    }
+    assert not [d for d in docs if d["kind"].endswith("WebhookConfiguration")], "the controller manages it"
+
+    # controller: one pod at a time, probes, non-root, read-only root, no capabilities, webhook via Service
+    deploy = one(docs, "Deployment")
+    spec = deploy["spec"]["template"]["spec"]
+    (ctr,) = spec["containers"]
+    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert ctr["image"] == "fracgpu.local/fracgpu:0.1.0" and ctr["imagePullPolicy"] == "IfNotPresent"
+    assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 65532
+    sc = ctr["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
+    assert sc["allowPrivilegeEscalation"] is False
+    assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert ctr["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert ctr["resources"]["requests"] and ctr["resources"]["limits"]
+    assert "--webhook-service=gpus/fg-fracgpu-webhook" in ctr["args"]
+    assert {"--webhook-port=9443", "--health-port=8080", "--metrics-port=8081"} <= set(ctr["args"])
+    assert env_of(ctr)["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "hostNetwork" not in spec
+    service = one(docs, "Service")
+    assert service["spec"]["ports"] == [{"name": "webhook", "port": 9443, "targetPort": "webhook", "protocol": "TCP"}]
+    assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
+
+    # node plugin: downward API, critical priority, surge update, GPU nodes, host paths at the same paths
+    ds = one(docs, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (plugin,) = spec["containers"]
+    assert ds["spec"]["updateStrategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1},
+    }
+    assert spec["priorityClassName"] == "system-node-critical"
+    assert spec["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    env = env_of(plugin)
+    assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
+    assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["LD_LIBRARY_PATH"] == "/opt/fracgpu/nvml"
+    assert "KUBERNETES_SERVICE_HOST" not in env
+    mounts = mounts_of(spec, plugin)
+    for path in (
+        "/var/lib/kubelet/plugins/gpu.fracgpu.dev",
+        "/var/lib/kubelet/plugins_registry",
+        "/var/run/cdi",
+        "/dev",
+    ):
+        assert mounts[path] == (path, False)
+    assert mounts["/opt/fracgpu/nvml-host"] == ("/usr/lib/x86_64-linux-gnu", True)
+    (init,) = spec["initContainers"]
+    assert init["securityContext"]["runAsNonRoot"] is True
+    assert plugin["securityContext"]["privileged"] is True
+
+    # the admission policy matches exactly the plugin's service account
+    vap = one(docs, "ValidatingAdmissionPolicy")
+    user = "system:serviceaccount:gpus:fg-fracgpu-kubelet-plugin"
+    assert vap["spec"]["matchConditions"][0]["expression"] == f'request.userInfo.username == "{user}"'
+    assert spec["serviceAccountName"] == "fg-fracgpu-kubelet-plugin"
+    assert one(docs, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"] == vap["metadata"]["name"]
+
+
+def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Path) -> None:
+    docs = render(tools["helm"], tmp_path, CUSTOM)
+    assert one(docs, "DeviceClass")["metadata"]["name"] == "example-gpu"
+    deploy = one(docs, "Deployment")
+    spec = deploy["spec"]["template"]["spec"]
+    (ctr,) = spec["containers"]
+    assert spec["hostNetwork"] is True and spec["dnsPolicy"] == "ClusterFirstWithHostNet"
+    assert ctr["image"] == "registry.example/fracgpu:0.1.0-abc1234" and ctr["imagePullPolicy"] == "Never"
+    assert {
+        "--driver-name=gpu.example.test",
+        "--device-class=example-gpu",
+        "--webhook-port=9444",
+        "--webhook-config-name=example-gpu-webhook",
+        "--health-port=9101",
+        "--metrics-port=9100",
+        "--log-level=debug",
+        "--log-format=text",
+    } <= set(ctr["args"])
+    env = env_of(ctr)
+    assert env["KUBERNETES_SERVICE_HOST"] == "192.0.2.10" and env["KUBERNETES_SERVICE_PORT"] == "6443"
+    assert env["FRACGPU_WEBHOOK_FAILURE_POLICY"] == "Fail" and env["EXTRA"] == "1"
+
+    ds = one(docs, "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (plugin,) = spec["containers"]
+    assert spec["hostNetwork"] is True
+    # host network + metrics port: no overlapping plugin pods on a node
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+    assert spec["nodeSelector"] == {"example.test/gpu": "yes"}
+    env = env_of(plugin)
+    assert {k: env[k] for k in env if k.startswith(("FRACGPU_", "KUBERNETES_"))} == {
+        "FRACGPU_DRIVER_NAME": "gpu.example.test",
+        "FRACGPU_KUBELET_DIR": "/data/kubelet",
+        "FRACGPU_CDI_DIR": "/etc/cdi",
+        "FRACGPU_DRIVER_ROOT": "/run/nvidia/driver",
+        "FRACGPU_MEMORY_STEP": "1Gi",
+        "FRACGPU_MEMORY_RESERVE": "2Gi",
+        "FRACGPU_ENFORCEMENT": "hami-core",
+        "FRACGPU_HAMI_CORE_LIBRARY": "/opt/hami/lib/libvgpu.so",
+        "FRACGPU_METRICS_PORT": "9102",
+        "FRACGPU_LOG_LEVEL": "debug",
+        "FRACGPU_LOG_FORMAT": "text",
+        "FRACGPU_MOCK_NVML_PROFILE": "/opt/fracgpu/nvml-host/gpu80x2.profile",
+        "KUBERNETES_SERVICE_HOST": "192.0.2.10",
+        "KUBERNETES_SERVICE_PORT": "6443",
+    }
+    mounts = mounts_of(spec, plugin)
+    assert mounts["/data/kubelet/plugins/gpu.example.test"] == ("/data/kubelet/plugins/gpu.example.test", False)
+    assert mounts["/data/kubelet/plugins_registry"] == ("/data/kubelet/plugins_registry", False)
+    assert mounts["/etc/cdi"] == ("/etc/cdi", False)
+    assert mounts["/run/nvidia/driver"] == ("/run/nvidia/driver", True)
+    assert mounts["/opt/hami/lib"] == ("/opt/hami/lib", True)
+    assert mounts["/tmp/vgpulock"] == ("/tmp/vgpulock", False)
+    assert mounts["/opt/fracgpu/nvml-host"] == ("/run/nvidia/driver/usr/lib64", True)
+    for rules in (
+        one(docs, "ClusterRole", "-kubelet-plugin")["rules"],
+        one(docs, "ClusterRole", "-controller")["rules"],
+    ):
+        assert [r["resourceNames"] for r in rules if r["resources"] == ["resourceclaims/driver"]] == [
+            ["gpu.example.test"]
+        ]
+
+    minimal = render(tools["helm"], tmp_path, MINIMAL)
+    kinds = {d["kind"] for d in minimal}
+    assert not kinds & {"Service", "DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert "--no-admission" in one(minimal, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    plugin_spec = one(minimal, "DaemonSet")["spec"]["template"]["spec"]
+    assert "initContainers" not in plugin_spec and "nodeSelector" not in plugin_spec
+    assert "LD_LIBRARY_PATH" not in env_of(plugin_spec["containers"][0])
+
+
+@pytest.mark.parametrize("variant", ["default", "custom"])
+def test_controller_cluster_role_is_the_one_in_the_code(tools: dict[str, Path], tmp_path: Path, variant: str) -> None:
+    values = VARIANTS[variant]
+    role = one(render(tools["helm"], tmp_path, values), "ClusterRole", "-controller")
+    driver = values.get("driverName", "gpu.fracgpu.dev")
+    webhook_config = (values.get("controller", {}).get("webhook", {})).get("configName") or None
+    assert role["rules"] == cluster_role_rules(driver, webhook_config)
+
+
+def test_crds_are_the_generated_ones() -> None:
+    generated = {p.name: p.read_bytes() for p in (REPO / "api" / "crds").glob("*.yaml")}
+    shipped = {p.name: p.read_bytes() for p in (CHART / "crds").glob("*.yaml")}
+    assert generated, "no CRDs in api/crds"
+    assert shipped == generated, "charts/fracgpu/crds/ differs from api/crds/: cp api/crds/*.yaml charts/fracgpu/crds/"
+
+
+def example_docs() -> list[dict[str, Any]]:
+    return [d for p in sorted((CHART / "examples").glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def test_examples_pass_the_admission_review() -> None:
+    claims = 0
+    for doc in example_docs():
+        if doc["kind"] == "ResourceClaimTemplate":
+            spec, prefix = doc["spec"]["spec"], "spec.spec"
+        elif doc["kind"] == "ResourceClaim":
+            spec, prefix = doc["spec"], "spec"
+        else:
+            continue
+        review = review_claim_spec(
+            spec, prefix, driver="gpu.fracgpu.dev", device_class="gpu.fracgpu.dev", largest=80 * 1024 * MiB
+        )
+        assert review.allowed and not review.warnings, (doc["metadata"]["name"], review)
+        claims += 1
+    assert claims == 4
+
+
+# ----- the real API server ------------------------------------------------------------------------------
+
+
+def kubectl(plane: ControlPlane, tools: dict[str, Path], *args: str, stdin: str | None = None) -> str:
+    argv: list[str | Path] = [tools["kubectl"], f"--kubeconfig={plane.kubeconfig}", *args]
+    return run(argv, stdin=stdin).stdout
+
+
+def as_yaml(docs: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(docs)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_api_server_accepts_every_object(
+    control_plane: ControlPlane, tools: dict[str, Path], tmp_path: Path, namespace: str, variant: str
+) -> None:
+    docs = render(
+        tools["helm"], tmp_path, VARIANTS[variant], "--include-crds", release="r" + namespace, namespace=namespace
+    )
+    crds = [d for d in docs if d["kind"] == "CustomResourceDefinition"]
+    rest = [d for d in docs if d["kind"] != "CustomResourceDefinition"]
+    assert crds and len(rest) >= 10
+    # a dry run of objects of a CRD's kind needs the CRD: install it for real (it is the generated one,
+    # which other tests of this session install as well)
+    kubectl(control_plane, tools, "apply", "--server-side", "--force-conflicts", "-f", "-", stdin=as_yaml(crds))
+    kubectl(control_plane, tools, "wait", "--for=condition=Established", "--timeout=30s", "crd/gpus.fracgpu.dev")
+    out = kubectl(
+        control_plane,
+        tools,
+        "apply",
+        "--dry-run=server",
+        "--server-side",
+        "--force-conflicts",
+        "--field-manager=chart-test",
+        "-f",
+        "-",
+        stdin=as_yaml(rest),
+    )
+    assert out.count("serverside-applied (server dry run)") == len(rest), out
+    if variant == "default":
+        examples = example_docs()
+        out = kubectl(
+            control_plane, tools, "apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=as_yaml(examples)
+        )
+        assert out.count("(server dry run)") == len(examples), out
+
+
+def test_helm_install_dry_run_prints_usage_notes(
+    control_plane: ControlPlane, tools: dict[str, Path], namespace: str
+) -> None:
+    """`helm install` against the real API server (kubeVersion from the server), notes included."""
+    argv: list[str | Path] = [tools["helm"], "install", "fracgpu", CHART, "--namespace", namespace, "--dry-run=server"]
+    out = run([*argv, f"--kubeconfig={control_plane.kubeconfig}"]).stdout
+    notes = out[out.index("NOTES:") :]
+    assert "deviceClassName: gpu.fracgpu.dev" in notes and "memory: 10Gi" in notes
+    assert "kubectl get gpus" in notes
+    assert f"kubectl -n {namespace} get pods -l app.kubernetes.io/instance=fracgpu" in notes
+
+
+# ----- RBAC and the admission policy, acting as the chart's service accounts ------------------------------
+
+
+class Installed:
+    """The chart's RBAC, admission policy and DeviceClass, applied for real for a unique driver name."""
+
+    def __init__(self, docs: list[dict[str, Any]], namespace: str, driver: str) -> None:
+        self.docs = docs
+        self.namespace = namespace
+        self.driver = driver
+        self.plugin_sa = one(docs, "ServiceAccount", "-kubelet-plugin")["metadata"]["name"]
+        self.controller_sa = one(docs, "ServiceAccount", "-controller")["metadata"]["name"]
+        self.device_class = one(docs, "DeviceClass")["metadata"]["name"]
+        self.other_driver = "other-" + driver  # another DRA driver's devices, for the refusals
+
+
+INSTALLED_KINDS = {
+    "ServiceAccount",
+    "ClusterRole",
+    "ClusterRoleBinding",
+    "Role",
+    "RoleBinding",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionPolicyBinding",
+    "DeviceClass",
+}
+
+
+@pytest.fixture
+def installed(
+    control_plane: ControlPlane, dyn: DynamicClient, tools: dict[str, Path], tmp_path: Path, namespace: str
+) -> Iterator[Installed]:
+    driver = f"gpu-{uuid.uuid4().hex[:6]}.fracgpu.test"
+    docs = render(tools["helm"], tmp_path, {"driverName": driver}, release="r" + namespace, namespace=namespace)
+    docs = [d for d in docs if d["kind"] in INSTALLED_KINDS]
+    manifest = as_yaml(docs)
+    kubectl(control_plane, tools, "apply", "--server-side", "--field-manager=chart-test", "-f", "-", stdin=manifest)
+    installed = Installed(docs, namespace, driver)
+    kube.ensure_device_class(dyn, installed.other_driver, installed.other_driver)
+    try:
+        yield installed
+    finally:
+        kubectl(control_plane, tools, "delete", "--ignore-not-found", "--wait=false", "-f", "-", stdin=manifest)
+        kube.resource(dyn, "resource.k8s.io/v1", "DeviceClass").delete(name=installed.other_driver)
+
+
+def slice_for(driver: str, node: dict[str, Any], gpus: int = 1) -> dict[str, Any]:
+    """The ResourceSlice the node plugin builds for `node` (one slice, `gpus` simulated 80 GiB GPUs)."""
+    name = node["metadata"]["name"]
+    (body,) = build_slices(
+        name, node["metadata"]["uid"], driver, kube.simulated_gpus(name, gpus), step=256 * MiB, reserve=0, generation=1
+    )
+    return body
+
+
+def allocate_two_driver_claim(
+    api_client: client.ApiClient, dyn: DynamicClient, namespace: str, *, node: str, device_class: str, other: str
+) -> dict[str, Any]:
+    """A claim for 10Gi of one of our GPUs and one device of driver `other` (DeviceClass named like it),
+    used by a pod pinned to `node`; returned once the real scheduler has allocated it."""
+    name = kube.unique("two-drivers")
+    spec = {
+        "devices": {
+            "requests": [
+                {
+                    "name": "gpu",
+                    "exactly": {"deviceClassName": device_class, "capacity": {"requests": {"memory": "10Gi"}}},
+                },
+                {"name": "other", "exactly": {"deviceClassName": other}},
+            ]
+        }
+    }
+    claims = kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaim")
+    claims.create(namespace=namespace, body={"metadata": {"name": name}, "spec": spec})
+    pod = kube.pod_with_claim(name, "unused", node)
+    pod["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimName": name}]
+    client.CoreV1Api(api_client).create_namespaced_pod(namespace, pod)
+
+    def allocated() -> dict[str, Any] | None:
+        claim: dict[str, Any] = claims.get(namespace=namespace, name=name).to_dict()
+        return claim if (claim.get("status") or {}).get("allocation") else None
+
+    return kube.wait_for(allocated, 60, what=f"allocation of claim {namespace}/{name}")
+
+
+def test_service_accounts_can_do_their_job_and_nothing_else(
+    control_plane: ControlPlane, api_client: client.ApiClient, dyn: DynamicClient, installed: Installed
+) -> None:
+    ns, driver = installed.namespace, installed.driver
+    core = client.CoreV1Api(api_client)
+    admin = KubeRest(api_client)
+    nodes = [kube.create_fake_node(api_client, kube.unique("chart-node")) for _ in range(2)]
+    node_a, node_b = (n["metadata"]["name"] for n in nodes)
+    try:
+
+        def act_as(service_account: str, pod_on: str | None) -> KubeRest:
+            pod = None
+            if pod_on is not None:
+                pod = kube.node_bound_pod(
+                    api_client, ns, kube.unique("sa-pod"), node=pod_on, service_account=service_account
+                )
+            token = kube.service_account_token(api_client, ns, service_account, bound_pod=pod)
+            return KubeRest(kube.token_client(control_plane.server, control_plane.ca_cert, token))
+
+        plugin_a = act_as(installed.plugin_sa, node_a)
+        plugin_b = act_as(installed.plugin_sa, node_b)
+        plugin_unbound = act_as(installed.plugin_sa, None)
+        controller = act_as(installed.controller_sa, None)
+        # the token of a pod on node A carries that node's name, as a DaemonSet pod's token does
+        me = kube.whoami(plugin_a.api)
+        assert me["username"] == f"system:serviceaccount:{ns}:{installed.plugin_sa}"
+        assert me["extra"]["authentication.kubernetes.io/node-name"] == [node_a]
+
+        slice_a, slice_b = (slice_for(driver, n) for n in nodes)
+        dry = {"dryRun": "All"}
+
+        def create_slice(rest: KubeRest, body: dict[str, Any], query: dict[str, Any] | None = None) -> None:
+            rest.request("POST", SLICES, query, body=body)
+
+        # the policy is enforced from when the API server's informer has it: wait (dry runs change nothing)
+        def policy_active() -> bool:
+            try:
+                create_slice(plugin_a, slice_b, dry)
+            except ApiException as err:
+                assert err.status == 403, err.body
+                return True
+            return False
+
+        kube.wait_for(policy_active, 30, what="the admission policy in force")
+
+        # ResourceSlices: its own node's, of its own driver, only
+        create_slice(plugin_a, slice_a)
+        mine = plugin_a.get(f"{SLICES}/{slice_a['metadata']['name']}")
+        mine["spec"]["pool"]["generation"] = 2
+        plugin_a.replace(f"{SLICES}/{slice_a['metadata']['name']}", mine)
+        message = refused(lambda: create_slice(plugin_a, slice_b))
+        assert f"node '{node_a}' may only write ResourceSlices of its own node, not of node '{node_b}'" in message
+        other_driver = slice_for("other.fracgpu.test", nodes[0])
+        assert "may only write ResourceSlices of driver" in refused(lambda: create_slice(plugin_a, other_driver))
+        assert "no node name" in refused(lambda: create_slice(plugin_unbound, slice_a, dry))
+        create_slice(KubeRest(api_client), slice_b)  # node B's slice, published by node B's plugin
+        theirs = plugin_a.get(f"{SLICES}/{slice_b['metadata']['name']}")
+        theirs["spec"]["pool"]["generation"] = 2
+        message = refused(lambda: plugin_a.replace(f"{SLICES}/{slice_b['metadata']['name']}", theirs))
+        assert f"may only write ResourceSlices of its own node, not of node '{node_b}'" in message
+        refused(lambda: plugin_a.request("DELETE", f"{SLICES}/{slice_b['metadata']['name']}", dry))
+        plugin_b.request("DELETE", f"{SLICES}/{slice_b['metadata']['name']}", dry)
+
+        # the rest of the plugin's rights: its node, claims (read), Events about its node
+        plugin_a.get(f"/api/v1/nodes/{node_a}")
+        refused(lambda: plugin_a.get("/api/v1/nodes"))
+        refused(lambda: plugin_a.request("PATCH", f"/api/v1/nodes/{node_a}", body={}, content_type=MERGE))
+        event = {"metadata": {"generateName": "chart-test-"}, "involvedObject": {"kind": "Node", "name": node_a}}
+        plugin_a.request("POST", "/api/v1/namespaces/default/events", dry, body=event)
+        refused(lambda: plugin_a.request("POST", f"/api/v1/namespaces/{ns}/events", dry, body=event))
+        refused(lambda: plugin_a.get(f"/api/v1/namespaces/{ns}/secrets"))
+        refused(lambda: plugin_a.request("POST", f"/api/v1/namespaces/{ns}/pods", dry, body={}))
+
+        # status.devices: one claim allocated on node A with a device of ours and one of another driver
+        # (published by an administrator), so that only authorization can refuse an entry
+        other = installed.other_driver
+        kube.publish_gpus(dyn, nodes[0], other, kube.simulated_gpus(node_a, 1))
+        claim = allocate_two_driver_claim(
+            api_client, dyn, ns, node=node_a, device_class=installed.device_class, other=other
+        )
+        ours, theirs_result = (
+            next(r for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == d)
+            for d in (driver, other)
+        )
+        # the plugin reads claims (never writes them) and may mark its own driver's devices on claims allocated
+        # on its own node: with the code it runs
+        claim = plugin_a.get(claim_path(ns, claim["metadata"]["name"]))
+        plugin_a.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")
+        refused(lambda: plugin_a.request("DELETE", claim_path(ns, claim["metadata"]["name"]), dry))
+        apply_ready(plugin_a, claim, driver, node_a)
+        (entry,) = admin.get(claim_path(ns, claim["metadata"]["name"]))["status"]["devices"]
+        assert (entry["driver"], entry["conditions"][0]["type"]) == (driver, "Ready")
+        # ... not from another node (the API server answers 422 with a Forbidden cause: the check is in the
+        # claim strategy, not in the authorizer)
+        message = refused(lambda: apply_ready(plugin_b, claim, driver, node_b), 422)
+        assert 'requires resource="resourceclaims/driver", verb="[arbitrary-node:patch]"' in message, message
+        foreign = {k: v for k, v in theirs_result.items() if k in ("driver", "pool", "device", "shareID")}
+        status_path = claim_path(ns, claim["metadata"]["name"]) + "/status"
+
+        def apply_entry(rest: KubeRest, entry: dict[str, Any], manager: str) -> None:
+            body = {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceClaim",
+                "metadata": {"name": claim["metadata"]["name"], "namespace": ns},
+                "status": {"devices": [entry]},
+            }
+            rest.apply(status_path, body, manager)
+
+        # ... and never another driver's entries
+        message = refused(lambda: apply_entry(plugin_a, foreign, "fracgpu-kubelet-plugin"), 422)
+        assert 'verb="[associated-node:patch arbitrary-node:patch]"' in message, message
+        assert f'"{other}" is forbidden' in message and "must be an allocated device" not in message, message
+
+        # the controller: reads claims and slices, writes its driver's status.devices data on any node's claims
+        controller.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")
+        controller.get(SLICES)
+        own = {k: v for k, v in ours.items() if k in ("driver", "pool", "device", "shareID")} | {
+            "data": {"node": node_a}
+        }
+        apply_entry(controller, own, "fracgpu-controller")
+        assert "resourceclaims/driver" in refused(lambda: apply_entry(controller, foreign, "fracgpu-controller"), 422)
+        kube.apply_crd(api_client, yaml.safe_load((CHART / "crds" / "gpus.fracgpu.dev.yaml").read_text()))
+        gpu = {
+            "apiVersion": "fracgpu.dev/v1alpha1",
+            "kind": "GPU",
+            "metadata": {"name": kube.unique("gpu")},
+            "spec": {"driver": driver, "pool": node_a, "device": "gpu-0", "node": node_a},
+        }
+        controller.request("POST", "/apis/fracgpu.dev/v1alpha1/gpus", dry, body=gpu)
+        # ... and nothing it does not need
+        refused(lambda: create_slice(controller, slice_a, dry))
+        refused(lambda: controller.request("DELETE", claim_path(ns, claim["metadata"]["name"]), dry))
+        refused(lambda: controller.request("POST", f"/api/v1/namespaces/{ns}/pods", dry, body={}))
+        refused(lambda: controller.get(f"/api/v1/namespaces/{ns}/secrets"))
+        refused(lambda: controller.get("/api/v1/namespaces/kube-system/secrets/anything"))
+        refused(lambda: controller.request("PATCH", f"/api/v1/nodes/{node_a}", body={}, content_type=MERGE))
+        refused(
+            lambda: controller.request(
+                "PATCH",
+                "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/someone-elses",
+                body={},
+                content_type=MERGE,
+            )
+        )
+        # changing an allocation needs resourceclaims/binding, which neither has
+        unallocate = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "status": {"allocation": None}}
+        for rest in (controller, plugin_a):
+            message = refused(
+                partial(rest.request, "PATCH", status_path, dry, body=unallocate, content_type=MERGE), 422
+            )
+            assert "resourceclaims/binding" in message
+        assert admin.get(status_path)["status"]["allocation"]
+    finally:
+        for n in (node_a, node_b):
+            core.delete_node(n)
