@@ -6,13 +6,12 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 export FRACGPU_CACHE ?= $(HOME)/.cache/fracgpu
-TEST_BINARIES := kube-apiserver kube-controller-manager kube-scheduler kubectl etcd helm containerd ctr containerd-shim-runc-v2
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help venv lint typecheck unit integration e2e test binaries all-binaries mock-nvml proto crds image cluster-up cluster-down demo bench clean
+.PHONY: help venv lint typecheck unit integration e2e test demo-down binaries mock-nvml proto crds image cluster-up cluster-down demo bench clean
 
 help: ## list targets
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +31,7 @@ typecheck: venv ## mypy (strict)
 unit: venv ## unit and protocol tests (fast, no cluster)
 	$(PYTEST) tests/unit
 
-binaries: ## build the upstream binaries the tests use from Go modules (cached in $FRACGPU_CACHE)
-	bash e2e/cluster/build-binaries.sh $(TEST_BINARIES)
-
-all-binaries: ## build every pinned upstream component (adds kubelet, containerd, ctr, helm)
+binaries: ## build the pinned upstream components from their Go modules (cached in $FRACGPU_CACHE)
 	bash e2e/cluster/build-binaries.sh
 
 mock-nvml: ## build the mock libnvidia-ml.so.1 (simulated GPUs) into build/mocknvml
@@ -47,17 +43,22 @@ proto: venv ## regenerate the gRPC/protobuf code from kubelet_plugin/proto/*.pro
 integration: venv binaries ## tests against a real control plane built from upstream
 	$(PYTEST) tests/integration
 
-test: lint typecheck unit integration ## everything CI runs: lint, types and every test tier
+e2e: venv binaries ## end to end: single-node cluster (kubelet, containerd, CDI) in a netns, driver via Helm
+	$(PYTEST) e2e
 
-cluster-up: venv binaries ## start a local control plane in .cluster/ (prints its KUBECONFIG)
+test: lint typecheck unit integration e2e ## everything CI runs: lint, types and every test tier
+
+cluster-up: venv binaries ## start a local control plane (no node) in .cluster/ (prints its KUBECONFIG)
 	$(PY) -m e2e.cluster up --state-dir .cluster
 
 cluster-down: venv ## stop the local control plane and remove .cluster/
 	$(PY) -m e2e.cluster down --state-dir .cluster
 
-demo: ## (not yet: lands with issue #6) cluster with simulated GPUs, driver installed, fractional pods
-	@echo "make demo: not yet — the end-to-end demo lands with issue #6 (single-node cluster + Helm install)." >&2
-	@exit 1
+demo: venv binaries ## local cluster with 2 simulated GPUs, fracgpu installed by Helm, fractional pods; keeps running
+	$(PY) -m e2e.demo up --state-dir .demo
+
+demo-down: venv ## stop the demo cluster and remove .demo/
+	$(PY) -m e2e.demo down --state-dir .demo
 
 image: venv ## container image as an OCI archive, without Docker (build/image/fracgpu-<tag>.oci.tar)
 	$(PY) -m e2e.image.build --out build/image

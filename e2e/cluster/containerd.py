@@ -14,6 +14,7 @@ import contextlib
 import hashlib
 import os
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Mapping
@@ -48,6 +49,44 @@ class ContainerdSettings:
     nri: bool = False  # NRI's socket (/var/run/nri/nri.sock) would be shared by every containerd on the host
     log_level: str = "info"
     extra: dict[str, Any] = field(default_factory=dict)  # deep-merged over the generated config
+
+
+def _descendants(root: int) -> list[int]:
+    """PIDs of every process below `root`, deepest last."""
+    children: dict[int, list[int]] = {}
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(proc.name))
+    found, todo = [], [root]
+    while todo:
+        kids = children.get(todo.pop(), [])
+        found += kids
+        todo += kids
+    return found
+
+
+def kill_shims(socket: Path) -> list[int]:
+    """SIGKILL the shims of the containerd at `socket`, and their containers; return the shims' PIDs."""
+    killed = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (
+            cmdline
+            and SHIM in Path(cmdline[0].decode(errors="replace")).name
+            and str(socket).encode() in cmdline
+        ):
+            for pid in [*_descendants(int(proc.name)), int(proc.name)]:  # containers first, then the shim
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            killed.append(int(proc.name))
+    return killed
 
 
 def _short_dir(state_dir: Path, name: str) -> Path:
@@ -200,6 +239,7 @@ class Containerd:
             with contextlib.suppress(Exception):
                 self._kill_tasks()
         self.procs.stop("containerd", timeout)
+        kill_shims(self.socket)  # any task the kill above missed would keep its mounts busy
         self._unmount_leftovers()
         shutil.rmtree(self.shim_socket_dir.parent, ignore_errors=True)  # shim sockets (and a short main socket)
 

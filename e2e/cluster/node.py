@@ -6,17 +6,14 @@ kubelet, all inside `fracgpu-<slot>`; the host reaches the API server through a 
 packet can leave the machine. Images are imported from local archives, never pulled.
 """
 
-import contextlib
 import json
-import os
 import shutil
-import signal
 import subprocess
 import time
 from pathlib import Path
 
 from e2e.cluster import binaries
-from e2e.cluster.containerd import Containerd, ContainerdSettings
+from e2e.cluster.containerd import Containerd, ContainerdSettings, kill_shims
 from e2e.cluster.controlplane import ControlPlane, write_kubeconfig
 from e2e.cluster.netns import Netns, free_slot
 from e2e.cluster.processes import stop_recorded
@@ -73,6 +70,7 @@ class SingleNodeCluster:
         (self.state_dir / "cni" / "10-fracgpu.conflist").write_text(json.dumps(NO_POD_NETWORK))
         for directory in (self.kubelet_dir, self.cdi_dir):
             directory.mkdir(parents=True, exist_ok=True)
+        _make_shared_mount(self.short_dir)
         self.netns.create()
         self.state_dir.joinpath("cluster.json").write_text(
             json.dumps(
@@ -182,7 +180,8 @@ class SingleNodeCluster:
         self.containerd.stop()
         self.plane.stop()
         self.netns.delete()
-        _unmount_below(self.kubelet_dir)
+        _unmount_below(self.short_dir)
+        subprocess.run(["umount", "-l", str(self.short_dir)], check=False, capture_output=True)
         shutil.rmtree(self.short_dir, ignore_errors=True)
 
 
@@ -194,39 +193,24 @@ def down(state_dir: Path) -> list[str]:
     if not info_file.exists():
         return stopped
     info = json.loads(info_file.read_text())
-    for proc in Path("/proc").iterdir():  # shims (and their containers) outlive containerd
-        if proc.name.isdigit():
-            try:
-                cmdline = (proc / "cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if cmdline and cmdline[0].endswith(b"containerd-shim-runc-v2") and info["socket"].encode() in cmdline:
-                for pid in [*_descendants(int(proc.name)), int(proc.name)]:  # containers first, then the shim
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-                stopped.append(f"shim {proc.name}")
+    stopped += [f"shim {pid}" for pid in kill_shims(Path(info["socket"]))]  # they outlive containerd
     time.sleep(0.5)
     for directory in (state_dir, Path(info["short_dir"])):
         _unmount_below(directory)
     Netns(int(info["slot"])).delete()
+    subprocess.run(["umount", "-l", info["short_dir"]], check=False, capture_output=True)
     shutil.rmtree(info["short_dir"], ignore_errors=True)
     return stopped
 
 
-def _descendants(root: int) -> list[int]:
-    """PIDs of every process below `root`, deepest last."""
-    children: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-                children.setdefault(ppid, []).append(int(proc.name))
-    found, todo = [], [root]
-    while todo:
-        kids = children.get(todo.pop(), [])
-        found += kids
-        todo += kids
-    return found
+def _make_shared_mount(directory: Path) -> None:
+    """Bind `directory` onto itself as a shared mount: on a real node / is shared (systemd does it), and
+    the kubelet refuses mountPropagation for paths on a private mount, which / is on our machines."""
+    directory.mkdir(parents=True, exist_ok=True)
+    mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
+    if str(directory) not in mounts:
+        subprocess.run(["mount", "--bind", str(directory), str(directory)], check=True)
+    subprocess.run(["mount", "--make-rshared", str(directory)], check=True)
 
 
 def _unmount_below(directory: Path) -> None:

@@ -1,4 +1,4 @@
-# fracgpu mock NVML profile: 2x NVIDIA H100 80GB HBM3 (used by the demo)
+# fracgpu mock NVML profile: 2x NVIDIA H100 80GB HBM3 (as a real H100 reports it; integration tests)
 # Format: key = value; see e2e/mocknvml/mock_nvml.c. Read by libnvidia-ml.so.1 built from it
 # when FRACGPU_MOCK_NVML_PROFILE points here.
 driver_version = 580.65.06

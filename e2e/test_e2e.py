@@ -1,0 +1,178 @@
+"""End to end (issue #6): an unmodified kubelet calls our plugin, containerd applies our CDI spec, the
+container sees its GPU and only its GPU. Driver installed by `helm install`; simulated GPUs (2 x 80Gi)."""
+
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from e2e import workloads as w
+from e2e.install import NAMESPACE, Installation
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture
+def ns(installation: Installation) -> Iterator[str]:
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    cluster = installation.cluster
+    cluster.kubectl("create", "namespace", name)
+    deadline = time.monotonic() + 30
+    while cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
+        assert time.monotonic() < deadline, "default ServiceAccount never appeared"
+        time.sleep(0.5)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
+
+
+def _minor(device: str, installation: Installation) -> int:
+    slices = w.get(installation.cluster, "resourceslices")["items"]
+    for item in slices:
+        for d in item["spec"]["devices"]:
+            if d["name"] == device:
+                return int(d["attributes"]["minor"]["int"])
+    raise AssertionError(f"{device} not published")
+
+
+def _ledger(installation: Installation) -> dict[str, dict[str, object]]:
+    return {g["metadata"]["name"]: g["status"] for g in w.get(installation.cluster, "gpus")["items"]}
+
+
+def test_a_pod_sees_exactly_its_gpu_share(installation: Installation, ns: str) -> None:
+    cluster = installation.cluster
+    w.apply(cluster, ns, w.claim_template("share-10gi", "10Gi"), w.gpu_pod("solo", "share-10gi"))
+    w.wait_running(cluster, ns, ["solo"])
+    seen = w.report(cluster, ns, "solo")
+    recorded = w.recorded_gpu(w.claim_of(cluster, ns, "solo"))
+    assert seen["NVIDIA_VISIBLE_DEVICES"] == recorded["uuid"]
+    assert seen["FRACGPU_MEMORY_LIMIT_MIB"] == "10240"
+    devices = set(seen["DEV"].split())
+    minor = _minor(recorded["device"], installation)
+    other = {f"nvidia{m}" for m in (0, 1) if m != minor}
+    assert f"nvidia{minor}" in devices
+    assert not devices & other, f"another GPU's device node is visible: {devices}"
+    assert {"nvidiactl", "nvidia-uvm"} <= devices
+
+
+def test_shares_pack_onto_gpus_and_the_ledger_shows_them(installation: Installation, ns: str) -> None:
+    cluster = installation.cluster
+    w.apply(cluster, ns, w.claim_template("share-40gi", "40Gi"), w.claim_template("share-100gi", "100Gi"))
+    w.apply(cluster, ns, w.gpu_pod("a", "share-40gi"), w.gpu_pod("b", "share-40gi"))
+    w.wait_running(cluster, ns, ["a", "b"])
+    w.apply(cluster, ns, w.gpu_pod("c", "share-40gi"), w.gpu_pod("too-big", "share-100gi"))
+    w.wait_running(cluster, ns, ["c"])
+    gpu = {p: w.recorded_gpu(w.claim_of(cluster, ns, p)) for p in ("a", "b", "c")}
+    seen = {p: w.report(cluster, ns, p) for p in ("a", "b", "c")}
+    assert gpu["a"]["uuid"] == gpu["b"]["uuid"] != gpu["c"]["uuid"], "two 40Gi shares fill one 80Gi GPU"
+    assert seen["a"]["NVIDIA_VISIBLE_DEVICES"] == seen["b"]["NVIDIA_VISIBLE_DEVICES"] == gpu["a"]["uuid"]
+    assert seen["a"]["FRACGPU_SHARE_ID"] != seen["b"]["FRACGPU_SHARE_ID"]
+    assert seen["c"]["NVIDIA_VISIBLE_DEVICES"] == gpu["c"]["uuid"]
+
+    deadline = time.monotonic() + 60
+    condition: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        conditions = w.get(cluster, "pod", "-n", ns, "too-big")["status"].get("conditions", [])
+        condition = next((c for c in conditions if c["type"] == "PodScheduled"), {})
+        if condition.get("reason") == "Unschedulable":
+            break
+        time.sleep(1)
+    assert condition.get("reason") == "Unschedulable", condition
+    assert "claim" in condition["message"].lower(), condition["message"]
+
+    expected = {gpu["a"]["uuid"]: ("80Gi", 2), gpu["c"]["uuid"]: ("40Gi", 1)}
+
+    def allocations() -> dict[object, tuple[object, object]]:
+        return {s["uuid"]: (s["allocatedMemory"], s["shares"]) for s in _ledger(installation).values()}
+
+    deadline = time.monotonic() + 30
+    while allocations() != expected and time.monotonic() < deadline:
+        time.sleep(1)
+    assert allocations() == expected
+    table = cluster.kubectl("get", "gpus").stdout
+    assert "ALLOCATED" in table and "80Gi" in table and "40Gi" in table, table
+
+
+def test_two_containers_of_one_pod_share_one_claim(installation: Installation, ns: str) -> None:
+    cluster = installation.cluster
+    w.apply(cluster, ns, w.claim_template("share-8gi", "8Gi"), w.gpu_pod("duo", "share-8gi", containers=2))
+    w.wait_running(cluster, ns, ["duo"])
+    first, second = (w.report(cluster, ns, "duo", c) for c in ("app0", "app1"))
+    assert first["NVIDIA_VISIBLE_DEVICES"] == second["NVIDIA_VISIBLE_DEVICES"]
+    assert first["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    assert first["DEV"] == second["DEV"]
+
+
+def test_deleting_pods_unprepares_and_frees_the_ledger(installation: Installation, ns: str) -> None:
+    cluster = installation.cluster
+    w.apply(
+        cluster,
+        ns,
+        w.claim_template("share-20gi", "20Gi"),
+        w.gpu_pod("p1", "share-20gi"),
+        w.gpu_pod("p2", "share-20gi"),
+    )
+    w.wait_running(cluster, ns, ["p1", "p2"])
+    uids = {w.claim_of(cluster, ns, p)["metadata"]["uid"] for p in ("p1", "p2")}
+    specs = {p.name for p in Path(cluster.cdi_dir).glob("*.json")}
+    assert all(any(uid in name for name in specs) for uid in uids)
+    cluster.kubectl("delete", "pod", "-n", ns, "p1", "p2", "--wait=true", "--timeout=60s")
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        left = [p.name for p in Path(cluster.cdi_dir).glob("*.json") if any(uid in p.name for uid in uids)]
+        shares = sum(int(str(s["shares"])) for s in _ledger(installation).values())
+        if not left and shares == 0:
+            break
+        time.sleep(1)
+    assert not left, f"CDI specs left after unprepare: {left}"
+    assert all(s["allocatedMemory"] == "0" and s["shares"] == 0 for s in _ledger(installation).values()), _ledger(
+        installation
+    )
+
+
+def test_kubelet_restart_leaves_running_pods_alone(installation: Installation, ns: str) -> None:
+    cluster = installation.cluster
+    w.apply(cluster, ns, w.claim_template("share-5gi", "5Gi"), w.gpu_pod("steady", "share-5gi"))
+    w.wait_running(cluster, ns, ["steady"])
+    before = w.get(cluster, "pod", "-n", ns, "steady")["status"]["containerStatuses"][0]
+    cluster.restart_kubelet()
+    cluster.wait_node_ready(120)
+    time.sleep(5)  # a kubelet restart re-prepares the claims of running pods
+    after = w.get(cluster, "pod", "-n", ns, "steady")["status"]["containerStatuses"][0]
+    assert after["containerID"] == before["containerID"]
+    assert after["restartCount"] == 0 and "running" in after["state"]
+    assert w.recorded_gpu(w.claim_of(cluster, ns, "steady"))["memory"] == "5Gi"
+
+
+def test_a_deleted_plugin_pod_comes_back_and_serves(installation: Installation, ns: str) -> None:
+    cluster = installation.cluster
+    selector = "app.kubernetes.io/component=kubelet-plugin"
+    old = w.get(cluster, "pods", "-n", NAMESPACE, "-l", selector)["items"][0]["metadata"]["uid"]
+    cluster.kubectl("delete", "pod", "-n", NAMESPACE, "-l", selector, "--wait=true", "--timeout=60s")
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pods = w.get(cluster, "pods", "-n", NAMESPACE, "-l", selector)["items"]
+        ready = [
+            p
+            for p in pods
+            if p["metadata"]["uid"] != old
+            and any(c["type"] == "Ready" and c["status"] == "True" for c in p["status"].get("conditions", []))
+        ]
+        if ready:
+            break
+        time.sleep(1)
+    assert ready, "the DaemonSet did not bring the plugin back"
+    w.apply(cluster, ns, w.claim_template("share-3gi", "3Gi"), w.gpu_pod("after", "share-3gi"))
+    w.wait_running(cluster, ns, ["after"])
+    assert w.report(cluster, ns, "after")["FRACGPU_MEMORY_LIMIT_MIB"] == "3072"
+
+
+def test_a_claim_with_a_bad_config_is_refused_at_admission(installation: Installation, ns: str) -> None:
+    bad = w.claim_template(
+        "bad-config", "1Gi", {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig", "computeLimitPercent": 150}
+    )
+    result = installation.cluster.kubectl("apply", "-n", ns, "-f", "-", input_=json.dumps(bad), check=False)
+    assert result.returncode != 0
+    assert "computeLimitPercent" in result.stderr and "between 1 and 100" in result.stderr, result.stderr
