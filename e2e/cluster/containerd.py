@@ -77,11 +77,7 @@ def kill_shims(socket: Path) -> list[int]:
             cmdline = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (
-            cmdline
-            and SHIM in Path(cmdline[0].decode(errors="replace")).name
-            and str(socket).encode() in cmdline
-        ):
+        if cmdline and SHIM in Path(cmdline[0].decode(errors="replace")).name and str(socket).encode() in cmdline:
             for pid in [*_descendants(int(proc.name)), int(proc.name)]:  # containers first, then the shim
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

@@ -144,18 +144,28 @@ def claim_template(name: str, device_class: str, memory: str | None, config: obj
     }
 
 
-def pod_with_claim(name: str, template: str, node: str) -> dict[str, Any]:
-    """A pod pinned to `node` whose one container uses a claim made from `template`."""
+def pod_with_claim(name: str, template: str | None, node: str, claims: dict[str, str] | None = None) -> dict[str, Any]:
+    """A pod pinned to `node` (no kubelet needed: it is never started) whose container uses a claim `gpu`
+    made from `template`, or, with `claims`, existing ResourceClaims (pod claim name -> claim name)."""
+    resource_claims = (
+        [{"name": k, "resourceClaimName": v} for k, v in claims.items()]
+        if claims is not None
+        else [{"name": "gpu", "resourceClaimTemplateName": template}]
+    )
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": node},
-            "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
+            "tolerations": [{"operator": "Exists"}],  # fake nodes have no kubelet and turn NotReady
+            "resourceClaims": resource_claims,
             "containers": [
-                {"name": "app", "image": "fracgpu.invalid/never-pulled:0", "resources": {"claims": [{"name": "gpu"}]}}
+                {
+                    "name": "app",
+                    "image": "fracgpu.invalid/never-pulled:0",
+                    "resources": {"claims": [{"name": c["name"]} for c in resource_claims]},
+                }
             ],
         },
     }

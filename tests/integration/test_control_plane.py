@@ -46,22 +46,6 @@ def test_slice_with_shareable_memory_device_is_accepted(api_client: client.ApiCl
     assert refused.value.status == 422
 
 
-def _pod(name: str, template: str, node_label: str) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node_label},
-            "tolerations": [{"operator": "Exists"}],  # the fake node has no kubelet and turns NotReady
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [
-                {"name": "app", "image": "fracgpu.invalid/never-pulled:0", "resources": {"claims": [{"name": "gpu"}]}}
-            ],
-        },
-    }
-
-
 def test_scheduler_packs_two_memory_shares_onto_one_device(
     api_client: client.ApiClient, dyn: DynamicClient, namespace: str
 ) -> None:
@@ -102,7 +86,7 @@ def test_scheduler_packs_two_memory_shares_onto_one_device(
     )
     core = client.CoreV1Api(api_client)
     for name in ("a", "b", "c"):
-        core.create_namespaced_pod(namespace, _pod(name, "share-30gi", node_name))
+        core.create_namespaced_pod(namespace, kube.pod_with_claim(name, "share-30gi", node_name))
 
     def placement() -> tuple[list[str], list[Any]] | None:
         pods = core.list_namespaced_pod(namespace).items

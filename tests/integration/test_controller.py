@@ -265,27 +265,6 @@ def _kubectl(control_plane: ControlPlane, *args: str) -> str:
     return out.stdout
 
 
-def _pod(name: str, node: str, claims: dict[str, str]) -> dict[str, Any]:
-    """A pod on `node` using existing claims (pod claim name -> ResourceClaim name)."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "nodeSelector": {"kubernetes.io/hostname": node},
-            "tolerations": [{"operator": "Exists"}],
-            "resourceClaims": [{"name": k, "resourceClaimName": v} for k, v in claims.items()],
-            "containers": [
-                {
-                    "name": "app",
-                    "image": "fracgpu.invalid/never-pulled:0",
-                    "resources": {"claims": [{"name": k} for k in claims]},
-                }
-            ],
-        },
-    }
-
-
 # ----- claim status -----------------------------------------------------------------------------------
 
 
@@ -312,8 +291,8 @@ def test_status_names_the_physical_gpu_and_leaves_other_drivers_alone(  # noqa: 
     )
     claims.create(namespace=namespace, body=_claim_body("foreign", [_request("nic", None, OTHER_DRIVER)]))
     core = client.CoreV1Api(api_client)
-    core.create_namespaced_pod(namespace, _pod("p-mixed", node, {"c": "mixed"}))
-    core.create_namespaced_pod(namespace, _pod("p-foreign", node, {"c": "foreign"}))
+    core.create_namespaced_pod(namespace, kube.pod_with_claim("p-mixed", None, node, {"c": "mixed"}))
+    core.create_namespaced_pod(namespace, kube.pod_with_claim("p-foreign", None, node, {"c": "foreign"}))
 
     mixed = _wait(
         controller,
@@ -626,7 +605,9 @@ def test_events_for_unsatisfiable_requests_and_vanished_devices(
         "gpu", "10Gi", selectors=[{"cel": {"expression": f'device.attributes["{DRIVER_NAME}"].index == 1'}}]
     )
     claims.create(namespace=namespace, body=_claim_body("pinned", [on_gpu1]))
-    client.CoreV1Api(api_client).create_namespaced_pod(namespace, _pod("p-pinned", node, {"c": "pinned"}))
+    client.CoreV1Api(api_client).create_namespaced_pod(
+        namespace, kube.pod_with_claim("p-pinned", None, node, {"c": "pinned"})
+    )
     pinned = _wait(
         controller,
         lambda: _written_claim(dyn, namespace, "pinned"),
