@@ -86,7 +86,7 @@ def run(cycles: int, workdir: Path) -> dict[str, Any]:
         for i in range(cycles):
             prepare_1.append(_timed(lambda: kubelet.prepare(_refs(single))))
             unprepare_1.append(_timed(lambda: kubelet.unprepare(_refs(single))))
-            if i + 1 in (50, cycles // 2, cycles):
+            if i + 1 == 50 or (i + 1) % max(1, cycles // 5) == 0:
                 rss[f"after_{i + 1}_cycles_mib"] = rss_mib(pid)
         prepare_32: list[float] = []
         unprepare_32: list[float] = []
