@@ -1,6 +1,7 @@
 """The end-to-end fixture: one single-node cluster per session, fracgpu installed by its Helm chart."""
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,3 +28,4 @@ def installation() -> Iterator[Installation]:
         cluster.stop()
         if installed is not None:
             remove_dev_char_links(installed.driver_root)
+        shutil.rmtree(state_dir, ignore_errors=True)

@@ -10,6 +10,7 @@ kubelet does. Reports medians and percentiles of this one run; asserts nothing.
 
 import argparse
 import json
+import shutil
 import tempfile
 import time
 from pathlib import Path
@@ -115,7 +116,11 @@ def main() -> None:
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=Path("build/bench/plugin.json"))
     args = parser.parse_args()
-    report = run(args.cycles, Path(tempfile.mkdtemp(prefix="fgb-", dir="/tmp")))
+    workdir = Path(tempfile.mkdtemp(prefix="fgb-", dir="/tmp"))  # short: the plugin's unix sockets live here
+    try:
+        report = run(args.cycles, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print("node plugin, NodePrepareResources over the socket, real kube-apiserver:")

@@ -3,6 +3,7 @@
 One control plane per test session; tests isolate themselves by namespace and by unique object names.
 """
 
+import shutil
 import tempfile
 import uuid
 from collections.abc import Iterator
@@ -26,6 +27,7 @@ def control_plane() -> Iterator[ControlPlane]:
         yield plane
     finally:
         plane.stop()
+        shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import tempfile
 import threading
 import time
@@ -68,6 +69,7 @@ def plugin(control_plane: ControlPlane, api_client: client.ApiClient, dyn: Dynam
     finally:
         plugin.kubelet.close()
         process.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _refs(claims: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
