@@ -51,7 +51,8 @@ class GpuConfig(BaseModel):
     api_version: Literal["fracgpu.dev/v1alpha1"] = Field(default=CONFIG_API_VERSION, alias="apiVersion")
     kind: Literal["GpuConfig"] = CONFIG_KIND
     enforcement: Enforcement | None = Field(
-        default=None, description="overrides the node's default enforcement mode for this claim"
+        default=None,
+        description="hami-core turns enforcement on for this claim; none never turns off a node's hami-core",
     )
     compute_limit_percent: int | None = Field(
         default=None, ge=1, le=100, alias="computeLimitPercent", description="HAMi-core CUDA_DEVICE_SM_LIMIT"

@@ -9,6 +9,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
@@ -41,8 +42,10 @@ class KubeRest:
             body=body,
             auth_settings=["BearerToken"],
         )
-        resp = self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=timeout)
-        return resp
+        try:
+            return self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=timeout)
+        except urllib3.exceptions.HTTPError as err:  # connection refused, timeouts: the client passes them on raw
+            raise ApiException(status=0, reason=f"cannot reach the API server: {err}") from err
 
     def request(
         self,
@@ -53,7 +56,8 @@ class KubeRest:
         body: Any = None,
         content_type: str = JSON,
     ) -> dict[str, Any]:
-        """One request; the decoded JSON answer. Raises ApiException (status, reason, body) on HTTP errors."""
+        """One request; the decoded JSON answer. Raises ApiException on HTTP errors and, with status 0, when
+        the API server cannot be reached."""
         resp = self._call(method, path, query, body=body, content_type=content_type)
         data = resp.read()
         if not 200 <= resp.status < 300:

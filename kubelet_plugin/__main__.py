@@ -44,8 +44,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     api = kube_client()
     metrics = PluginMetrics()
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, settings.metrics_address, registry=metrics.registry)
     preparer = Preparer(api, settings, gpus, CheckpointStore(settings.checkpoint_path), metrics)
     preparer.recover()
 
@@ -64,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         health_interval=settings.health_interval_seconds,
     )
     server.start()
+    if settings.metrics_port:  # after the sockets exist: the chart's readiness probe is this endpoint
+        start_http_server(settings.metrics_port, settings.metrics_address, registry=metrics.registry)
     log.info(
         "serving the kubelet", extra={"registration": str(server.registration_socket), "dra": str(server.dra_socket)}
     )

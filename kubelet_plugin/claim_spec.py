@@ -157,7 +157,7 @@ def _edits(share: _Share, group: list[_Share], claim: str, uid: str, settings: S
         env["FRACGPU_SHARE_ID"] = ",".join(share_ids)
     env.update(share.config.env)
     mounts: list[cdi.Mount] = []
-    if (share.config.enforcement or settings.enforcement) == "hami-core":
+    if enforcement(share.config, settings) == "hami-core":
         mounts = _hami_mounts(settings, uid)
         env["FRACGPU_ENFORCEMENT"] = "hami-core"
         for i, s in enumerate(group):
@@ -179,6 +179,11 @@ def _edits(share: _Share, group: list[_Share], claim: str, uid: str, settings: S
         ],
         mounts=mounts,
     )
+
+
+def enforcement(config: GpuConfig, settings: Settings) -> str:
+    """A claim's GpuConfig may turn enforcement on, never off: the node's mode is the administrator's."""
+    return "hami-core" if "hami-core" in (settings.enforcement, config.enforcement) else "none"
 
 
 def _hami_mounts(settings: Settings, uid: str) -> list[cdi.Mount]:

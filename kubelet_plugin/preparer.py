@@ -86,8 +86,11 @@ class Preparer:
                 claim = self._fetch(ClaimRef(namespace=entry.namespace, name=entry.name, uid=uid))
                 self._write(claim)
             except PrepareError as err:
-                log.warning("cannot restore claim after reboot; dropping it", extra={"claim": uid, "error": str(err)})
-                checkpoint = checkpoint.without_claim(uid)
+                if err.kind in ("claim_not_found", "uid_mismatch"):  # the claim is gone: nothing to restore
+                    log.warning("claim gone after reboot; dropping it", extra={"claim": uid, "error": str(err)})
+                    checkpoint = checkpoint.without_claim(uid)
+                else:  # keep it: the kubelet re-prepares its claims after its own restart, re-writing the spec
+                    log.warning("cannot restore claim after reboot yet", extra={"claim": uid, "error": str(err)})
         return checkpoint.with_boot_id(self._store.current_boot_id)
 
     # -- ClaimPreparer -----------------------------------------------------------------------------
@@ -121,7 +124,10 @@ class Preparer:
                         if isinstance(claim, PrepareError):
                             raise claim
                         devices = self._write(claim)
-                    except PrepareError as err:
+                    except Exception as err:  # one claim's failure must not abort the batch
+                        if not isinstance(err, PrepareError):
+                            log.exception("unexpected error preparing a claim", extra={"claim": _show(ref)})
+                            err = PrepareError("internal", f"cannot prepare claim {_show(ref)}: {err}")
                         self._count_error("prepare", err.kind)
                         log.warning("prepare failed", extra={"claim": _show(ref), "error": str(err)})
                         results[ref.uid] = PrepareResult(error=str(err))
@@ -232,12 +238,23 @@ class Preparer:
             )
 
     def _load(self) -> Checkpoint:
+        """The checkpoint on disk; a corrupt one is reported and rebuilt from the CDI specs present, so the
+        claims of running pods stay known (and their specs are not taken for orphans)."""
         result = self._store.load()
-        if result.corruption:
-            self._metrics.checkpoint_corruptions.inc()
-            log.error("checkpoint was corrupt and has been rebuilt", extra={"problem": result.corruption})
-            post_node_event(self._rest, self._settings.node_name, "CheckpointCorrupt", result.corruption)
-        return result.checkpoint
+        if not result.corruption:
+            return result.checkpoint
+        checkpoint = result.checkpoint
+        for uid in sorted(cdi.list_spec_claim_uids(self._settings.cdi_dir, self._settings.driver_name)):
+            owner = cdi.spec_claim(self._settings.cdi_dir, self._settings.driver_name, uid)
+            if owner is not None:
+                entry = ClaimEntry(namespace=owner[0], name=owner[1], state="PrepareCompleted")
+                checkpoint = checkpoint.with_claim(uid, entry)
+        self._store.save(checkpoint)
+        message = f"{result.corruption}; recovered {len(checkpoint.claims)} prepared claims from their CDI specs"
+        self._metrics.checkpoint_corruptions.inc()
+        log.error("checkpoint was corrupt and has been rebuilt", extra={"problem": message})
+        post_node_event(self._rest, self._settings.node_name, "CheckpointCorrupt", message)
+        return checkpoint
 
     @contextmanager
     def _locked(self) -> Iterator[None]:

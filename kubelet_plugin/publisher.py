@@ -12,12 +12,14 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from api.kube_rest import SLICES, KubeRest, node_path
+from kubelet_plugin.filelock import serialize_lock
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.slices import build_slices
 
 log = logging.getLogger(__name__)
 SPEC_HASH_ANNOTATION = "fracgpu.dev/spec-hash"
+PUBLISH_LOCK = "publish.lock"
 
 
 def _spec_hash(body: dict[str, Any]) -> str:
@@ -34,12 +36,14 @@ class SlicePublisher:
         self._settings = settings
         self._gpus = gpus
         self._generation = 0
+        self._list_version = ""
         self._selector = f"spec.nodeName={settings.node_name},spec.driver={settings.driver_name}"
         self.synced = threading.Event()
 
     def _existing(self) -> dict[str, dict[str, Any]]:
-        items: list[dict[str, Any]] = self._rest.get(SLICES, fieldSelector=self._selector)["items"]
-        return {item["metadata"]["name"]: item for item in items}
+        listed = self._rest.get(SLICES, fieldSelector=self._selector)
+        self._list_version = str(listed["metadata"].get("resourceVersion", ""))  # the watch starts here
+        return {item["metadata"]["name"]: item for item in listed["items"]}
 
     def _desired(self, node_uid: str, generation: int) -> list[dict[str, Any]]:
         s = self._settings
@@ -100,24 +104,32 @@ class SlicePublisher:
         return True
 
     def run(self, stop: threading.Event) -> None:
-        """Sync, then re-sync whenever a slice of ours changes or every `resync_seconds`, until `stop`."""
-        while not stop.is_set():
-            try:
-                self.sync()
-                self._watch_until_change(stop)
-            except ApiException as err:
-                if err.status == 409:  # raced with another writer: sync again right away
-                    continue
-                log.warning("ResourceSlice sync failed; retrying", extra={"status": err.status, "reason": err.reason})
-                stop.wait(2)
-            except Exception:
-                log.exception("ResourceSlice sync failed; retrying")
-                stop.wait(2)
+        """Sync, then re-sync whenever a slice of ours changes or every `resync_seconds`, until `stop`.
+
+        Only one plugin instance per node publishes at a time (a file lock next to the checkpoint): during a
+        rolling update the new pod takes over when the old one exits, instead of both rewriting the pool.
+        """
+        with serialize_lock(self._settings.plugin_data_dir / PUBLISH_LOCK):
+            while not stop.is_set():
+                try:
+                    self.sync()
+                    self._watch_until_change(stop)
+                except ApiException as err:
+                    log.warning(
+                        "ResourceSlice sync failed; retrying", extra={"status": err.status, "reason": err.reason}
+                    )
+                    stop.wait(0.2 if err.status == 409 else 2)  # 409: raced with another writer
+                except Exception:
+                    log.exception("ResourceSlice sync failed; retrying")
+                    stop.wait(2)
 
     def _watch_until_change(self, stop: threading.Event) -> None:
         """Return after the first change made by someone else, or after the resync period."""
         seconds = max(1, int(self._settings.resync_seconds))
-        for event in self._rest.watch(SLICES, seconds, fieldSelector=self._selector):
+        events = self._rest.watch(
+            SLICES, seconds, fieldSelector=self._selector, resourceVersion=self._list_version or None
+        )
+        for event in events:
             if stop.is_set():
                 return
             obj = event.get("object") or {}

@@ -463,6 +463,32 @@ def test_corrupt_checkpoint_moved_aside_with_event(env: Env) -> None:
     assert len(env.api.events) == 1
 
 
+def test_corrupt_checkpoint_keeps_the_specs_of_running_claims(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "claim-a"))
+    env.preparer.prepare([ref(claim)])
+    spec = env.spec_file(UID_A).read_bytes()
+    env.store.path.write_text('{"version": 1, "claims": {"x": ')  # truncated while pods run
+    env.new_preparer().recover()
+    assert env.spec_file(UID_A).read_bytes() == spec, "a live claim's CDI spec must survive"
+    entry = env.checkpoint().claims[UID_A]
+    assert (entry.namespace, entry.name, entry.state) == (NS, "claim-a", "PrepareCompleted")
+    assert "recovered 1 prepared claims" in env.api.events[0]["body"]["message"]
+    assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
+    assert not env.spec_file(UID_A).exists()
+
+
+def test_unreachable_api_server_is_a_claim_error_not_a_crash(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    import urllib3
+
+    def refuse(*_: Any, **__: Any) -> Any:
+        raise urllib3.exceptions.MaxRetryError(None, "/", "connection refused")  # type: ignore[arg-type]
+
+    monkeypatch.undo()  # the real KubeRest, failing below it like a refused connection
+    monkeypatch.setattr(client.ApiClient, "call_api", refuse)
+    results = env.preparer.prepare([ClaimRef(namespace=NS, name="x", uid=UID_A)])
+    assert "cannot reach the API server" in results[UID_A].error
+
+
 def test_reboot_rewrites_specs_and_stamps_boot_id(env: Env) -> None:
     a = env.api.add(make_claim(UID_A, "a"))
     env.api.add(make_claim(UID_B, "gone"))
