@@ -47,16 +47,18 @@ class CheckpointDevice(_Model):
     device_name: str = Field(alias="deviceName")
     cdi_device_ids: list[str] = Field(alias="cdiDeviceIDs")
     share_id: str | None = Field(default=None, alias="shareID")
+    uuid: str | None = Field(default=None, description="the physical GPU the device was when prepared")
 
     @classmethod
-    def from_prepared(cls, device: PreparedDevice) -> CheckpointDevice:
-        """Record a device as returned to the kubelet."""
+    def from_prepared(cls, device: PreparedDevice, uuid: str | None = None) -> CheckpointDevice:
+        """Record a device as returned to the kubelet, and which physical GPU it was."""
         return cls(
             request_names=list(device.request_names),
             pool_name=device.pool_name,
             device_name=device.device_name,
             cdi_device_ids=list(device.cdi_device_ids),
             share_id=device.share_id,
+            uuid=uuid,
         )
 
     def to_prepared(self) -> PreparedDevice:

@@ -84,7 +84,7 @@ class Preparer:
         for uid, entry in list(checkpoint.claims.items()):
             try:
                 claim = self._fetch(ClaimRef(namespace=entry.namespace, name=entry.name, uid=uid))
-                self._write(claim)
+                self._write(claim, entry)
             except PrepareError as err:
                 if err.kind in ("claim_not_found", "uid_mismatch"):  # the claim is gone: nothing to restore
                     log.warning("claim gone after reboot; dropping it", extra={"claim": uid, "error": str(err)})
@@ -123,7 +123,7 @@ class Preparer:
                     try:
                         if isinstance(claim, PrepareError):
                             raise claim
-                        devices = self._write(claim)
+                        devices = self._write(claim, checkpoint.claims.get(ref.uid))
                     except Exception as err:  # one claim's failure must not abort the batch
                         if not isinstance(err, PrepareError):
                             log.exception("unexpected error preparing a claim", extra={"claim": _show(ref)})
@@ -140,7 +140,9 @@ class Preparer:
                             namespace=ref.namespace,
                             name=ref.name,
                             state="PrepareCompleted",
-                            devices=[CheckpointDevice.from_prepared(d) for d in devices],
+                            devices=[
+                                CheckpointDevice.from_prepared(d, self._gpus[d.device_name].uuid) for d in devices
+                            ],
                         ),
                     )
                     results[ref.uid] = PrepareResult(devices=devices)
@@ -197,8 +199,20 @@ class Preparer:
             raise PrepareError("not_allocated", f"ResourceClaim {_show(ref)} is not allocated")
         return claim
 
-    def _write(self, claim: dict[str, Any]) -> tuple[PreparedDevice, ...]:
-        """Write the claim's CDI spec (and HAMi-core files); return the devices for the kubelet."""
+    def _write(self, claim: dict[str, Any], prepared: ClaimEntry | None = None) -> tuple[PreparedDevice, ...]:
+        """Write the claim's CDI spec (and HAMi-core files); return the devices for the kubelet.
+
+        `prepared`: the claim's checkpoint entry; a device that is now another physical GPU than when it
+        was prepared (NVML indices shift when a GPU disappears) is refused rather than handed out.
+        """
+        for device in prepared.devices if prepared else []:
+            now = self._gpus.get(device.device_name)
+            if device.uuid and now is not None and now.uuid != device.uuid:
+                raise PrepareError(
+                    "device_changed",
+                    f"{device.device_name} was GPU {device.uuid} when this claim was prepared and is now "
+                    f"{now.uuid}: the node's GPUs changed; delete the pod so its claim is allocated again",
+                )
         plan = plan_claim(claim, self._settings, self._gpus)
         if plan.spec is None:
             return ()

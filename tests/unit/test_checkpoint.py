@@ -85,9 +85,22 @@ def test_wire_format_is_camel_case(tmp_path: Path) -> None:
     assert doc["version"] == 1
     assert doc["nodeBootID"] == BOOT_A
     dev = doc["claims"][CLAIM_UID]["devices"][0]
-    assert set(dev) == {"requestNames", "poolName", "deviceName", "cdiDeviceIDs", "shareID"}
+    assert set(dev) == {"requestNames", "poolName", "deviceName", "cdiDeviceIDs", "shareID", "uuid"}
     assert doc["claims"][CLAIM_UID]["state"] == "PrepareCompleted"
     assert stat.S_IMODE(s.path.stat().st_mode) == 0o600
+
+
+def test_a_checkpoint_without_device_uuids_still_loads(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    s.save(sample_checkpoint())
+    doc = json.loads(s.path.read_text())
+    for entry in doc["claims"].values():
+        for device in entry["devices"]:
+            device.pop("uuid")  # as written before devices recorded their GPU
+    s.path.write_text(json.dumps(doc))
+    loaded = s.load()
+    assert loaded.corruption is None
+    assert loaded.checkpoint.claims[CLAIM_UID].devices[0].uuid is None
 
 
 def test_with_and_without_claim_do_not_mutate() -> None:

@@ -174,10 +174,10 @@ class Env:
         value = self.metrics.registry.get_sample_value(name, labels)
         return 0.0 if value is None else value
 
-    def new_preparer(self, boot: str = "boot-1") -> Preparer:
+    def new_preparer(self, boot: str = "boot-1", gpus: list[GpuInfo] = GPUS) -> Preparer:
         self.store = CheckpointStore(self.store.path, current_boot_id=boot)
         self.metrics = PluginMetrics()
-        self.preparer = Preparer(client.ApiClient(), self.settings, GPUS, self.store, self.metrics)
+        self.preparer = Preparer(client.ApiClient(), self.settings, gpus, self.store, self.metrics)
         return self.preparer
 
 
@@ -487,6 +487,17 @@ def test_unreachable_api_server_is_a_claim_error_not_a_crash(env: Env, monkeypat
     monkeypatch.setattr(client.ApiClient, "call_api", refuse)
     results = env.preparer.prepare([ClaimRef(namespace=NS, name="x", uid=UID_A)])
     assert "cannot reach the API server" in results[UID_A].error
+
+
+def test_a_device_that_became_another_gpu_is_refused(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "claim-a"))  # on gpu-0
+    env.preparer.prepare([ref(claim)])
+    assert env.checkpoint().claims[UID_A].devices[0].uuid == UUID0
+    swapped = [gpu_info(0, UUID1), gpu_info(1, UUID0)]  # NVML indices shifted after a GPU change
+    result = env.new_preparer(gpus=swapped).prepare([ref(claim)])[UID_A]
+    assert "gpu-0 was GPU" in result.error and "delete the pod" in result.error
+    assert not result.devices
+    assert env.sample("fracgpu_plugin_errors_total", operation="prepare", type="device_changed") == 1
 
 
 def test_reboot_rewrites_specs_and_stamps_boot_id(env: Env) -> None:
