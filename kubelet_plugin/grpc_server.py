@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 import stat
 import threading
 import time
@@ -356,6 +357,25 @@ class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
 # Server
 
 
+def _unlink_if_dead(path: Path) -> None:
+    """Remove a socket file of this driver that no process serves any more (an instance that died without
+    cleaning up, e.g. during a rolling update); a live instance's socket is left alone."""
+    try:
+        if not stat.S_ISSOCK(path.lstat().st_mode):
+            return
+    except FileNotFoundError:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        probe.settimeout(1)
+        try:
+            probe.connect(str(path))
+        except (ConnectionRefusedError, FileNotFoundError):
+            log.info("removing stale socket file %s", path)
+            path.unlink(missing_ok=True)
+        except OSError:
+            pass  # not a socket, or busy: not ours to judge
+
+
 def _unlink_own(path: Path) -> None:
     """Remove a leftover file at one of our own socket paths; refuses to touch a directory."""
     try:
@@ -446,6 +466,12 @@ class PluginServer:
             raise RuntimeError("PluginServer already started")
         self.dra_socket.parent.mkdir(parents=True, exist_ok=True)
         self.registration_socket.parent.mkdir(parents=True, exist_ok=True)
+        for pattern, directory in (
+            (f"{self.driver_name}-*reg.sock", self.registration_socket.parent),
+            ("dra*.sock", self.dra_socket.parent),
+        ):
+            for path in directory.glob(pattern):
+                _unlink_if_dead(path)
         self._health = HealthStreams(self._health_source, self._health_interval)
 
         def add_dra(server: Any) -> None:

@@ -385,6 +385,27 @@ def test_stale_sockets_replaced_and_removed_on_stop(kubelet_dir: Path, preparer:
     srv.stop()  # idempotent
 
 
+def test_dead_sockets_of_other_instances_are_removed_live_ones_kept(kubelet_dir: Path, preparer: FakePreparer) -> None:
+    reg_dir = kubelet_dir / "plugins_registry"
+    dra_dir = kubelet_dir / "plugins" / DRIVER
+    reg_dir.mkdir(parents=True)
+    dra_dir.mkdir(parents=True)
+    dead = [reg_dir / f"{DRIVER}-old-pod-reg.sock", dra_dir / "dra-old-pod.sock"]  # a crashed rolling-update pod
+    for path in dead:
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(str(path))
+    live = PluginServer(DRIVER, preparer, lambda: [], kubelet_dir=kubelet_dir, instance_id="live-pod")
+    live.start()
+    srv = PluginServer(DRIVER, preparer, lambda: [], kubelet_dir=kubelet_dir, instance_id="new-pod")
+    srv.start()
+    try:
+        assert not any(p.exists() for p in dead)
+        assert _is_socket(live.registration_socket) and _is_socket(live.dra_socket)
+    finally:
+        srv.stop()
+        live.stop()
+
+
 def test_stop_leaves_a_replaced_socket_alone(kubelet_dir: Path, preparer: FakePreparer) -> None:
     srv = PluginServer(DRIVER, preparer, lambda: [], kubelet_dir=kubelet_dir)
     srv.start()
