@@ -117,8 +117,14 @@ def plan_claim(claim: dict[str, Any], settings: Settings, gpus: dict[str, GpuInf
         shares.append(_Share(result, gpu, granted // MiB, _config_for(result, configs)))
 
     by_request: dict[str, list[_Share]] = defaultdict(list)
-    for share in shares:
+    for share in sorted(shares, key=lambda s: s.gpu.pci_bus_id):  # CUDA's default device order
         by_request[share.base_request].append(share)
+    if len(by_request) > 1 and any(enforcement(s.config, settings) == "hami-core" for s in shares):
+        raise PrepareError(
+            "invalid_config",
+            "HAMi-core enforcement supports one request per claim (its CUDA_DEVICE_MEMORY_LIMIT_<i> variables "
+            f"are per container); this claim has requests {', '.join(sorted(by_request))}: use one claim per request",
+        )
 
     devices: list[cdi.Device] = []
     answer: list[PreparedDevice] = []

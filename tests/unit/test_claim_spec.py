@@ -449,6 +449,26 @@ def test_claim_config_cannot_turn_node_enforcement_off(root: Path, hami_library:
     check_hami(device, settings, 10240, None)
 
 
+def test_hami_core_refuses_a_claim_with_two_requests(root: Path, hami_library: Path) -> None:
+    settings = make_settings(root, enforcement="hami-core", hami_core_library=hami_library)
+    two = claim([result(request="a", share=SHARE_A), result("gpu-1", request="b", share=SHARE_B)])
+    with pytest.raises(PrepareError) as refused:
+        plan_claim(two, settings, GPUS)
+    assert refused.value.kind == "invalid_config"
+    assert "one request per claim" in str(refused.value)
+
+
+def test_hami_core_limits_follow_pci_order(root: Path, hami_library: Path) -> None:
+    settings = make_settings(root, enforcement="hami-core", hami_core_library=hami_library)
+    # results listed gpu-1 first; CUDA numbers devices by PCI bus id, so index 0 is gpu-0's grant
+    plan = plan_claim(
+        claim([result("gpu-1", memory="20Gi"), result("gpu-0", memory="10Gi", share=SHARE_B)]), settings, GPUS
+    )
+    env = env_of(plan.spec.devices[0].container_edits) if plan.spec else {}
+    assert (env["CUDA_DEVICE_MEMORY_LIMIT_0"], env["CUDA_DEVICE_MEMORY_LIMIT_1"]) == ("10240m", "20480m")
+    assert env["NVIDIA_VISIBLE_DEVICES"] == f"{UUID0},{UUID1}"
+
+
 def test_hami_core_missing_library(root: Path, tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "libvgpu.so"
     settings = make_settings(root, enforcement="hami-core", hami_core_library=missing)
@@ -472,8 +492,9 @@ def _version(v: str) -> tuple[int, ...]:
 @pytest.mark.parametrize("enforcement", ["none", "hami-core"])
 def test_written_spec_version_and_content(root: Path, hami_library: Path, enforcement: str) -> None:
     settings = make_settings(root, enforcement=enforcement, hami_core_library=hami_library)
+    second = "b/x" if enforcement == "none" else "a"  # HAMi-core: one request per claim
     plan = plan_claim(
-        claim([result(request="a", share=SHARE_A), result("gpu-1", request="b/x", share=SHARE_B)]), settings, GPUS
+        claim([result(request="a", share=SHARE_A), result("gpu-1", request=second, share=SHARE_B)]), settings, GPUS
     )
     assert plan.spec is not None
     path = cdi.write_spec(settings.cdi_dir, UID, plan.spec, DRIVER_NAME)
