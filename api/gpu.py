@@ -45,7 +45,12 @@ class GpuShare(_Wire):
     name: str = Field(description="ResourceClaim name")
     request: str = Field(description="request name inside the claim (`<request>[/<subrequest>]`)")
     share_id: str = Field("", alias="shareID", description="share ID of the allocation (empty: whole device)")
-    memory: str = Field(description="GPU memory granted to the request, as a quantity")
+    memory: str = Field(description="GPU memory granted to the request, as a quantity (0 for admin access)")
+    admin_access: bool | None = Field(
+        None,
+        alias="adminAccess",
+        description="true for an admin-access allocation: it reserves no memory (not counted in allocatedMemory)",
+    )
 
 
 class GpuStatus(_Wire):
@@ -85,7 +90,9 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
 class AllocatedGpuData(_Wire):
     """`status.devices[].data` of a claim's entry for one of our allocation results.
 
-    Tells the user which physical GPU the request got and how much of its memory.
+    Tells the user which physical GPU the request got and how much of its memory. An admin-access result
+    (`adminAccess: true`) reserves no memory, since the scheduler does not count it against the GPU's
+    capacity: its `memory` is "0" and `adminAccess` is true (it may still use the whole GPU).
     """
 
     gpu: str = Field(description="name of the GPU ledger object (`kubectl get gpu <gpu>`)")
@@ -97,6 +104,7 @@ class AllocatedGpuData(_Wire):
     request: str
     memory: str = Field(description="granted memory (the allocation's consumedCapacity), as a quantity")
     memory_total: str = Field(alias="memoryTotal", description="memory the GPU offers, as a quantity")
+    admin_access: bool | None = Field(None, alias="adminAccess", description="true for an admin-access result")
 
     def to_data(self) -> dict[str, object]:
         """The JSON object stored in `data` (camelCase, unset fields omitted)."""

@@ -30,8 +30,8 @@ class StatusPlan(BaseModel):
 
 
 def share_data(share: Share, device: DeviceRecord) -> dict[str, object]:
-    """The `data` of the entry of `share`, allocated from `device`."""
-    granted = share.memory if share.memory is not None else device.memory_total
+    """The `data` of the entry of `share`, allocated from `device` (admin access: memory "0", adminAccess)."""
+    granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
     return AllocatedGpuData(
         gpu=gpu_object_name(device.node, device.device),
         node=device.node,
@@ -42,6 +42,7 @@ def share_data(share: Share, device: DeviceRecord) -> dict[str, object]:
         request=share.request,
         memory=format_bytes(granted),
         memory_total=format_bytes(device.memory_total),
+        admin_access=True if share.admin_access else None,
     ).to_data()
 
 

@@ -120,10 +120,8 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", registry=registry, id="claim_event")
     async def claim_event(*, type: str, namespace: str | None, name: str, uid: str, **kwargs: Any) -> None:
         claims: kopf.Index[tuple[str, str], ClaimView] = kwargs["fracgpu_claims"]
-        if type == "DELETED":
-            controller.claim_deleted(uid)
-        elif (namespace or "", name) in claims:
-            controller.claim_changed((namespace or "", name))
+        key = (namespace or "", name)
+        controller.claim_event(key, uid, deleted=type == "DELETED", indexed=key in claims)
 
     @kopf.on.event(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="gpu_event")
     async def gpu_event(**_: Any) -> None:

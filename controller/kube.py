@@ -6,10 +6,10 @@ claim status and GPU objects, GPU deletion, and Events on claims. Plain JSON thr
 """
 
 import datetime
+import hashlib
 import logging
 import os
 import socket
-import uuid
 from typing import Any
 
 import kopf
@@ -88,12 +88,28 @@ def delete_gpu(rest: KubeRest, name: str) -> None:
 _INSTANCE = os.environ.get("POD_NAME") or socket.gethostname()
 
 
-def post_claim_event(rest: KubeRest, claim: ClaimView, *, reason: str, message: str, type_: str = "Warning") -> None:
-    """Post a core/v1 Event about a ResourceClaim; failures are logged, never raised."""
+def event_name(claim: ClaimView, key: tuple[str, ...]) -> str:
+    """Deterministic name of the Event about `key` (reason first) on `claim`: `<claim>.<hash>`.
+
+    The same claim (uid) and key always give the same name, so a retried or restarted post meets
+    AlreadyExists instead of duplicating the Event.
+    """
+    digest = hashlib.sha256("\x00".join((claim.uid, *key)).encode()).hexdigest()[:16]
+    return f"{claim.name[: 253 - 17].rstrip('-.')}.{digest}"
+
+
+def post_claim_event(
+    rest: KubeRest, claim: ClaimView, key: tuple[str, ...], *, reason: str, message: str, type_: str = "Warning"
+) -> bool:
+    """Post a core/v1 Event about a ResourceClaim, named after (claim uid, key); never raises.
+
+    True when the Event exists now (created, or AlreadyExists from an earlier post) or can never be
+    created (namespace terminating); False when a later retry may succeed.
+    """
     now = datetime.datetime.now(datetime.UTC)
     namespace, name = claim.namespace, claim.name
     body = {
-        "metadata": {"name": f"{name}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
+        "metadata": {"name": event_name(claim, key), "namespace": namespace},
         "involvedObject": {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "ResourceClaim",
@@ -114,10 +130,19 @@ def post_claim_event(rest: KubeRest, claim: ClaimView, *, reason: str, message: 
     try:
         rest.create(f"/api/v1/namespaces/{namespace}/events", body)
     except ApiException as err:
-        # a namespace being deleted refuses new Events: expected, not worth a warning
-        level = logging.DEBUG if err.status == 403 and "terminat" in str(err.body) else logging.WARNING
+        if err.status == 409:
+            return True  # posted before (by this process or an earlier one)
         extra = {"reason": reason, "claim": f"{namespace}/{name}", "status": err.status}
-        log.log(level, "could not post Event", extra=extra)
+        if err.status == 403 and "terminat" in str(err.body):
+            # a namespace being deleted refuses new Events: expected, not worth a warning or a retry
+            log.debug("could not post Event", extra=extra)
+            return True
+        log.warning("could not post Event", extra=extra)
+        return False
+    except Exception as err:  # connection errors and the like: retry later
+        log.warning("could not post Event", extra={"reason": reason, "claim": f"{namespace}/{name}", "error": str(err)})
+        return False
+    return True
 
 
 class KubeWriter:
@@ -135,5 +160,5 @@ class KubeWriter:
     def delete_gpu(self, name: str) -> None:
         delete_gpu(self.rest, name)
 
-    def post_claim_event(self, claim: ClaimView, reason: str, message: str) -> None:
-        post_claim_event(self.rest, claim, reason=reason, message=message)
+    def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
+        return post_claim_event(self.rest, claim, key, reason=reason, message=message)

@@ -71,7 +71,8 @@ def desired_ledger(
         for claim, share in sorted(
             shares[key], key=lambda cs: (cs[0].namespace, cs[0].name, cs[1].request, cs[1].share_id or "")
         ):
-            granted = share.memory if share.memory is not None else device.memory_total
+            # admin access is not counted against capacity by the scheduler: it reserves nothing
+            granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
             allocated += granted
             claims_on.append(
                 GpuShare(
@@ -80,6 +81,7 @@ def desired_ledger(
                     request=share.request,
                     share_id=share.share_id or "",
                     memory=format_bytes(granted),
+                    admin_access=True if share.admin_access else None,
                 )
             )
         status = GpuStatus(

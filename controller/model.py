@@ -59,6 +59,10 @@ class Share(BaseModel):
     share_id: str | None = None
     memory: int | None = None
     """consumedCapacity.memory in bytes; None when the result does not say (then the whole device)."""
+    admin_access: bool = False
+    """The result has `adminAccess: true`: monitoring access that the scheduler does not count against the
+    device's capacity. Such a share reserves no memory: the ledger counts it as 0 (and marks it), and the
+    claim status reports `memory: "0"` with `adminAccess: true` (claim_status.share_data)."""
 
     @property
     def device_key(self) -> DeviceKey:
@@ -171,8 +175,14 @@ def _allocated_node(allocation: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _memory_request(exact: Mapping[str, Any], name: str) -> MemoryRequest | None:
-    requested = ((exact.get("capacity") or {}).get("requests") or {}).get(MEMORY_CAPACITY)
+def _memory(capacities: Mapping[str, Any], driver: str) -> Any:
+    """The `memory` capacity of a capacity map: plain or qualified by our driver's domain (the same capacity)."""
+    value = capacities.get(MEMORY_CAPACITY)
+    return value if value is not None else capacities.get(f"{driver}/{MEMORY_CAPACITY}")
+
+
+def _memory_request(exact: Mapping[str, Any], name: str, driver: str) -> MemoryRequest | None:
+    requested = _memory((exact.get("capacity") or {}).get("requests") or {}, driver)
     memory = quantity_bytes(requested) if requested is not None else None
     return MemoryRequest(request=name, memory=memory) if memory is not None else None
 
@@ -189,9 +199,10 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
             pool=str(r["pool"]),
             device=str(r["device"]),
             share_id=r.get("shareID") or None,
-            memory=quantity_bytes(r["consumedCapacity"][MEMORY_CAPACITY])
-            if MEMORY_CAPACITY in (r.get("consumedCapacity") or {})
+            memory=quantity_bytes(consumed)
+            if (consumed := _memory(r.get("consumedCapacity") or {}, driver)) is not None
             else None,
+            admin_access=bool(r.get("adminAccess")),
         )
         for r in ((allocation or {}).get("devices") or {}).get("results") or []
         if r.get("driver") == driver
@@ -207,7 +218,7 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
         ours = [(exact, name) for exact, name in alternatives if exact.get("deviceClassName") == device_class]
         ours_requested = ours_requested or bool(ours)
         if ours and len(ours) == len(alternatives):  # only if every alternative needs one of our GPUs
-            found = [m for exact, name in ours if (m := _memory_request(exact, name)) is not None]
+            found = [m for exact, name in ours if (m := _memory_request(exact, name, driver)) is not None]
             if len(found) == len(ours):
                 memory_requests.append(tuple(found))
     if not shares and not ours_requested:

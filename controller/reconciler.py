@@ -39,7 +39,12 @@ class Writer(Protocol):
     def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None: ...
     def apply_gpu(self, body: dict[str, Any], *, status: bool) -> None: ...
     def delete_gpu(self, name: str) -> None: ...
-    def post_claim_event(self, claim: ClaimView, reason: str, message: str) -> None: ...
+    def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
+        """Post the Event `key` about `claim` (idempotent per claim uid and key); never raises.
+
+        True once it exists (or can never be posted); False when a retry may succeed.
+        """
+        ...
 
 
 Index = Mapping[Any, Iterable[Any]]
@@ -62,6 +67,10 @@ def _first(index: Index, key: Any) -> Any:
     return next(iter(values), None) if values is not None else None
 
 
+class EventPostError(Exception):
+    """Some Event about a claim could not be posted; the claim's reconcile is retried."""
+
+
 class Controller:
     """Reconciles claim status, the GPU ledger and claim Events from kopf's indexes."""
 
@@ -73,6 +82,8 @@ class Controller:
         self._claims: Index = {}
         self._gpus: Index = {}
         self._devices: dict[DeviceKey, DeviceRecord] | None = None
+        self._largest: int | None = None  # largest max_request of self._devices
+        self._known: set[ClaimKey] = set()  # claims that were in the index at their last event
         self._queue: asyncio.Queue[ClaimKey] = asyncio.Queue()
         self._queued: set[ClaimKey] = set()
         self._active: set[ClaimKey] = set()
@@ -92,6 +103,7 @@ class Controller:
         """Attach kopf's live indexes (passed to startup handlers before they are populated)."""
         self._slices, self._claims, self._gpus = slices, claims, gpus
         self._devices = None
+        self._known.clear()
 
     async def start(self) -> None:
         """Start the writers, the ledger loop and the resync loop."""
@@ -113,9 +125,27 @@ class Controller:
 
     # ----- inputs from kopf handlers (event loop) ------------------------------------------------
 
+    def claim_event(self, key: ClaimKey, uid: str, *, deleted: bool, indexed: bool) -> None:
+        """Any watch event of any claim; `indexed`: whether the claim is in our index after it.
+
+        A claim can leave the index without being deleted (deallocated, and asking for another DeviceClass
+        of our driver): if it was known, its shares must leave the ledger.
+        """
+        if deleted:
+            self._known.discard(key)
+            self.claim_deleted(uid)
+        elif indexed:
+            self.claim_changed(key)
+        elif key in self._known:
+            self._known.discard(key)
+            self.ready.set()
+            self._forget_missing(uid)
+            self._ledger_dirty.set()
+
     def claim_changed(self, key: ClaimKey) -> None:
         """A claim of ours was added or modified (its index entry is already updated)."""
         self.ready.set()
+        self._known.add(key)
         self.enqueue(key)
         self._ledger_dirty.set()
 
@@ -123,14 +153,23 @@ class Controller:
         """A claim is gone: forget its Event bookkeeping; the ledger drops its shares."""
         self.ready.set()
         self._posted.pop(uid, None)
-        for k in [k for k in self._missing_since if k[0] == uid]:
-            del self._missing_since[k]
+        self._forget_missing(uid)
         self._ledger_dirty.set()
 
+    def _forget_missing(self, uid: str) -> None:
+        for k in [k for k in self._missing_since if k[0] == uid]:
+            del self._missing_since[k]
+
     def slices_changed(self) -> None:
-        """A slice of our driver changed: devices may have appeared, changed or vanished."""
+        """A slice of our driver changed: devices may have appeared, changed or vanished.
+
+        Claims and the ledger are re-checked only when the published devices differ from before (a
+        re-list delivers every slice again without changing any).
+        """
         self.ready.set()
-        self._devices = None
+        previous = self._devices
+        if self._refresh_devices() == previous:
+            return
         for key in list(self._claims):
             self.enqueue(key)
         self._ledger_dirty.set()
@@ -151,16 +190,23 @@ class Controller:
 
     # ----- derived views -------------------------------------------------------------------------
 
+    def _refresh_devices(self) -> dict[DeviceKey, DeviceRecord]:
+        views: list[SliceView] = [v for values in self._slices.values() for v in values]
+        devices = current_devices(views)
+        if devices != self._devices:
+            self._devices = devices
+            self._largest = max((d.max_request for d in devices.values()), default=None)
+        return devices
+
     def devices(self) -> dict[DeviceKey, DeviceRecord]:
         """Published devices of our driver (newest pool generations), cached until a slice changes."""
-        if self._devices is None:
-            views: list[SliceView] = [v for values in self._slices.values() for v in values]
-            self._devices = current_devices(views)
-        return self._devices
+        return self._devices if self._devices is not None else self._refresh_devices()
 
     def largest_request(self) -> int | None:
-        """The largest memory amount any published GPU admits; None when no GPU is published."""
-        return max((d.max_request for d in self.devices().values()), default=None)
+        """The largest memory amount any published GPU admits; None when no GPU is published (cached)."""
+        if self._devices is None:
+            self._refresh_devices()
+        return self._largest
 
     def claims(self) -> list[ClaimView]:
         return [v for values in self._claims.values() for v in values]
@@ -234,21 +280,30 @@ class Controller:
                 raise
             metrics.STATUS_WRITES.labels("ok").inc()
             metrics.STATUS_WRITE_SECONDS.observe(time.monotonic() - started)
-        await self._device_gone_events(claim, plan.missing)
-        await self._unsatisfiable_events(claim)
+        posted = await self._device_gone_events(claim, plan.missing)
+        posted = await self._unsatisfiable_events(claim) and posted
+        if not posted:
+            raise EventPostError(f"an Event about claim {claim.namespace}/{claim.name} could not be posted")
 
     # ----- events --------------------------------------------------------------------------------
 
-    async def _post_once(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> None:
-        posted = self._posted.setdefault(claim.uid, set())
-        if key in posted:
-            return
-        posted.add(key)
+    async def _post_once(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
+        """Post the Event `key` unless it was posted already; False when the post failed (retry later).
+
+        Event names are derived from (claim uid, key), so a post repeated after a restart is answered
+        AlreadyExists and counts as posted; a key is remembered only once its post succeeded.
+        """
+        if key in self._posted.get(claim.uid, ()):
+            return True
+        if not await self._run(self.writer.post_claim_event, claim, key, reason, message):
+            return False
+        self._posted.setdefault(claim.uid, set()).add(key)
         metrics.EVENTS.labels(reason).inc()
         log.warning(message, extra={"claim": f"{claim.namespace}/{claim.name}", "reason": reason})
-        await self._run(self.writer.post_claim_event, claim, reason, message)
+        return True
 
-    async def _device_gone_events(self, claim: ClaimView, missing: tuple[Share, ...]) -> None:
+    async def _device_gone_events(self, claim: ClaimView, missing: tuple[Share, ...]) -> bool:
+        ok = True
         now = time.monotonic()
         gone = {(claim.uid, s.pool, s.device) for s in missing}
         for k in [k for k in self._missing_since if k[0] == claim.uid and k not in gone]:
@@ -264,14 +319,17 @@ class Controller:
                 f"(driver {self.driver}), which no longer exists: the GPU was removed or its node plugin "
                 "stopped publishing it; delete the pod and its claim to get another GPU"
             )
-            await self._post_once(claim, (REASON_DEVICE_GONE, share.pool, share.device), REASON_DEVICE_GONE, message)
+            key = (REASON_DEVICE_GONE, share.pool, share.device)
+            ok = await self._post_once(claim, key, REASON_DEVICE_GONE, message) and ok
+        return ok
 
-    async def _unsatisfiable_events(self, claim: ClaimView) -> None:
+    async def _unsatisfiable_events(self, claim: ClaimView) -> bool:
         if claim.allocated or not claim.memory_requests:
-            return
+            return True
         largest = self.largest_request()
         if largest is None:
-            return  # no GPU published yet: nothing to compare with
+            return True  # no GPU published yet: nothing to compare with
+        ok = True
         for alternatives in claim.memory_requests:
             if all(m.memory > largest for m in alternatives):
                 asked = " or ".join(f"{format_bytes(m.memory)} (request {m.request!r})" for m in alternatives)
@@ -280,7 +338,8 @@ class Controller:
                     f"and the largest GPU has {format_bytes(largest)}"
                 )
                 key = (REASON_UNSATISFIABLE, alternatives[0].request, str(largest))
-                await self._post_once(claim, key, REASON_UNSATISFIABLE, message)
+                ok = await self._post_once(claim, key, REASON_UNSATISFIABLE, message) and ok
+        return ok
 
     # ----- ledger --------------------------------------------------------------------------------
 

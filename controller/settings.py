@@ -101,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--device-gone-grace",
         type=float,
-        default=float(_env("FRACGPU_DEVICE_GONE_GRACE", "60") or 0),
+        default=float(_env("FRACGPU_DEVICE_GONE_GRACE", "60") or 60),
         help="seconds an allocated device may be unpublished before the claim gets a Warning event",
     )
     p.add_argument("--log-level", default=_env("FRACGPU_LOG_LEVEL", "info"))

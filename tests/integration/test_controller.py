@@ -591,6 +591,7 @@ def test_events_for_unsatisfiable_requests_and_vanished_devices(
         "Unsatisfiable event",
     )
     assert events[0].type == "Warning"
+    assert events[0].metadata.name.startswith("too-big."), "Event names are derived from the claim and reason"
     assert f"largest GPU has {format_bytes(_largest_gpu(dyn))}" in events[0].message, events[0].message
     assert "4Ti" in events[0].message
     assert events[0].involved_object.kind == "ResourceClaim"

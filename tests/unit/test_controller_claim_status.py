@@ -47,6 +47,14 @@ def test_a_result_without_consumed_capacity_or_share_id_is_the_whole_gpu() -> No
     assert entry["data"]["memory"] == entry["data"]["memoryTotal"] == "80Gi"
 
 
+def test_an_admin_access_result_reports_no_reserved_memory_and_is_marked() -> None:
+    c = view(claim(results=[{**result("mon", "gpu-0", "5Gi", None), "adminAccess": True}]))
+    (entry,) = plan_status(c, devices().get, DRIVER_NAME).entries
+    assert (entry["data"]["memory"], entry["data"]["memoryTotal"], entry["data"]["adminAccess"]) == ("0", "80Gi", True)
+    (plain,) = plan_status(view(claim(results=[result("a", "gpu-0", "5Gi", "s")])), devices().get, DRIVER_NAME).entries
+    assert "adminAccess" not in plain["data"]
+
+
 def test_unchanged_data_needs_no_write() -> None:
     first = plan_status(view(claim(results=[result("a", "gpu-0", "10Gi", "s-1")])), devices().get, DRIVER_NAME)
     status = [{**e, "conditions": [{"type": "Ready", "status": "True"}]} for e in first.entries]

@@ -53,6 +53,7 @@ def test_crd_shape() -> None:
         "request",
         "shareID",
         "memory",
+        "adminAccess",
     }
 
 

@@ -76,6 +76,17 @@ def test_whole_device_allocations_and_unknown_devices() -> None:
     assert sum(o.status["shares"] for o in out.values()) == 1
 
 
+def test_admin_access_shares_reserve_no_memory_but_are_listed_and_marked() -> None:
+    admin = {**result("mon", "gpu-0", None, None), "adminAccess": True}
+    out = ledger(claim("mon", results=[admin]), claim("c1", results=[result("a", "gpu-0", "10Gi", "s-1")]))
+    g0 = out[f"{NODE}-gpu-0"].status
+    assert (g0["allocatedMemory"], g0["freeMemory"], g0["shares"]) == ("10Gi", "70Gi", 2)
+    assert g0["claims"] == [
+        {"namespace": "ns", "name": "c1", "request": "a", "shareID": "s-1", "memory": "10Gi"},
+        {"namespace": "ns", "name": "mon", "request": "mon", "shareID": "", "memory": "0", "adminAccess": True},
+    ]
+
+
 def test_ledger_is_a_function_of_its_inputs_only() -> None:
     bodies = [claim(f"c{i}", results=[result("gpu", f"gpu-{i % 2}", f"{i + 1}Gi", f"s-{i}")]) for i in range(6)]
     assert ledger(*bodies) == ledger(*reversed(bodies))

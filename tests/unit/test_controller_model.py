@@ -198,6 +198,27 @@ def test_claim_view_of_a_pending_claim_collects_memory_requests_per_request() ->
     ]
 
 
+def test_claim_view_reads_memory_qualified_by_the_driver_domain_as_admission_does() -> None:
+    qualified = {"deviceClassName": DEVICE_CLASS_NAME, "capacity": {"requests": {f"{DRIVER_NAME}/memory": "100Gi"}}}
+    view = claim_view(claim(requests=[{"name": "q", "exactly": qualified}]), DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert view is not None
+    assert [[(m.request, m.memory) for m in alts] for alts in view.memory_requests] == [[("q", 100 * GiB)]]
+    allocated = claim(
+        results=[{**result("q", "gpu-0", None, "s"), "consumedCapacity": {f"{DRIVER_NAME}/memory": "2Gi"}}]
+    )
+    view = claim_view(allocated, DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert view is not None and view.shares[0].memory == 2 * GiB
+
+
+def test_claim_view_carries_admin_access() -> None:
+    body = claim(
+        results=[{**result("mon", "gpu-0", None, None), "adminAccess": True}, result("a", "gpu-0", "1Gi", "s")]
+    )
+    view = claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert view is not None
+    assert [s.admin_access for s in view.shares] == [True, False]
+
+
 def test_quantity_bytes() -> None:
     assert quantity_bytes("10Gi") == 10 * GiB
     assert quantity_bytes("1.5Ki") == 1536

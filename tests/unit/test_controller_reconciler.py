@@ -4,24 +4,32 @@ import asyncio
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+import pytest
 from kubernetes.client.exceptions import ApiException
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
+from api.quantity import GiB
 from controller.ledger import ExistingGpu
 from controller.model import ClaimView, SliceView, claim_view, slice_view
-from controller.reconciler import REASON_DEVICE_GONE, REASON_UNSATISFIABLE, Controller, describe
+from controller.reconciler import REASON_DEVICE_GONE, REASON_UNSATISFIABLE, Controller, EventPostError, describe
 from controller.settings import Settings
 from tests.unit.test_controller_model import NODE, claim, memory_request, result, slices
 
 
 class FakeWriter:
-    """Records writes; `fail` makes the next calls raise the given errors in turn."""
+    """Records writes; `fail` makes the next calls raise the given errors in turn.
+
+    `event_results` makes the next Event posts answer these results in turn (True: posted).
+    """
 
     def __init__(self) -> None:
         self.claims: list[tuple[str, str, dict[str, Any]]] = []
         self.gpus: list[tuple[str, bool]] = []
+        self.gpu_status: dict[str, dict[str, Any]] = {}
         self.deleted: list[str] = []
         self.events: list[tuple[str, str, str]] = []
+        self.event_attempts: list[tuple[str, ...]] = []
+        self.event_results: list[bool] = []
         self.fail: list[Exception] = []
 
     def _maybe_fail(self) -> None:
@@ -35,13 +43,19 @@ class FakeWriter:
     def apply_gpu(self, body: dict[str, Any], *, status: bool) -> None:
         self._maybe_fail()
         self.gpus.append((body["metadata"]["name"], status))
+        if status:
+            self.gpu_status[body["metadata"]["name"]] = body["status"]
 
     def delete_gpu(self, name: str) -> None:
         self._maybe_fail()
         self.deleted.append(name)
 
-    def post_claim_event(self, claim: ClaimView, reason: str, message: str) -> None:
+    def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
+        self.event_attempts.append((claim.uid, *key))
+        if self.event_results and not self.event_results.pop(0):
+            return False
         self.events.append((claim.name, reason, message))
+        return True
 
 
 class World:
@@ -228,6 +242,106 @@ def test_ledger_loop_follows_changes() -> None:
         controller.claim_changed(key)
         await eventually(lambda: (f"{NODE}-gpu-0", True) in writer.gpus)
         assert controller.ready.is_set()
+
+    run(test)
+
+
+def test_a_claim_that_leaves_the_index_without_deletion_leaves_the_ledger() -> None:
+    # a claim of another DeviceClass of our driver is in the index only while it has our results
+    requests = [{"name": "gpu", "exactly": {"deviceClassName": "other-class.fracgpu.dev"}}]
+
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        await controller.start()
+        key = world.put(claim(requests=requests, results=[result("gpu", "gpu-0", "10Gi", "s-1")]))
+        controller.claim_event(key, "uid-c1", deleted=False, indexed=True)
+        await eventually(lambda: writer.gpu_status.get(f"{NODE}-gpu-0", {}).get("allocatedMemory") == "10Gi")
+        assert claim_view(claim(requests=requests), DRIVER_NAME, DEVICE_CLASS_NAME) is None
+        del world.claims[key]  # deallocated: kopf drops the index entry before the event handler runs
+        controller.claim_event(key, "uid-c1", deleted=False, indexed=False)
+        await eventually(lambda: writer.gpu_status[f"{NODE}-gpu-0"]["allocatedMemory"] == "0")
+        # claims that were never ours do not wake the ledger
+        controller._ledger_dirty.clear()
+        controller.claim_event(("ns", "foreign"), "uid-foreign", deleted=False, indexed=False)
+        controller.claim_event(key, "uid-c1", deleted=False, indexed=False)
+        assert not controller._ledger_dirty.is_set()
+
+    run(test)
+
+
+def test_admin_access_is_not_counted_in_the_ledger() -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        world.put(claim("mon", results=[{**result("mon", "gpu-0", None, None), "adminAccess": True}]))
+        world.put(claim("c1", results=[result("a", "gpu-0", "10Gi", "s-1")]))
+        assert await controller.reconcile_ledger()
+        status = writer.gpu_status[f"{NODE}-gpu-0"]
+        assert (status["allocatedMemory"], status["freeMemory"], status["shares"]) == ("10Gi", "70Gi", 2)
+
+    run(test)
+
+
+def test_a_failed_event_post_is_retried_and_remembered_only_once_posted() -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        big = world.put(claim("big", requests=[memory_request("gpu", "100Gi")]))
+        writer.event_results = [False]
+        with pytest.raises(EventPostError):
+            await controller.reconcile_claim(big)
+        assert not writer.events
+        await controller.reconcile_claim(big)
+        await controller.reconcile_claim(big)
+        assert [r for _, r, _ in writer.events] == [REASON_UNSATISFIABLE]
+        assert len(writer.event_attempts) == 2 and writer.event_attempts[0] == writer.event_attempts[1]
+        assert writer.event_attempts[0][:2] == ("uid-big", REASON_UNSATISFIABLE), "keyed by claim uid and reason"
+
+    run(test)
+
+
+def test_failed_event_posts_are_retried_by_the_workers() -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        await controller.start()
+        writer.event_results = [False]
+        controller.claim_changed(world.put(claim("big", requests=[memory_request("gpu", "100Gi")])))
+        await eventually(lambda: len(writer.events) == 1)
+        assert len(writer.event_attempts) == 2
+
+    run(test)
+
+
+def test_unchanged_slices_do_not_recheck_claims_or_the_ledger() -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        world.put(claim(results=[result("a", "gpu-0", "1Gi", "s-1")]))
+        controller.slices_changed()
+        assert controller._queue.qsize() == 1 and controller._ledger_dirty.is_set()
+        controller._queue.get_nowait()
+        controller._queued.clear()
+        controller._ledger_dirty.clear()
+        for _ in range(3):  # a re-list delivers every slice again
+            controller.slices_changed()
+        assert controller._queue.qsize() == 0 and not controller._ledger_dirty.is_set()
+        world.publish(4, generation=2)
+        controller.slices_changed()
+        assert controller._queue.qsize() == 1 and controller._ledger_dirty.is_set()
+
+    run(test)
+
+
+def test_the_largest_request_is_cached_with_the_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        controller.slices_changed()
+        assert controller.largest_request() == 80 * GiB
+
+        def no_scan(self: Controller) -> dict[Any, Any]:
+            raise AssertionError("largest_request must not scan the devices")
+
+        monkeypatch.setattr(Controller, "devices", no_scan)
+        assert controller.largest_request() == 80 * GiB
+        monkeypatch.undo()
+        world.slices.clear()
+        for body in slices(count=1, generation=2, memory_gib=40):
+            view = slice_view(body, DRIVER_NAME)
+            assert view is not None
+            world.slices[view.name] = [view]
+        controller.slices_changed()
+        assert controller.largest_request() == 40 * GiB
 
     run(test)
 

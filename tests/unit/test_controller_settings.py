@@ -29,6 +29,13 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.liveness_endpoint is None and s.device_gone_grace_seconds == 5 and s.webhook_service == "sys/hook"
 
 
+def test_empty_device_gone_grace_falls_back_to_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FRACGPU_DEVICE_GONE_GRACE", "")
+    assert parse_settings([]).device_gone_grace_seconds == 60
+    monkeypatch.setenv("FRACGPU_DEVICE_GONE_GRACE", "0")
+    assert parse_settings([]).device_gone_grace_seconds == 0
+
+
 @pytest.mark.parametrize("argv", [["--workers=0"], ["--webhook-service=nope"], ["--log-format=xml"]])
 def test_bad_values_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
