@@ -13,7 +13,7 @@ from api.gpu_config import GpuConfig, GpuConfigError, decode_gpu_config, merge_c
 from api.names import MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
 from kubelet_plugin import cdi
-from kubelet_plugin.devicenodes import DeviceNodeError, gpu_device_nodes
+from kubelet_plugin.devicenodes import DeviceNodeError, HostDeviceNode, gpu_device_nodes
 from kubelet_plugin.model import GpuInfo, PreparedDevice
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.slices import usable_memory
@@ -53,6 +53,7 @@ class ClaimPlan:
 
     spec: cdi.Spec | None
     devices: tuple[PreparedDevice, ...]
+    nodes: tuple[HostDeviceNode, ...] = ()  # every device node the spec names, as found on the host
 
 
 def hami_preload_file(settings: Settings) -> Path:
@@ -128,10 +129,16 @@ def plan_claim(claim: dict[str, Any], settings: Settings, gpus: dict[str, GpuInf
 
     devices: list[cdi.Device] = []
     answer: list[PreparedDevice] = []
+    host_nodes: list[HostDeviceNode] = []
     namespace, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
     for share in shares:
+        try:
+            nodes = gpu_device_nodes(settings.driver_root, share.gpu.minor)
+        except DeviceNodeError as err:
+            raise PrepareError("device_node_missing", str(err)) from None
+        host_nodes += nodes
         group = by_request[share.base_request]
-        edits = _edits(share, group, f"{namespace}/{name}", uid, settings)
+        edits = _edits(share, group, f"{namespace}/{name}", uid, settings=settings, nodes=nodes)
         device_name = cdi.cdi_device_name(uid, share.result["device"], share.share_id)
         devices.append(cdi.Device(name=device_name, container_edits=edits))
         answer.append(
@@ -144,15 +151,13 @@ def plan_claim(claim: dict[str, Any], settings: Settings, gpus: dict[str, GpuInf
             )
         )
     spec = cdi.Spec(kind=cdi.cdi_kind(driver), devices=devices)
-    return ClaimPlan(spec=spec, devices=tuple(answer))
+    return ClaimPlan(spec=spec, devices=tuple(answer), nodes=tuple(host_nodes))
 
 
-def _edits(share: _Share, group: list[_Share], claim: str, uid: str, settings: Settings) -> cdi.ContainerEdits:
+def _edits(
+    share: _Share, group: list[_Share], claim: str, uid: str, *, settings: Settings, nodes: list[HostDeviceNode]
+) -> cdi.ContainerEdits:
     """Edits for one device: identical env across a request's devices, so they never conflict."""
-    try:
-        nodes = gpu_device_nodes(settings.driver_root, share.gpu.minor)
-    except DeviceNodeError as err:
-        raise PrepareError("device_node_missing", str(err)) from None
     env = {
         "NVIDIA_VISIBLE_DEVICES": ",".join(s.gpu.uuid for s in group),
         "FRACGPU_MEMORY_LIMIT_MIB": ",".join(str(s.memory_mib) for s in group),

@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 from kubernetes import client
@@ -23,7 +22,7 @@ from kubelet_plugin import cdi
 from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry
 from kubelet_plugin.claim_spec import PrepareError, hami_cache_dir, hami_preload_file, plan_claim
 from kubelet_plugin.claim_status import apply_ready, is_ready
-from kubelet_plugin.devicenodes import HostDeviceNode, ensure_char_links
+from kubelet_plugin.devicenodes import ensure_char_links
 from kubelet_plugin.events import post_node_event
 from kubelet_plugin.filelock import atomic_write, remove_temp_files, serialize_lock
 from kubelet_plugin.metrics import PluginMetrics
@@ -223,14 +222,7 @@ class Preparer:
             cdi.write_spec(self._settings.cdi_dir, uid, plan.spec, self._settings.driver_name)
         except OSError as err:
             raise PrepareError("internal", f"cannot write CDI spec for claim {uid}: {err}") from None
-        ensure_char_links(
-            self._settings.dev_char_dir,
-            [
-                HostDeviceNode(n.path, Path(n.host_path or n.path), n.major or 0, n.minor or 0)
-                for d in plan.spec.devices
-                for n in d.container_edits.device_nodes
-            ],
-        )
+        ensure_char_links(self._settings.dev_char_dir, list(plan.nodes))
         return plan.devices
 
     def _prepare_hami_files(self, uid: str) -> None:

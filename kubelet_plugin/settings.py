@@ -7,10 +7,11 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from api.gpu_config import Enforcement
 from api.names import DRIVER_NAME
 from api.quantity import MiB, to_bytes
-
-Enforcement = Literal["none", "hami-core"]
+from kubelet_plugin.checkpoint import CHECKPOINT_FILE_NAME
+from kubelet_plugin.filelock import serialize_lock_path
 
 
 class Settings(BaseModel):
@@ -51,11 +52,11 @@ class Settings(BaseModel):
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.plugin_data_dir / "checkpoint.json"
+        return self.plugin_data_dir / CHECKPOINT_FILE_NAME
 
     @property
     def lock_path(self) -> Path:
-        return self.plugin_data_dir / "serialize.lock"
+        return serialize_lock_path(self.plugin_data_dir)
 
 
 def _env(name: str, default: str | None = None) -> str | None:
