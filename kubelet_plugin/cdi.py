@@ -400,18 +400,3 @@ def list_spec_claim_uids(cdi_dir: Path, driver: str) -> set[str]:
             if _DEVICE_NAME_RE.fullmatch(uid):
                 uids.add(uid)
     return uids
-
-
-def spec_claim(cdi_dir: Path, driver: str, claim_uid: str) -> tuple[str, str] | None:
-    """(namespace, name) of the claim a spec was written for (its FRACGPU_CLAIM env); None if unreadable."""
-    try:
-        spec = json.loads(spec_path(cdi_dir, driver, claim_uid).read_text())
-        for device in spec["devices"]:
-            for entry in device["containerEdits"].get("env", []):
-                key, _, value = entry.partition("=")
-                if key == "FRACGPU_CLAIM" and "/" in value:
-                    namespace, name = value.split("/", 1)
-                    return namespace, name
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-    return None

@@ -5,24 +5,38 @@ Unprepare (dra-facts §3.1, §3.3), so the plugin persists what it prepared. A c
 ``PrepareStarted`` before its CDI spec is written and ``PrepareCompleted`` after. The node boot ID tells
 whether CDI specs (on tmpfs under /var/run/cdi) died with a reboot and must be rewritten.
 
+Schema: ``version`` is the schema version (``SCHEMA_VERSION``). Anything a reader must understand bumps it,
+with a migration from the previous version in ``MIGRATIONS``; an older file is migrated on load and written
+back in the current schema by the next save. A field this plugin does not know, in a schema it reads, is
+an addition that needed no bump: it is kept (and written back, at the place it was found) and reported in
+``LoadResult.unknown_fields``, because dropping it would silently lose what another fracgpu recorded. A
+file of a newer schema is never moved, rewritten or rebuilt: ``LoadResult.too_new`` says why, and the
+caller refuses to prepare or unprepare until the plugin is upgraded back.
+
 A corrupt file never crash-loops the plugin: it is moved aside and an empty checkpoint is returned with
-a description of what was wrong, for the caller to log and post as an Event.
+a description of what was wrong, for the caller to rebuild from the CDI specs, log and post as an Event.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kubelet_plugin.filelock import atomic_write
 from kubelet_plugin.model import PreparedDevice
 
-CHECKPOINT_VERSION: Literal[1] = 1
+SCHEMA_VERSION = 1
+OLDEST_SCHEMA_VERSION = 1
+Migration = Callable[[dict[str, Any]], dict[str, Any]]
+#: ``n -> f``: ``f`` turns a schema-``n`` document into a schema-``n + 1`` one. Schema 1 is the first, so none
+#: exists yet; the next format change adds ``1: <migration>`` and bumps ``SCHEMA_VERSION``.
+MIGRATIONS: Mapping[int, Migration] = {}
 CHECKPOINT_FILE_NAME = "checkpoint.json"
 CHECKPOINT_FILE_MODE = 0o600
 BOOT_ID_PATH = Path("/proc/sys/kernel/random/boot_id")
@@ -36,7 +50,7 @@ def boot_id(path: Path = BOOT_ID_PATH) -> str:
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True, populate_by_name=True)
 
 
 class CheckpointDevice(_Model):
@@ -84,9 +98,16 @@ class ClaimEntry(_Model):
 class Checkpoint(_Model):
     """The whole checkpoint: claims keyed by claim UID, plus the boot ID of the node that wrote it."""
 
-    version: Literal[1] = CHECKPOINT_VERSION
+    version: int = Field(default_factory=lambda: SCHEMA_VERSION, description="SCHEMA_VERSION: load migrates first")
     node_boot_id: str = Field(alias="nodeBootID")
     claims: dict[str, ClaimEntry] = Field(default_factory=dict)
+
+    @field_validator("version")
+    @classmethod
+    def _current_schema(cls, v: int) -> int:
+        if v != SCHEMA_VERSION:
+            raise ValueError(f"must be {SCHEMA_VERSION} (older schemas are migrated before validation)")
+        return v
 
     @classmethod
     def empty(cls, node_boot_id: str) -> Checkpoint:
@@ -106,7 +127,7 @@ class Checkpoint(_Model):
         return self.model_copy(update={"node_boot_id": node_boot_id})
 
     def to_json(self) -> str:
-        """Wire form (camelCase), stable key order of claims."""
+        """Wire form (camelCase) in the current schema, stable key order of claims; unknown fields kept."""
         data = self.model_dump(by_alias=True, mode="json")
         data["claims"] = dict(sorted(data["claims"].items()))
         return json.dumps(data, indent=2) + "\n"
@@ -116,8 +137,11 @@ class LoadResult(BaseModel):
     """Outcome of ``CheckpointStore.load``.
 
     ``corruption``: what was wrong with the file (it was moved to ``moved_to``; ``checkpoint`` is then
-    empty). ``rebooted``: the file was written during an earlier boot; its entries are kept (with the old
-    ``nodeBootID``), but every claim's CDI spec must be rewritten before stamping ``current_boot_id``.
+    empty). ``too_new``: the file is of a schema newer than this plugin reads; it was left untouched and
+    ``checkpoint`` is empty and must not be saved. ``rebooted``: the file was written during an earlier boot;
+    its entries are kept (with the old ``nodeBootID``), but every claim's CDI spec must be rewritten before
+    stamping ``current_boot_id``. ``migrated_from``: the schema the file was in, when older than the current.
+    ``unknown_fields``: dotted paths of fields this plugin does not know (kept in ``checkpoint``).
     """
 
     model_config = ConfigDict(frozen=True)
@@ -126,7 +150,63 @@ class LoadResult(BaseModel):
     current_boot_id: str
     corruption: str | None = None
     moved_to: Path | None = None
+    too_new: str | None = None
     rebooted: bool = False
+    migrated_from: int | None = None
+    unknown_fields: tuple[str, ...] = ()
+
+
+class NewerSchemaError(Exception):
+    """The checkpoint's schema is newer than this plugin reads; the message says which and what to do."""
+
+
+def migrate(
+    data: dict[str, Any],
+    migrations: Mapping[int, Migration] | None = None,
+    current: int | None = None,
+    oldest: int | None = None,
+) -> dict[str, Any]:
+    """``data`` brought to schema ``current`` by the chain of ``migrations`` (pure; ``data`` is not changed).
+
+    Defaults: ``MIGRATIONS``, ``SCHEMA_VERSION``, ``OLDEST_SCHEMA_VERSION``. Raises ``NewerSchemaError`` for a
+    version above ``current`` and ``ValueError`` for one that is not an integer, is below ``oldest`` or has no
+    migration.
+    """
+    migrations = MIGRATIONS if migrations is None else migrations
+    current = SCHEMA_VERSION if current is None else current
+    oldest = OLDEST_SCHEMA_VERSION if oldest is None else oldest
+    version = data.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"unsupported version {json.dumps(version)}: must be an integer schema version")
+    if version > current:
+        raise NewerSchemaError(f"schema {version}, this plugin reads ≤ {current}")
+    if version < oldest:
+        raise ValueError(f"unsupported version {version}: the oldest schema this plugin reads is {oldest}")
+    out = dict(data)
+    for n in range(version, current):
+        if n not in migrations:
+            raise ValueError(f"unsupported version {version}: no migration from schema {n} to {n + 1}")
+        out = {**migrations[n](out), "version": n + 1}
+    return out
+
+
+def unknown_fields(model: BaseModel, where: str = "") -> list[str]:
+    """Dotted paths of every field of ``model`` and its nested models that the schema does not define."""
+    found = [f"{where}{key}" for key in model.model_extra or {}]
+    for name, field in type(model).model_fields.items():
+        value = getattr(model, name)
+        key = f"{where}{field.alias or name}"
+        children: list[tuple[str, Any]] = []
+        if isinstance(value, dict):
+            children = [(f"{key}.{k}", v) for k, v in value.items()]
+        elif isinstance(value, list):
+            children = [(f"{key}.{i}", v) for i, v in enumerate(value)]
+        elif isinstance(value, BaseModel):
+            children = [(key, value)]
+        for path, child in children:
+            if isinstance(child, BaseModel):
+                found += unknown_fields(child, f"{path}.")
+    return found
 
 
 class CheckpointStore:
@@ -138,9 +218,11 @@ class CheckpointStore:
         self.current_boot_id = current_boot_id if current_boot_id is not None else boot_id()
 
     def load(self) -> LoadResult:
-        """Load the checkpoint; a missing file is an empty checkpoint. Never raises for a corrupt file:
-        an unreadable, non-JSON, wrong-version or invalid file is moved to ``<path>.corrupt-<UTC time>``
-        and an empty checkpoint is returned with ``corruption`` set.
+        """Load the checkpoint; a missing file is an empty checkpoint. Never raises for a bad file.
+
+        A file of a newer schema is left as it is (``too_new``). An unreadable, non-JSON, unversioned or
+        invalid file is moved to ``<path>.corrupt-<UTC time>`` and an empty checkpoint is returned with
+        ``corruption`` set. An older schema is migrated; unknown fields are kept and listed.
         """
         try:
             raw = self.path.read_bytes()
@@ -157,23 +239,34 @@ class CheckpointStore:
             return self._corrupt(f"checkpoint {self.path} {what}")
         if not isinstance(data, dict):
             return self._corrupt(f"checkpoint {self.path} is not a JSON object")
-        version = data.get("version")
-        if version != CHECKPOINT_VERSION or isinstance(version, bool):
-            return self._corrupt(
-                f"checkpoint {self.path} has unsupported version {json.dumps(version)}; "
-                f"this plugin reads version {CHECKPOINT_VERSION}"
-            )
         try:
-            checkpoint = Checkpoint.model_validate(data)
+            current = migrate(data)
+        except NewerSchemaError as e:
+            return LoadResult(
+                checkpoint=self._empty(),
+                current_boot_id=self.current_boot_id,
+                too_new=(
+                    f"checkpoint {self.path} was written by a newer fracgpu ({e}): upgrade the plugin back to "
+                    "that version; or, to start this node's claims over, delete the pods using fracgpu claims "
+                    "on this node, remove the file and restart the plugin. It is left untouched until then"
+                ),
+            )
+        except ValueError as e:
+            return self._corrupt(f"checkpoint {self.path} has {e}")
+        try:
+            checkpoint = Checkpoint.model_validate(current)
         except ValidationError as e:
             problems = "; ".join(
                 f"{'.'.join(str(p) for p in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors()
             )
             return self._corrupt(f"checkpoint {self.path} is invalid: {problems}")
+        version = data["version"]
         return LoadResult(
             checkpoint=checkpoint,
             current_boot_id=self.current_boot_id,
             rebooted=checkpoint.node_boot_id != self.current_boot_id,
+            migrated_from=version if version != SCHEMA_VERSION else None,
+            unknown_fields=tuple(unknown_fields(checkpoint)),
         )
 
     def save(self, checkpoint: Checkpoint) -> None:

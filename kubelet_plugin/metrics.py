@@ -45,3 +45,8 @@ class PluginMetrics:
             "Unreadable checkpoints that were moved aside and rebuilt.",
             registry=self.registry,
         )
+        self.checkpoint_too_new = Gauge(
+            "fracgpu_plugin_checkpoint_too_new",
+            "1 while the checkpoint is of a schema newer than this plugin reads (prepare and unprepare refused).",
+            registry=self.registry,
+        )

@@ -4,6 +4,23 @@ Contract (dra-facts §3): every claim in a call gets an answer; a problem with o
 error, never an exception for the call. Prepare is idempotent (a repeat gives the same answer and re-writes
 the CDI spec, which a reboot may have wiped); unprepare of an unknown claim succeeds. All checkpoint and
 spec changes happen under one lock shared by every plugin instance on the node.
+
+Crash safety. Invariant after ``recover()``: every checkpoint entry is ``PrepareCompleted``, and the set of
+claims with devices in the checkpoint equals the set of this driver's spec files (no temp files either).
+Every step is ordered so that a crash anywhere leaves a state ``recover()`` repairs:
+- prepare records ``PrepareStarted``, writes the spec, then records ``PrepareCompleted``; recover drops a
+  ``PrepareStarted`` entry with its spec (the kubelet retries the prepare);
+- unprepare saves the checkpoint without the claims first, then deletes their specs; recover deletes a spec
+  without entry (an orphan), and the kubelet's retry of the now unknown claim succeeds;
+- a ``PrepareCompleted`` entry whose spec is missing (reboot, or deleted) gets it re-written from the API
+  claim; a claim that is gone or was replaced is dropped. When the spec cannot be restored (API server
+  unreachable or failing, device changed, claim no longer allocated) the entry is kept and logged: the
+  kubelet's next prepare of the claim re-writes the spec (or returns the reason), and so does the next
+  ``recover()`` once the API server answers. Until then a container restart of a pod using it cannot find
+  its CDI device.
+
+A checkpoint of a newer schema is never touched: recover posts a ``CheckpointTooNew`` Event and changes
+nothing, and prepare/unprepare fail every claim with what to do, while the plugin keeps running.
 """
 
 import logging
@@ -19,7 +36,7 @@ from kubernetes.client.exceptions import ApiException
 
 from api.kube_rest import KubeRest, claim_path
 from kubelet_plugin import cdi
-from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry
+from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry, NewerSchemaError
 from kubelet_plugin.claim_spec import PrepareError, hami_cache_dir, hami_preload_file, plan_claim
 from kubelet_plugin.claim_status import apply_ready, is_ready
 from kubelet_plugin.devicenodes import ensure_char_links
@@ -28,6 +45,7 @@ from kubelet_plugin.filelock import atomic_write, remove_temp_files, serialize_l
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.model import ClaimRef, GpuInfo, PreparedDevice, PrepareResult
 from kubelet_plugin.settings import Settings
+from kubelet_plugin.spec_rebuild import entry_from_spec
 
 log = logging.getLogger(__name__)
 
@@ -49,48 +67,85 @@ class Preparer:
         self._store = store
         self._metrics = metrics
         self._lock = threading.Lock()
+        self._reported: tuple[str | None, tuple[str, ...]] = (None, ())  # (too_new, unknown fields) logged last
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
     def recover(self) -> None:
-        """At start: load the checkpoint (reporting and replacing a corrupt one), drop claims whose prepare
-        never completed together with their specs, delete specs no completed claim owns, and re-write the
-        specs of completed claims if the node rebooted."""
+        """At start, establish the module's invariant: load the checkpoint (a corrupt one is reported and
+        rebuilt), drop claims whose prepare never completed together with their specs, delete specs no entry
+        owns and temp files of interrupted writes, and re-write missing specs of completed claims (every
+        spec after a reboot). A checkpoint of a newer schema is reported and left alone, as are the specs."""
         with self._locked():
-            checkpoint = self._load()
-            result_rebooted = checkpoint.node_boot_id != self._store.current_boot_id
+            try:
+                checkpoint = self._load()
+            except NewerSchemaError:
+                return  # reported by _load; prepare and unprepare refuse until the plugin is upgraded back
+            driver, cdi_dir = self._settings.driver_name, self._settings.cdi_dir
             for uid, entry in list(checkpoint.claims.items()):
                 if entry.state != "PrepareCompleted":
                     log.warning("dropping half-prepared claim", extra={"claim": uid, "claim_name": entry.name})
-                    cdi.remove_spec(self._settings.cdi_dir, self._settings.driver_name, uid)
+                    cdi.remove_spec(cdi_dir, driver, uid)
                     checkpoint = checkpoint.without_claim(uid)
-            for uid in cdi.list_spec_claim_uids(self._settings.cdi_dir, self._settings.driver_name):
-                if uid not in checkpoint.claims:
-                    log.warning("removing orphaned CDI spec", extra={"claim": uid})
-                    cdi.remove_spec(self._settings.cdi_dir, self._settings.driver_name, uid)
+            specs = cdi.list_spec_claim_uids(cdi_dir, driver)
+            for uid in specs - set(checkpoint.claims):
+                log.warning("removing orphaned CDI spec", extra={"claim": uid})
+                cdi.remove_spec(cdi_dir, driver, uid)
             for directory, prefix in (
-                (self._settings.cdi_dir, cdi.spec_file_prefix(self._settings.driver_name)),
+                (cdi_dir, cdi.spec_file_prefix(driver)),
                 (self._store.path.parent, self._store.path.name),
             ):
                 for tmp in remove_temp_files(directory, prefix):
                     log.warning("removed a temp file of an interrupted write", extra={"path": str(tmp)})
-            if result_rebooted:
+            if checkpoint.node_boot_id != self._store.current_boot_id:
                 checkpoint = self._rewrite_after_reboot(checkpoint)
+            else:
+                missing = [uid for uid, e in checkpoint.claims.items() if e.devices and uid not in specs]
+                checkpoint = self._restore_specs(checkpoint, missing, "its CDI spec is missing")
             self._store.save(checkpoint)
             self._metrics.prepared_claims.set(len(checkpoint.claims))
 
     def _rewrite_after_reboot(self, checkpoint: Checkpoint) -> Checkpoint:
-        for uid, entry in list(checkpoint.claims.items()):
+        """CDI specs of an earlier boot (tmpfs) are gone: re-write every claim's, then stamp this boot."""
+        restored = self._restore_specs(checkpoint, list(checkpoint.claims), "the node rebooted")
+        return restored.with_boot_id(self._store.current_boot_id)
+
+    def _restore_specs(self, checkpoint: Checkpoint, uids: list[str], why: str) -> Checkpoint:
+        """Re-write the specs of completed claims ``uids`` from their API objects; drop claims that are gone.
+
+        A claim that cannot be restored now keeps its entry (see the module docstring). After the first API
+        error the remaining claims are not fetched: the server is unreachable or refusing, and each attempt
+        could take the client's full timeout while the plugin is not yet serving the kubelet.
+        """
+        api_failure: PrepareError | None = None
+        for uid in sorted(uids):
+            entry = checkpoint.claims[uid]
+            what = {"claim": uid, "claim_name": f"{entry.namespace}/{entry.name}", "why": why}
+            if api_failure is not None:
+                log.warning(
+                    "cannot restore the CDI spec of a claim now: not fetched after an API failure",
+                    extra={**what, "error": str(api_failure)},
+                )
+                continue
             try:
-                claim = self._fetch(ClaimRef(namespace=entry.namespace, name=entry.name, uid=uid))
-                self._write(claim, entry)
+                self._write(self._fetch(ClaimRef(namespace=entry.namespace, name=entry.name, uid=uid)), entry)
             except PrepareError as err:
                 if err.kind in ("claim_not_found", "uid_mismatch"):  # the claim is gone: nothing to restore
-                    log.warning("claim gone after reboot; dropping it", extra={"claim": uid, "error": str(err)})
+                    log.warning("claim gone; dropping it", extra={**what, "error": str(err)})
+                    cdi.remove_spec(self._settings.cdi_dir, self._settings.driver_name, uid)
                     checkpoint = checkpoint.without_claim(uid)
-                else:  # keep it: the kubelet re-prepares its claims after its own restart, re-writing the spec
-                    log.warning("cannot restore claim after reboot yet", extra={"claim": uid, "error": str(err)})
-        return checkpoint.with_boot_id(self._store.current_boot_id)
+                    continue
+                if err.kind == "api_error":
+                    api_failure = err
+                log.warning(
+                    "cannot restore the CDI spec of a claim now; the kubelet's next prepare of it re-writes it",
+                    extra={**what, "error": str(err)},
+                )
+            except Exception as err:  # a restart must not crash-loop on one claim
+                log.exception("cannot restore the CDI spec of a claim", extra={**what, "error": str(err)})
+            else:
+                log.info("restored the CDI spec of a claim", extra=what)
+        return checkpoint
 
     # -- ClaimPreparer -----------------------------------------------------------------------------
 
@@ -156,10 +211,28 @@ class Preparer:
             return results
 
     def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
-        """Remove each claim's CDI spec and checkpoint entry; unknown claims are fine."""
+        """Drop each claim's checkpoint entry, then remove its CDI spec; unknown claims are fine.
+
+        Entries go first (see the module docstring); a spec that cannot be removed is that claim's error,
+        and the kubelet's retry removes it.
+        """
         with self._measure("unprepare"), self._locked():
-            checkpoint = self._load()
+            try:
+                checkpoint = self._load()
+            except NewerSchemaError as err:
+                return self._fail_unprepare(claims, "checkpoint_too_new", str(err))
             updated = checkpoint
+            for ref in claims:
+                updated = updated.without_claim(ref.uid)
+            if updated != checkpoint:
+                try:
+                    self._store.save(updated)
+                except OSError as err:
+                    return self._fail_unprepare(
+                        claims,
+                        "internal",
+                        f"cannot save the checkpoint without these claims ({err}); nothing was removed, retry the unprepare",
+                    )
             errors: dict[str, str] = {}
             for ref in claims:
                 try:
@@ -169,13 +242,16 @@ class Preparer:
                     self._count_error("unprepare", "internal")
                     errors[ref.uid] = f"cannot remove CDI spec of claim {_show(ref)}: {err}"
                     continue
-                updated = updated.without_claim(ref.uid)
                 errors[ref.uid] = ""
                 self._metrics.requests.labels("unprepare", "ok").inc()
-            if updated != checkpoint:
-                self._store.save(updated)
             self._metrics.prepared_claims.set(len(updated.claims))
             return errors
+
+    def _fail_unprepare(self, claims: list[ClaimRef], kind: str, message: str) -> dict[str, str]:
+        for _ in claims:
+            self._count_error("unprepare", kind)
+        log.warning("unprepare failed", extra={"claims": [_show(r) for r in claims], "error": message})
+        return {ref.uid: message for ref in claims}
 
     # -- steps -------------------------------------------------------------------------------------
 
@@ -244,19 +320,48 @@ class Preparer:
             )
 
     def _load(self) -> Checkpoint:
-        """The checkpoint on disk; a corrupt one is reported and rebuilt from the CDI specs present, so the
-        claims of running pods stay known (and their specs are not taken for orphans)."""
+        """The checkpoint on disk, in the current schema; a corrupt one is reported and rebuilt from the CDI
+        specs present (claims, devices and, where a spec tells, GPU UUIDs), so the claims of running pods
+        stay known and their specs are not taken for orphans.
+
+        Raises ``NewerSchemaError`` (with what to do) for a file of a newer schema, which stays untouched;
+        the first time in a row it is seen it is logged and posted as a Node Event.
+        """
         result = self._store.load()
+        self._metrics.checkpoint_too_new.set(1 if result.too_new else 0)
+        reported, self._reported = self._reported, (result.too_new, result.unknown_fields)
+        if result.too_new:
+            if reported[0] != result.too_new:
+                log.error(
+                    "checkpoint is of a newer schema; refusing to prepare or unprepare",
+                    extra={"problem": result.too_new},
+                )
+                post_node_event(self._rest, self._settings.node_name, "CheckpointTooNew", result.too_new)
+            raise NewerSchemaError(result.too_new)
+        if result.unknown_fields and reported[1] != result.unknown_fields:
+            log.warning(
+                "checkpoint has fields this plugin does not know; they are kept as they are",
+                extra={"path": str(self._store.path), "fields": list(result.unknown_fields)},
+            )
+        if result.migrated_from is not None:
+            log.info("checkpoint migrated", extra={"from_schema": result.migrated_from})
         if not result.corruption:
             return result.checkpoint
         checkpoint = result.checkpoint
-        for uid in sorted(cdi.list_spec_claim_uids(self._settings.cdi_dir, self._settings.driver_name)):
-            owner = cdi.spec_claim(self._settings.cdi_dir, self._settings.driver_name, uid)
-            if owner is not None:
-                entry = ClaimEntry(namespace=owner[0], name=owner[1], state="PrepareCompleted")
+        driver, cdi_dir = self._settings.driver_name, self._settings.cdi_dir
+        for uid in sorted(cdi.list_spec_claim_uids(cdi_dir, driver)):
+            try:
+                text = cdi.spec_path(cdi_dir, driver, uid).read_text()
+            except (OSError, UnicodeDecodeError):
+                continue
+            entry = entry_from_spec(text, uid, driver, self._settings.node_name)
+            if entry is not None:
                 checkpoint = checkpoint.with_claim(uid, entry)
         self._store.save(checkpoint)
-        message = f"{result.corruption}; recovered {len(checkpoint.claims)} prepared claims from their CDI specs"
+        unknown_gpu = sum(d.uuid is None for e in checkpoint.claims.values() for d in e.devices)
+        message = f"{result.corruption}; recovered {len(checkpoint.claims)} prepared claims from their CDI specs" + (
+            f" ({unknown_gpu} devices without a known GPU UUID)" if unknown_gpu else ""
+        )
         self._metrics.checkpoint_corruptions.inc()
         log.error("checkpoint was corrupt and has been rebuilt", extra={"problem": message})
         post_node_event(self._rest, self._settings.node_name, "CheckpointCorrupt", message)

@@ -304,3 +304,86 @@ def test_corrupt_checkpoint_is_reported_and_replaced(
     assert plugin.kubelet.prepare(_refs([claim])).claims[claim["metadata"]["uid"]].error == ""
     plugin.kubelet.unprepare(_refs([claim]))
     _consistent(plugin)
+
+
+KILL_CYCLES = 150  # at most; fewer when KILL_BUDGET_S runs out first
+KILL_BUDGET_S = 60.0
+
+
+def _invariant_problems(plugin: Plugin) -> list[str]:
+    """What recover() guarantees, as a list of violations: completed entries only, the claims with devices
+    in the checkpoint are exactly the spec files, no temp files."""
+    claims = json.loads(plugin.process.checkpoint.read_text())["claims"]
+    problems = [f"{uid} is {e['state']}" for uid, e in claims.items() if e["state"] != "PrepareCompleted"]
+    specs = cdi.list_spec_claim_uids(plugin.process.cdi_dir, DRIVER)
+    with_devices = {uid for uid, e in claims.items() if e["devices"]}
+    problems += [f"{uid}: entry without spec" for uid in sorted(with_devices - specs)]
+    problems += [f"{uid}: spec without entry" for uid in sorted(specs - set(claims))]
+    for directory in (plugin.process.cdi_dir, plugin.process.checkpoint.parent):
+        if directory.exists():
+            problems += [f"temp file {p.name}" for p in directory.glob(".*.tmp")]
+    return problems
+
+
+def test_kill_during_unprepare_or_prepare_always_recovers_to_a_consistent_state(
+    plugin: Plugin, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    """SIGKILL at a random moment inside NodeUnprepareResources / NodePrepareResources, many times; after each
+    restart the checkpoint and the specs describe the same claims, and a later prepare of every claim still
+    prepared (re)writes its spec."""
+    claims = kube.allocate_claims(api_client, dyn, namespace, plugin.node, device_class=DRIVER, memories=["1Gi"] * 4)
+    uids = {c["metadata"]["uid"]: c for c in claims}
+    durations = {}
+    for op in ("prepare", "unprepare"):  # how long a call takes, to aim the kills inside it
+        start = time.perf_counter()
+        getattr(plugin.kubelet, op)(_refs(claims))
+        durations[op] = time.perf_counter() - start
+    rng = random.Random(11)
+    bad: list[str] = []
+    interrupted = cycles = 0
+    deadline = time.monotonic() + KILL_BUDGET_S
+    while cycles < KILL_CYCLES and time.monotonic() < deadline:
+        op = ("unprepare", "prepare")[cycles % 2]
+        setup = plugin.kubelet.prepare(_refs(claims)) if op == "unprepare" else None
+        if op == "prepare":
+            plugin.kubelet.unprepare(_refs(claims))
+        assert setup is None or all(r.error == "" for r in setup.claims.values())
+        batch = rng.sample(claims, rng.randint(2, len(claims)))
+        failed: list[Exception] = []
+
+        def call(batch: list[dict[str, Any]] = batch, op: str = op, failed: list[Exception] = failed) -> None:
+            try:
+                getattr(plugin.kubelet, op)(_refs(batch))
+            except Exception as err:  # killed mid-call: the kubelet sees an error and retries later
+                failed.append(err)
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        time.sleep(rng.uniform(0.0, 1.5 * durations[op]))
+        plugin.restart(kill=True)  # the new process runs recover() before it registers
+        caller.join()
+        interrupted += bool(failed)
+        problems = _invariant_problems(plugin)
+
+        still = [uids[uid] for uid in json.loads(plugin.process.checkpoint.read_text())["claims"] if uid in uids]
+        if still:
+            vanished = rng.choice(still)["metadata"]["uid"]
+            with contextlib.suppress(FileNotFoundError):
+                cdi.spec_path(plugin.process.cdi_dir, DRIVER, vanished).unlink()
+            again = plugin.kubelet.prepare(_refs(still))
+            problems += [f"re-prepare of {uid}: {r.error}" for uid, r in again.claims.items() if r.error]
+            problems += [
+                f"re-prepare did not write the spec of {c['metadata']['uid']}"
+                for c in still
+                if not cdi.spec_path(plugin.process.cdi_dir, DRIVER, c["metadata"]["uid"]).exists()
+            ]
+        if problems:
+            bad.append(f"cycle {cycles} (kill during {op}): {'; '.join(problems)}")
+        cycles += 1
+    assert cycles >= 10, f"only {cycles} kill cycles ran in {KILL_BUDGET_S}s"
+    assert interrupted > 0, "no kill landed inside a call"
+    assert bad == [], f"{len(bad)} of {cycles} kill cycles ({interrupted} interrupted a call) ended inconsistent:\n" + (
+        "\n".join(bad[:20])
+    )
+    plugin.kubelet.unprepare(_refs(claims))
+    _consistent(plugin)

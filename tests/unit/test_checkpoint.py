@@ -10,12 +10,16 @@ from typing import Any
 
 import pytest
 
+from kubelet_plugin import checkpoint as checkpoint_module
 from kubelet_plugin.checkpoint import (
+    SCHEMA_VERSION,
     Checkpoint,
     CheckpointDevice,
     CheckpointStore,
     ClaimEntry,
+    NewerSchemaError,
     boot_id,
+    migrate,
 )
 from kubelet_plugin.model import PreparedDevice
 
@@ -181,8 +185,8 @@ CORRUPT_FILES: dict[str, tuple[bytes, str]] = {
     "truncated": (sample_checkpoint().to_json().encode()[:40], "not valid JSON"),
     "empty": (b"", "is empty"),
     "not-an-object": (b"[1, 2]", "not a JSON object"),
-    "wrong-version": (_with(version=2), "unsupported version 2; this plugin reads version 1"),
     "no-version": (json.dumps({"nodeBootID": BOOT_A, "claims": {}}).encode(), "unsupported version null"),
+    "version-zero": (_with(version=0), "unsupported version 0: the oldest schema this plugin reads is 1"),
     "string-version": (_with(version="1"), 'unsupported version "1"'),
     "bool-version": (_with(version=True), "unsupported version true"),
     "wrong-types": (_with(nodeBootID=42), "nodeBootID"),
@@ -190,7 +194,7 @@ CORRUPT_FILES: dict[str, tuple[bytes, str]] = {
         _with(claims={"u": {"namespace": "n", "name": "c", "state": "Done", "devices": []}}),
         "claims.u.state",
     ),
-    "unknown-field": (_with(extra=1), "extra"),
+    "missing-field": (json.dumps({"version": 1, "claims": {}}).encode(), "nodeBootID: Field required"),
     "device-wrong-type": (
         _with(
             claims={
@@ -278,3 +282,118 @@ def test_boot_id_helper(tmp_path: Path) -> None:
     assert CheckpointStore(tmp_path / "cp.json", current_boot_id=None).current_boot_id  # reads the real one
     with pytest.raises(OSError):
         boot_id(tmp_path / "missing")
+
+
+# --- schema versions -------------------------------------------------------------------------------
+
+V1_FIXTURE = Path(__file__).parent / "fixtures" / "checkpoint-v1.json"  # as written by the schema-1 plugin
+V1_A = "0b6f3c2e-5d1a-4b8e-9c7f-2a1d3e4f5a6b"
+V1_B = "1c7a4d3f-6e2b-4c9f-8d80-3b2e4f5a6b7c"
+
+
+def _install(s: CheckpointStore, content: bytes) -> None:
+    s.path.parent.mkdir(parents=True, exist_ok=True)
+    s.path.write_bytes(content)
+
+
+def test_a_stored_v1_file_loads_with_its_gpu_uuids(tmp_path: Path) -> None:
+    s = store(tmp_path)
+    _install(s, V1_FIXTURE.read_bytes())
+    result = s.load()
+    assert (result.corruption, result.too_new, result.migrated_from, result.unknown_fields) == (None, None, None, ())
+    claims = result.checkpoint.claims
+    assert {uid: [d.uuid for d in e.devices] for uid, e in claims.items()} == {
+        V1_A: ["GPU-11111111-2222-4333-8444-555555555550"],
+        V1_B: ["GPU-11111111-2222-4333-8444-555555555551"],
+    }
+    assert claims[V1_B].devices[0].share_id is None
+    s.save(result.checkpoint)
+    assert s.path.read_bytes() == V1_FIXTURE.read_bytes(), "schema 1 is still the format written"
+
+
+def test_migrate_runs_the_chain_in_order_without_changing_its_input() -> None:
+    calls: list[int] = []
+
+    def step(n: int) -> Any:
+        def migration(doc: dict[str, Any]) -> dict[str, Any]:
+            assert doc["version"] == n
+            calls.append(n)
+            return {**doc, "trail": [*doc.get("trail", []), n]}
+
+        return migration
+
+    original = {"version": 1, "x": 1}
+    migrated = migrate(original, {1: step(1), 2: step(2)}, current=3)
+    assert migrated == {"version": 3, "x": 1, "trail": [1, 2]}
+    assert calls == [1, 2]
+    assert original == {"version": 1, "x": 1}
+    assert migrate({"version": 3}, {}, current=3) == {"version": 3}
+    with pytest.raises(ValueError, match="no migration from schema 2 to 3"):
+        migrate({"version": 1}, {1: step(1)}, current=3)
+    with pytest.raises(NewerSchemaError, match=r"schema 4, this plugin reads ≤ 3"):
+        migrate({"version": 4}, {}, current=3)
+    with pytest.raises(ValueError, match="oldest schema this plugin reads is 2"):
+        migrate({"version": 1}, {}, current=3, oldest=2)
+
+
+def test_the_registry_covers_every_readable_schema() -> None:
+    assert set(checkpoint_module.MIGRATIONS) == set(range(checkpoint_module.OLDEST_SCHEMA_VERSION, SCHEMA_VERSION))
+
+
+def test_an_older_schema_is_migrated_on_load_and_saved_in_the_current_one(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the next format change looks like: schema 2 current, the stored v1 file migrated to it."""
+
+    def v1_to_v2(doc: dict[str, Any]) -> dict[str, Any]:
+        return {**doc, "claims": {uid: {**e, "name": e["name"].upper()} for uid, e in doc["claims"].items()}}
+
+    monkeypatch.setattr(checkpoint_module, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(checkpoint_module, "MIGRATIONS", {1: v1_to_v2})
+    s = store(tmp_path)
+    _install(s, V1_FIXTURE.read_bytes())
+    result = s.load()
+    assert result.corruption is None and result.too_new is None
+    assert result.migrated_from == 1
+    assert result.checkpoint.claims[V1_A].name == "SHARED-10GI"
+    assert result.checkpoint.claims[V1_A].devices[0].uuid == "GPU-11111111-2222-4333-8444-555555555550"
+    s.save(result.checkpoint)
+    assert json.loads(s.path.read_text())["version"] == 2
+    assert s.load().migrated_from is None
+
+
+def test_unknown_fields_are_kept_where_they_were_and_listed(tmp_path: Path) -> None:
+    doc = json.loads(V1_FIXTURE.read_text())
+    doc["writtenBy"] = {"version": "9.9.9"}
+    doc["claims"][V1_A]["priority"] = 3
+    doc["claims"][V1_A]["devices"][0]["migProfile"] = "1g.10gb"
+    s = store(tmp_path)
+    _install(s, json.dumps(doc).encode())
+    result = s.load()
+    assert result.corruption is None
+    assert result.unknown_fields == ("writtenBy", f"claims.{V1_A}.priority", f"claims.{V1_A}.devices.0.migProfile")
+    assert result.checkpoint.claims[V1_A].devices[0].uuid == "GPU-11111111-2222-4333-8444-555555555550"
+    # written back as found, also after an unrelated change
+    s.save(result.checkpoint.without_claim(V1_B))
+    saved = json.loads(s.path.read_text())
+    assert saved["writtenBy"] == {"version": "9.9.9"}
+    assert saved["claims"][V1_A]["priority"] == 3
+    assert saved["claims"][V1_A]["devices"][0]["migProfile"] == "1g.10gb"
+    assert V1_B not in saved["claims"]
+    # an entry this plugin rewrites is wholly its own
+    entry = ClaimEntry(namespace="team-a", name="shared-10gi", state="PrepareCompleted")
+    assert "priority" not in json.loads(result.checkpoint.with_claim(V1_A, entry).to_json())["claims"][V1_A]
+
+
+def test_a_newer_schema_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    newer = json.dumps({"version": SCHEMA_VERSION + 1, "claims": [{"new": "shape"}], "nodes": {}}).encode()
+    s = store(tmp_path)
+    _install(s, newer)
+    result = s.load()
+    assert result.too_new is not None
+    assert result.corruption is None and result.moved_to is None
+    assert f"checkpoint {s.path} was written by a newer fracgpu (schema 2, this plugin reads ≤ 1)" in result.too_new
+    assert "upgrade the plugin back" in result.too_new
+    assert result.checkpoint.claims == {}
+    assert s.path.read_bytes() == newer
+    assert files(s.path.parent) == ["checkpoint.json"]
