@@ -387,3 +387,45 @@ def test_kill_during_unprepare_or_prepare_always_recovers_to_a_consistent_state(
     )
     plugin.kubelet.unprepare(_refs(claims))
     _consistent(plugin)
+
+
+def test_a_checkpoint_of_a_newer_schema_is_refused_but_the_plugin_keeps_serving(
+    plugin: Plugin, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    (claim,) = kube.allocate_claims(api_client, dyn, namespace, plugin.node, device_class=DRIVER, memories=["1Gi"])
+    assert plugin.kubelet.prepare(_refs([claim])).claims[claim["metadata"]["uid"]].error == ""
+    spec = cdi.spec_path(plugin.process.cdi_dir, DRIVER, claim["metadata"]["uid"])
+    spec_content = spec.read_bytes()
+    saved = plugin.process.checkpoint.read_bytes()
+    newer = json.dumps({"version": 99, "claims": {"from": "the future"}}).encode()
+    listing = sorted(p.name for p in plugin.process.checkpoint.parent.iterdir())
+    plugin.process.stop()
+    plugin.process.checkpoint.write_bytes(newer)
+    plugin.kubelet.close()
+    try:
+        plugin.kubelet = plugin.process.start()  # registers: no crash loop
+        core = client.CoreV1Api(api_client)
+        events = kube.wait_for(
+            lambda: (
+                core.list_namespaced_event(
+                    "default", field_selector=f"involvedObject.name={plugin.node},reason=CheckpointTooNew"
+                ).items
+            ),
+            20,
+            what="CheckpointTooNew event",
+        )
+        expected = "was written by a newer fracgpu (schema 99, this plugin reads ≤ 1): upgrade the plugin back"
+        assert expected in events[0].message
+        uid = claim["metadata"]["uid"]
+        assert expected in plugin.kubelet.prepare(_refs([claim])).claims[uid].error
+        assert expected in plugin.kubelet.unprepare(_refs([claim])).claims[uid].error
+        assert plugin.process.checkpoint.read_bytes() == newer
+        assert spec.read_bytes() == spec_content
+        assert sorted(p.name for p in plugin.process.checkpoint.parent.iterdir()) == listing  # nothing moved aside
+    finally:  # upgraded back: the schema-1 file this plugin wrote
+        plugin.process.stop()
+        plugin.process.checkpoint.write_bytes(saved)
+        plugin.kubelet.close()
+        plugin.kubelet = plugin.process.start()
+    plugin.kubelet.unprepare(_refs([claim]))
+    _consistent(plugin)
