@@ -35,7 +35,8 @@ SCHEMA_VERSION = 1
 OLDEST_SCHEMA_VERSION = 1
 Migration = Callable[[dict[str, Any]], dict[str, Any]]
 #: ``n -> f``: ``f`` turns a schema-``n`` document into a schema-``n + 1`` one. Schema 1 is the first, so none
-#: exists yet; the next format change adds ``1: <migration>`` and bumps ``SCHEMA_VERSION``.
+#: exists yet; the next format change adds ``1: <migration>`` and bumps ``SCHEMA_VERSION``. (Staying at 1 keeps a
+#: rollback to plugins from before schema handling working: they take any other version for corruption.)
 MIGRATIONS: Mapping[int, Migration] = {}
 CHECKPOINT_FILE_NAME = "checkpoint.json"
 CHECKPOINT_FILE_MODE = 0o600

@@ -392,7 +392,10 @@ def test_a_newer_schema_is_refused_and_left_untouched(tmp_path: Path) -> None:
     result = s.load()
     assert result.too_new is not None
     assert result.corruption is None and result.moved_to is None
-    assert f"checkpoint {s.path} was written by a newer fracgpu (schema 2, this plugin reads ≤ 1)" in result.too_new
+    assert (
+        f"checkpoint {s.path} was written by a newer fracgpu (schema {SCHEMA_VERSION + 1}, this plugin reads ≤ {SCHEMA_VERSION})"
+        in result.too_new
+    )
     assert "upgrade the plugin back" in result.too_new
     assert result.checkpoint.claims == {}
     assert s.path.read_bytes() == newer

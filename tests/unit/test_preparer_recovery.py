@@ -285,7 +285,9 @@ def test_a_newer_schema_is_refused_with_an_event_and_touched_nowhere(env: Env, m
     prepared = _call_prepare(preparer, [ref(a), ref(c)])
     unprepared = preparer.unprepare([ref(b)])
 
-    expected = "was written by a newer fracgpu (schema 2, this plugin reads ≤ 1): upgrade the plugin back"
+    expected = (
+        f"was written by a newer fracgpu (schema {SCHEMA_VERSION + 1}, this plugin reads ≤ {SCHEMA_VERSION}): upgrade"
+    )
     assert all(expected in r.error and not r.devices for r in prepared.values()), prepared
     assert set(prepared) == {UID_A, UID_C}
     assert expected in unprepared[UID_B]
