@@ -39,6 +39,7 @@ KNOWN_VERSIONS: tuple[str, ...] = (
     "1.1.0",
 )
 BASELINE_VERSION = "0.3.0"
+CLAIM_ANNOTATION = "fracgpu.dev/claim"  # spec annotation: "<namespace>/<name>" of the claim (for recovery)
 SPEC_FILE_MODE = 0o644
 
 _ALNUM = "A-Za-z0-9"
@@ -403,15 +404,21 @@ def list_spec_claim_uids(cdi_dir: Path, driver: str) -> set[str]:
 
 
 def spec_claim(cdi_dir: Path, driver: str, claim_uid: str) -> tuple[str, str] | None:
-    """(namespace, name) of the claim a spec was written for (its FRACGPU_CLAIM env); None if unreadable."""
+    """(namespace, name) of the claim a spec was written for (its ``fracgpu.dev/claim`` annotation, or the
+    ``FRACGPU_CLAIM`` env of specs written by earlier versions); None if unreadable."""
     try:
         spec = json.loads(spec_path(cdi_dir, driver, claim_uid).read_text())
-        for device in spec["devices"]:
-            for entry in device["containerEdits"].get("env", []):
-                key, _, value = entry.partition("=")
-                if key == "FRACGPU_CLAIM" and "/" in value:
-                    namespace, name = value.split("/", 1)
-                    return namespace, name
-    except (OSError, ValueError, KeyError, TypeError):
+        values = [str((spec.get("annotations") or {}).get(CLAIM_ANNOTATION, ""))]
+        values += [
+            entry.partition("=")[2]
+            for device in spec["devices"]
+            for entry in device["containerEdits"].get("env", [])
+            if entry.partition("=")[0] == "FRACGPU_CLAIM"
+        ]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
+    for value in values:
+        namespace, sep, name = value.partition("/")
+        if sep and namespace and name:
+            return namespace, name
     return None
