@@ -144,7 +144,6 @@ def plan_claim(claim: dict[str, Any], settings: Settings, gpus: dict[str, GpuInf
     host_nodes: list[HostDeviceNode] = []
     files: list[info.InfoFile] = []
     for request, group in by_request.items():
-        nodes_of = {id(s): _nodes(settings, s) for s in group}
         request_info = info.RequestInfo(
             claim=claim_name,
             request=request,
@@ -157,10 +156,11 @@ def plan_claim(claim: dict[str, Any], settings: Settings, gpus: dict[str, GpuInf
             raise PrepareError("invalid_name", str(err)) from None
         files.append(file)
         for share, device_info in zip(group, request_info.devices, strict=True):
-            nodes = nodes_of[id(share)]
+            nodes = _nodes(settings, share)
             host_nodes += nodes
             edits = _edits(share, group, device_info, request_info, file, settings=settings, nodes=nodes)
-            devices.append(cdi.Device(name=device_info.cdi_device.split("=", 1)[1], container_edits=edits))
+            name = cdi.cdi_device_name(uid, share.result["device"], share.share_id)
+            devices.append(cdi.Device(name=name, container_edits=edits))
             answer.append(
                 PreparedDevice(
                     request_names=(request,),
