@@ -120,6 +120,43 @@ def test_one_container_with_two_claims_is_told_both(installation: Installation, 
     assert f"nvidia{minors['big']}" not in one.nodes and f"nvidia{minors['small']}" in one.nodes
 
 
+def test_a_claim_with_two_requests_tells_each_container_what_it_references(installation: Installation, ns: str) -> None:
+    """Requests of 50Gi and 40Gi land on the two GPUs; `all` uses the whole claim, `only-a` its request `a`."""
+    cluster = installation.cluster
+    template = w.requests_template("two-requests", {"a": "50Gi", "b": "40Gi"})
+    pod = w.pod("split", {"gpus": "two-requests"}, {"all": ["gpus"], "only-a": ["gpus/a"]})
+    w.apply(cluster, ns, template, pod)
+    w.wait_running(cluster, ns, ["split"])
+    every, only_a = w.report(cluster, ns, "split", "all"), w.report(cluster, ns, "split", "only-a")
+    claim = w.claim_of(cluster, ns, "split", "gpus")
+    uid = claim["metadata"]["uid"]
+    results = {r["request"]: r for r in claim["status"]["allocation"]["devices"]["results"]}
+    assert results["a"]["device"] != results["b"]["device"]
+    uuids = {d["device"]: d["data"]["uuid"] for d in claim["status"]["devices"] if d["driver"] == w.DEVICE_CLASS}
+
+    assert sorted(every.files) == [f"{uid}_a.json", f"{uid}_b.json"]
+    for request in ("a", "b"):
+        (device,) = every.files[f"{uid}_{request}.json"]["devices"]
+        result = results[request]
+        granted = to_bytes(result["consumedCapacity"]["memory"]) // MiB
+        assert (device["uuid"], device["memoryMiB"], device["shareID"]) == (
+            uuids[result["device"]],
+            granted,
+            result["shareID"],
+        )
+        assert every.device_vars()[device["envPrefix"]]["MEMORY_LIMIT_MIB"] == str(granted)
+        assert f"nvidia{device['minor']}" in every.nodes
+    assert every.env["NVIDIA_VISIBLE_DEVICES"] in uuids.values()
+
+    assert list(only_a.files) == [f"{uid}_a.json"]
+    (device,) = only_a.files[f"{uid}_a.json"]["devices"]
+    assert only_a.env["NVIDIA_VISIBLE_DEVICES"] == device["uuid"] == uuids[results["a"]["device"]]
+    assert list(only_a.device_vars()) == [device["envPrefix"]]
+    assert len([k for k in only_a.env if k.startswith("FRACGPU_DEV_")]) == 5
+    other = every.files[f"{uid}_b.json"]["devices"][0]["minor"]
+    assert f"nvidia{other}" not in only_a.nodes and f"nvidia{device['minor']}" in only_a.nodes
+
+
 def test_a_non_root_container_opens_its_gpu(installation: Installation, ns: str) -> None:
     cluster = installation.cluster
     w.apply(cluster, ns, w.claim_template("share-2gi", "2Gi"), w.gpu_pod("nonroot", "share-2gi", run_as_user=1000))

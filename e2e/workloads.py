@@ -91,6 +91,20 @@ def claim_template(name: str, memory: str | None, config: dict[str, Any] | None 
     }
 
 
+def requests_template(name: str, memories: dict[str, str]) -> dict[str, Any]:
+    """A ResourceClaimTemplate with one request per entry (request name -> memory)."""
+    requests = [
+        {"name": r, "exactly": {"deviceClassName": DEVICE_CLASS, "capacity": {"requests": {"memory": m}}}}
+        for r, m in memories.items()
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": requests}}},
+    }
+
+
 def gpu_pod(name: str, template: str, containers: int = 1, run_as_user: int | None = None) -> dict[str, Any]:
     """A pod whose `containers` busybox containers all use one claim `gpu` made from `template`."""
     names = [f"app{i}" for i in range(containers)] if containers > 1 else ["app"]
@@ -100,7 +114,8 @@ def gpu_pod(name: str, template: str, containers: int = 1, run_as_user: int | No
 def pod(
     name: str, claims: dict[str, str], containers: dict[str, list[str]], run_as_user: int | None = None
 ) -> dict[str, Any]:
-    """A pod with claims (pod claim name -> template) and busybox containers (name -> the claims it uses)."""
+    """A pod with claims (pod claim name -> template) and busybox containers (name -> the claims it uses,
+    each `claim` or `claim/request`)."""
     spec: dict[str, Any] = {
         "hostNetwork": True,
         "automountServiceAccountToken": False,
@@ -113,7 +128,7 @@ def pod(
                 "image": BUSYBOX_IMAGE,
                 "imagePullPolicy": "Never",
                 "command": ["sh", "-c", REPORT],
-                "resources": {"claims": [{"name": c} for c in used]},
+                "resources": {"claims": [_claim_ref(c) for c in used]},
             }
             for container, used in containers.items()
         ],
@@ -126,6 +141,12 @@ def pod(
         "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "fracgpu-e2e"}},
         "spec": spec,
     }
+
+
+def _claim_ref(used: str) -> dict[str, str]:
+    """`claim` or `claim/request` as a container's resources.claims entry."""
+    claim, _, request = used.partition("/")
+    return {"name": claim, "request": request} if request else {"name": claim}
 
 
 def apply(cluster: SingleNodeCluster, namespace: str, *objects: dict[str, Any]) -> None:

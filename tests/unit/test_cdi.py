@@ -19,6 +19,7 @@ from pydantic import ValidationError
 from api.names import DRIVER_NAME
 from kubelet_plugin import cdi
 from kubelet_plugin.cdi import (
+    CLAIM_ANNOTATION,
     ContainerEdits,
     Device,
     DeviceNode,
@@ -31,6 +32,7 @@ from kubelet_plugin.cdi import (
     list_spec_claim_uids,
     minimum_version,
     remove_spec,
+    spec_claim,
     spec_path,
     write_spec,
 )
@@ -493,3 +495,13 @@ def test_generated_device_names_pass_cdi_rules(claim_uid: uuid.UUID, device: str
     assert tail == name
     assert vendor_or_class_ok(vendor) and vendor_or_class_ok(cls)
     assert spec_path(Path("/var/run/cdi"), DRIVER_NAME, str(claim_uid)).parent == Path("/var/run/cdi")
+
+
+def test_spec_claim_from_the_annotation_or_an_older_specs_env(tmp_path: Path) -> None:
+    annotated = claim_spec(annotations={CLAIM_ANNOTATION: "team-a/train"})
+    write_spec(tmp_path, CLAIM_UID, annotated, DRIVER_NAME)
+    assert spec_claim(tmp_path, DRIVER_NAME, CLAIM_UID) == ("team-a", "train")
+    write_spec(tmp_path, CLAIM_UID, claim_spec(), DRIVER_NAME)  # earlier versions: FRACGPU_CLAIM env only
+    assert spec_claim(tmp_path, DRIVER_NAME, CLAIM_UID) == ("default", f"my-claim/{CLAIM_UID}")
+    spec_path(tmp_path, DRIVER_NAME, CLAIM_UID).write_text('{"devices": "not a list"}')
+    assert spec_claim(tmp_path, DRIVER_NAME, CLAIM_UID) is None
