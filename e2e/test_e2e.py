@@ -6,9 +6,11 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from api.quantity import MiB, to_bytes
 from e2e import workloads as w
 from e2e.install import NAMESPACE, Installation
 
@@ -41,20 +43,131 @@ def _ledger(installation: Installation) -> dict[str, dict[str, object]]:
     return {g["metadata"]["name"]: g["status"] for g in w.get(installation.cluster, "gpus")["items"]}
 
 
+def _allocated(claim: dict[str, Any]) -> list[tuple[str, int, str | None, str]]:
+    """(uuid, granted MiB, share ID, device) per result of our driver, from the claim's status."""
+    uuids = {d["device"]: d["data"]["uuid"] for d in claim["status"]["devices"] if d["driver"] == w.DEVICE_CLASS}
+    return sorted(
+        (uuids[r["device"]], to_bytes(r["consumedCapacity"]["memory"]) // MiB, r.get("shareID"), r["device"])
+        for r in claim["status"]["allocation"]["devices"]["results"]
+        if r["driver"] == w.DEVICE_CLASS
+    )
+
+
+def _told(seen: w.Seen, claim: dict[str, Any]) -> list[tuple[str, int, str | None, str]]:
+    """The same tuples from the claim's file in the container, after checking the per-device env agrees."""
+    uid, name = claim["metadata"]["uid"], claim["metadata"]["name"]
+    (file,) = [f for n, f in seen.files.items() if n.startswith(f"{uid}_")]
+    assert file["claim"] == {"namespace": claim["metadata"]["namespace"], "name": name, "uid": uid}
+    for device in file["devices"]:
+        assert seen.device_vars()[device["envPrefix"]] == {
+            "UUID": device["uuid"],
+            "MEMORY_LIMIT_MIB": str(device["memoryMiB"]),
+            "CLAIM": f"{claim['metadata']['namespace']}/{name}",
+            "REQUEST": file["request"],
+            "SHARE_ID": device["shareID"],
+        }
+    return sorted((d["uuid"], d["memoryMiB"], d["shareID"], d["device"]) for d in file["devices"])
+
+
 def test_a_pod_sees_exactly_its_gpu_share(installation: Installation, ns: str) -> None:
     cluster = installation.cluster
     w.apply(cluster, ns, w.claim_template("share-10gi", "10Gi"), w.gpu_pod("solo", "share-10gi"))
     w.wait_running(cluster, ns, ["solo"])
     seen = w.report(cluster, ns, "solo")
-    recorded = w.recorded_gpu(w.claim_of(cluster, ns, "solo"))
-    assert seen["NVIDIA_VISIBLE_DEVICES"] == recorded["uuid"]
-    assert seen["FRACGPU_MEMORY_LIMIT_MIB"] == "10240"
-    devices = set(seen["DEV"].split())
+    claim = w.claim_of(cluster, ns, "solo")
+    recorded = w.recorded_gpu(claim)
+    assert seen.env["NVIDIA_VISIBLE_DEVICES"] == recorded["uuid"]
+    assert _told(seen, claim) == _allocated(claim)
+    assert [d[1] for d in _allocated(claim)] == [10240]
     minor = _minor(recorded["device"], installation)
     other = {f"nvidia{m}" for m in (0, 1) if m != minor}
-    assert f"nvidia{minor}" in devices
-    assert not devices & other, f"another GPU's device node is visible: {devices}"
-    assert {"nvidiactl", "nvidia-uvm"} <= devices
+    assert f"nvidia{minor}" in seen.nodes
+    assert not set(seen.nodes) & other, f"another GPU's device node is visible: {seen.nodes}"
+    assert {"nvidiactl", "nvidia-uvm"} <= set(seen.nodes)
+
+
+def test_one_container_with_two_claims_is_told_both(installation: Installation, ns: str) -> None:
+    """50Gi + 40Gi cannot share one 80Gi GPU, so the container `both` gets two GPUs, from two claims."""
+    cluster = installation.cluster
+    pod = w.pod("pair", {"big": "share-50gi", "small": "share-40gi"}, {"both": ["big", "small"], "one": ["small"]})
+    w.apply(cluster, ns, w.claim_template("share-50gi", "50Gi"), w.claim_template("share-40gi", "40Gi"), pod)
+    w.wait_running(cluster, ns, ["pair"])
+    both, one = w.report(cluster, ns, "pair", "both"), w.report(cluster, ns, "pair", "one")
+    claims = {c: w.claim_of(cluster, ns, "pair", c) for c in ("big", "small")}
+    uuids = {c: w.recorded_gpu(claim)["uuid"] for c, claim in claims.items()}
+    assert uuids["big"] != uuids["small"]
+
+    assert sorted(both.files) == sorted(f"{c['metadata']['uid']}_gpu.json" for c in claims.values())
+    for claim in claims.values():
+        assert _told(both, claim) == _allocated(claim)
+    assert len(both.device_vars()) == 2
+    assert sorted(k for k in both.env if k.startswith("FRACGPU_DEV_")) == sorted(
+        f"{prefix}{suffix}"
+        for prefix in both.device_vars()
+        for suffix in ("UUID", "MEMORY_LIMIT_MIB", "CLAIM", "REQUEST", "SHARE_ID")
+    ), "every FRACGPU_DEV_ variable belongs to a device of the files"
+    assert not {"FRACGPU_MEMORY_LIMIT_MIB", "FRACGPU_CLAIM", "FRACGPU_SHARE_ID"} & set(both.env)
+    assert both.env["FRACGPU_INFO_DIR"] == "/run/fracgpu" and both.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert both.env["NVIDIA_VISIBLE_DEVICES"] in uuids.values()  # documented: one request's GPUs, never another's
+    minors = {c: _minor(w.recorded_gpu(claim)["device"], installation) for c, claim in claims.items()}
+    assert {f"nvidia{m}" for m in minors.values()} <= set(both.nodes)
+
+    assert list(one.files) == [f"{claims['small']['metadata']['uid']}_gpu.json"]
+    assert _told(one, claims["small"]) == _allocated(claims["small"])
+    (prefix,) = one.device_vars()
+    assert all(k.startswith(prefix) for k in one.env if k.startswith("FRACGPU_DEV_")), "only its own device's names"
+    assert one.env["NVIDIA_VISIBLE_DEVICES"] == uuids["small"]
+    assert f"nvidia{minors['big']}" not in one.nodes and f"nvidia{minors['small']}" in one.nodes
+
+
+def test_a_claim_with_two_requests_tells_each_container_what_it_references(installation: Installation, ns: str) -> None:
+    """Requests of 50Gi and 40Gi land on the two GPUs; `all` uses the whole claim, `only-a` its request `a`."""
+    cluster = installation.cluster
+    template = w.requests_template("two-requests", {"a": "50Gi", "b": "40Gi"})
+    pod = w.pod("split", {"gpus": "two-requests"}, {"all": ["gpus"], "only-a": ["gpus/a"]})
+    w.apply(cluster, ns, template, pod)
+    w.wait_running(cluster, ns, ["split"])
+    every, only_a = w.report(cluster, ns, "split", "all"), w.report(cluster, ns, "split", "only-a")
+    claim = w.claim_of(cluster, ns, "split", "gpus")
+    uid = claim["metadata"]["uid"]
+    results = {r["request"]: r for r in claim["status"]["allocation"]["devices"]["results"]}
+    assert results["a"]["device"] != results["b"]["device"]
+    uuids = {d["device"]: d["data"]["uuid"] for d in claim["status"]["devices"] if d["driver"] == w.DEVICE_CLASS}
+
+    assert sorted(every.files) == [f"{uid}_a.json", f"{uid}_b.json"]
+    for request in ("a", "b"):
+        (device,) = every.files[f"{uid}_{request}.json"]["devices"]
+        result = results[request]
+        granted = to_bytes(result["consumedCapacity"]["memory"]) // MiB
+        assert (device["uuid"], device["memoryMiB"], device["shareID"]) == (
+            uuids[result["device"]],
+            granted,
+            result["shareID"],
+        )
+        assert every.device_vars()[device["envPrefix"]]["MEMORY_LIMIT_MIB"] == str(granted)
+        assert f"nvidia{device['minor']}" in every.nodes
+    assert every.env["NVIDIA_VISIBLE_DEVICES"] in uuids.values()
+
+    assert list(only_a.files) == [f"{uid}_a.json"]
+    (device,) = only_a.files[f"{uid}_a.json"]["devices"]
+    assert only_a.env["NVIDIA_VISIBLE_DEVICES"] == device["uuid"] == uuids[results["a"]["device"]]
+    assert list(only_a.device_vars()) == [device["envPrefix"]]
+    assert len([k for k in only_a.env if k.startswith("FRACGPU_DEV_")]) == 5
+    other = every.files[f"{uid}_b.json"]["devices"][0]["minor"]
+    assert f"nvidia{other}" not in only_a.nodes and f"nvidia{device['minor']}" in only_a.nodes
+
+
+def test_a_non_root_container_opens_its_gpu(installation: Installation, ns: str) -> None:
+    cluster = installation.cluster
+    w.apply(cluster, ns, w.claim_template("share-2gi", "2Gi"), w.gpu_pod("nonroot", "share-2gi", run_as_user=1000))
+    w.wait_running(cluster, ns, ["nonroot"])
+    seen = w.report(cluster, ns, "nonroot")
+    claim = w.claim_of(cluster, ns, "nonroot")
+    own = f"nvidia{_minor(w.recorded_gpu(claim)['device'], installation)}"
+    assert seen.uid == 1000
+    assert all(mode == "666" for mode in seen.nodes.values()), seen.nodes  # like the NVIDIA driver's nodes
+    assert seen.opened[own] in w.OPENED, f"uid 1000 cannot open /dev/{own}: {seen.opened[own]}"
+    assert _told(seen, claim) == _allocated(claim), "the request file is readable by a non-root user"
 
 
 def test_shares_pack_onto_gpus_and_the_ledger_shows_them(installation: Installation, ns: str) -> None:
@@ -67,9 +180,10 @@ def test_shares_pack_onto_gpus_and_the_ledger_shows_them(installation: Installat
     gpu = {p: w.recorded_gpu(w.claim_of(cluster, ns, p)) for p in ("a", "b", "c")}
     seen = {p: w.report(cluster, ns, p) for p in ("a", "b", "c")}
     assert gpu["a"]["uuid"] == gpu["b"]["uuid"] != gpu["c"]["uuid"], "two 40Gi shares fill one 80Gi GPU"
-    assert seen["a"]["NVIDIA_VISIBLE_DEVICES"] == seen["b"]["NVIDIA_VISIBLE_DEVICES"] == gpu["a"]["uuid"]
-    assert seen["a"]["FRACGPU_SHARE_ID"] != seen["b"]["FRACGPU_SHARE_ID"]
-    assert seen["c"]["NVIDIA_VISIBLE_DEVICES"] == gpu["c"]["uuid"]
+    assert seen["a"].env["NVIDIA_VISIBLE_DEVICES"] == seen["b"].env["NVIDIA_VISIBLE_DEVICES"] == gpu["a"]["uuid"]
+    share_ids = [d["SHARE_ID"] for p in ("a", "b") for d in seen[p].device_vars().values()]
+    assert len(share_ids) == 2 and share_ids[0] != share_ids[1]
+    assert seen["c"].env["NVIDIA_VISIBLE_DEVICES"] == gpu["c"]["uuid"]
 
     deadline = time.monotonic() + 60
     condition: dict[str, str] = {}
@@ -100,9 +214,10 @@ def test_two_containers_of_one_pod_share_one_claim(installation: Installation, n
     w.apply(cluster, ns, w.claim_template("share-8gi", "8Gi"), w.gpu_pod("duo", "share-8gi", containers=2))
     w.wait_running(cluster, ns, ["duo"])
     first, second = (w.report(cluster, ns, "duo", c) for c in ("app0", "app1"))
-    assert first["NVIDIA_VISIBLE_DEVICES"] == second["NVIDIA_VISIBLE_DEVICES"]
-    assert first["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
-    assert first["DEV"] == second["DEV"]
+    assert first.env["NVIDIA_VISIBLE_DEVICES"] == second.env["NVIDIA_VISIBLE_DEVICES"]
+    assert first.env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    assert first.nodes == second.nodes
+    assert first.files == second.files and len(first.files) == 1
 
 
 def test_deleting_pods_unprepares_and_frees_the_ledger(installation: Installation, ns: str) -> None:
@@ -118,6 +233,8 @@ def test_deleting_pods_unprepares_and_frees_the_ledger(installation: Installatio
     uids = {w.claim_of(cluster, ns, p)["metadata"]["uid"] for p in ("p1", "p2")}
     specs = {p.name for p in Path(cluster.cdi_dir).glob("*.json")}
     assert all(any(uid in name for name in specs) for uid in uids)
+    info_root = Path(cluster.kubelet_dir) / "plugins" / w.DEVICE_CLASS / "claim-info"
+    assert all((info_root / uid / "gpu.json").is_file() for uid in uids)
     cluster.kubectl("delete", "pod", "-n", ns, "p1", "p2", "--wait=true", "--timeout=60s")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -127,6 +244,7 @@ def test_deleting_pods_unprepares_and_frees_the_ledger(installation: Installatio
             break
         time.sleep(1)
     assert not left, f"CDI specs left after unprepare: {left}"
+    assert not [uid for uid in uids if (info_root / uid).exists()], "request files left after unprepare"
     assert all(s["allocatedMemory"] == "0" and s["shares"] == 0 for s in _ledger(installation).values()), _ledger(
         installation
     )
@@ -166,7 +284,7 @@ def test_a_deleted_plugin_pod_comes_back_and_serves(installation: Installation, 
     assert ready, "the DaemonSet did not bring the plugin back"
     w.apply(cluster, ns, w.claim_template("share-3gi", "3Gi"), w.gpu_pod("after", "share-3gi"))
     w.wait_running(cluster, ns, ["after"])
-    assert w.report(cluster, ns, "after")["FRACGPU_MEMORY_LIMIT_MIB"] == "3072"
+    assert [d["MEMORY_LIMIT_MIB"] for d in w.report(cluster, ns, "after").device_vars().values()] == ["3072"]
 
 
 def test_a_claim_with_a_bad_config_is_refused_at_admission(installation: Installation, ns: str) -> None:

@@ -2,17 +2,77 @@
 
 import json
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from e2e.cluster.node import SingleNodeCluster
 from e2e.image.small import BUSYBOX_IMAGE
 
 DEVICE_CLASS = "gpu.fracgpu.dev"
-# Prints what the container got, then stays up: the same lines tests parse and the demo shows.
-REPORT = (
-    'echo "NVIDIA_VISIBLE_DEVICES=$NVIDIA_VISIBLE_DEVICES"; echo "FRACGPU_MEMORY_LIMIT_MIB=$FRACGPU_MEMORY_LIMIT_MIB"; '
-    'echo "FRACGPU_SHARE_ID=$FRACGPU_SHARE_ID"; echo "DEV=$(ls /dev | grep nvidia | tr "\\n" " ")"; sleep 100000'
-)
+# Prints what the container got, then stays up: the lines `report` parses and the demo shows. `OPEN` tries
+# open(O_RDWR) on each GPU node: simulated nodes have no driver behind them, so the kernel answers "No such
+# device or address" once the file mode and the device cgroup have let the open through.
+REPORT = r"""
+env | grep -E '^(FRACGPU_|NVIDIA_VISIBLE_DEVICES=|CUDA_)' | sort | sed 's/^/ENV /'
+for f in /run/fracgpu/*.json; do [ -f "$f" ] && echo "FILE ${f##*/} $(cat "$f")"; done
+for d in /dev/nvidia*; do [ -e "$d" ] && echo "NODE ${d#/dev/} $(stat -c %a "$d")"; done
+for d in /dev/nvidia[0-9]*; do
+  [ -e "$d" ] || continue
+  if err=$( (exec 3<>"$d") 2>&1 ); then echo "OPEN ${d#/dev/} ok"; else echo "OPEN ${d#/dev/} ${err##*: }"; fi
+done
+echo "UID $(id -u)"
+echo END
+sleep 100000
+"""
+OPENED = ("ok", "No such device or address")  # past the permission and device-cgroup checks
+
+
+@dataclass(frozen=True)
+class Seen:
+    """What one container reported about itself."""
+
+    env: dict[str, str]
+    files: dict[str, dict[str, Any]]  # /run/fracgpu/<name> -> its JSON
+    nodes: dict[str, str]  # /dev/nvidia* name -> octal mode
+    opened: dict[str, str]  # /dev/nvidia<minor> name -> "ok" or the error
+    uid: int
+
+    def device_vars(self) -> dict[str, dict[str, str]]:
+        """FRACGPU_DEV_<KEY>_* variables grouped by the envPrefix the files name."""
+        prefixes = [d["envPrefix"] for f in self.files.values() for d in f["devices"]]
+        return {p: {k.removeprefix(p): v for k, v in self.env.items() if k.startswith(p)} for p in prefixes}
+
+    def grants(self) -> str:
+        """`<uuid>=<MiB>` per GPU share, from the files."""
+        return " ".join(f"{d['uuid'][:12]}…={d['memoryMiB']}MiB" for f in self.files.values() for d in f["devices"])
+
+
+def parse_report(out: str) -> Seen | None:
+    """The report in a container's log; None until it is complete."""
+    env: dict[str, str] = {}
+    files: dict[str, dict[str, Any]] = {}
+    nodes: dict[str, str] = {}
+    opened: dict[str, str] = {}
+    uid = -1
+    for line in out.splitlines():
+        tag, _, rest = line.partition(" ")
+        if tag == "ENV":
+            key, _, value = rest.partition("=")
+            env[key] = value
+        elif tag == "FILE":
+            name, _, content = rest.partition(" ")
+            files[name] = json.loads(content)
+        elif tag == "NODE":
+            name, _, mode = rest.partition(" ")
+            nodes[name] = mode
+        elif tag == "OPEN":
+            name, _, result = rest.partition(" ")
+            opened[name] = result
+        elif tag == "UID":
+            uid = int(rest)
+        elif tag == "END":
+            return Seen(env, files, nodes, opened, uid)
+    return None
 
 
 def claim_template(name: str, memory: str | None, config: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -31,30 +91,62 @@ def claim_template(name: str, memory: str | None, config: dict[str, Any] | None 
     }
 
 
-def gpu_pod(name: str, template: str, containers: int = 1) -> dict[str, Any]:
-    """A pod whose `containers` busybox containers all use one claim made from `template`."""
+def requests_template(name: str, memories: dict[str, str]) -> dict[str, Any]:
+    """A ResourceClaimTemplate with one request per entry (request name -> memory)."""
+    requests = [
+        {"name": r, "exactly": {"deviceClassName": DEVICE_CLASS, "capacity": {"requests": {"memory": m}}}}
+        for r, m in memories.items()
+    ]
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": requests}}},
+    }
+
+
+def gpu_pod(name: str, template: str, containers: int = 1, run_as_user: int | None = None) -> dict[str, Any]:
+    """A pod whose `containers` busybox containers all use one claim `gpu` made from `template`."""
+    names = [f"app{i}" for i in range(containers)] if containers > 1 else ["app"]
+    return pod(name, {"gpu": template}, {c: ["gpu"] for c in names}, run_as_user=run_as_user)
+
+
+def pod(
+    name: str, claims: dict[str, str], containers: dict[str, list[str]], run_as_user: int | None = None
+) -> dict[str, Any]:
+    """A pod with claims (pod claim name -> template) and busybox containers (name -> the claims it uses,
+    each `claim` or `claim/request`)."""
+    spec: dict[str, Any] = {
+        "hostNetwork": True,
+        "automountServiceAccountToken": False,
+        "enableServiceLinks": False,
+        "terminationGracePeriodSeconds": 1,
+        "resourceClaims": [{"name": c, "resourceClaimTemplateName": t} for c, t in claims.items()],
+        "containers": [
+            {
+                "name": container,
+                "image": BUSYBOX_IMAGE,
+                "imagePullPolicy": "Never",
+                "command": ["sh", "-c", REPORT],
+                "resources": {"claims": [_claim_ref(c) for c in used]},
+            }
+            for container, used in containers.items()
+        ],
+    }
+    if run_as_user is not None:
+        spec["securityContext"] = {"runAsUser": run_as_user, "runAsGroup": run_as_user, "runAsNonRoot": True}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "fracgpu-e2e"}},
-        "spec": {
-            "hostNetwork": True,
-            "automountServiceAccountToken": False,
-            "enableServiceLinks": False,
-            "terminationGracePeriodSeconds": 1,
-            "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": template}],
-            "containers": [
-                {
-                    "name": f"app{i}" if containers > 1 else "app",
-                    "image": BUSYBOX_IMAGE,
-                    "imagePullPolicy": "Never",
-                    "command": ["sh", "-c", REPORT],
-                    "resources": {"claims": [{"name": "gpu"}]},
-                }
-                for i in range(containers)
-            ],
-        },
+        "spec": spec,
     }
+
+
+def _claim_ref(used: str) -> dict[str, str]:
+    """`claim` or `claim/request` as a container's resources.claims entry."""
+    claim, _, request = used.partition("/")
+    return {"name": claim, "request": request} if request else {"name": claim}
 
 
 def apply(cluster: SingleNodeCluster, namespace: str, *objects: dict[str, Any]) -> None:
@@ -87,25 +179,25 @@ def wait_running(cluster: SingleNodeCluster, namespace: str, pods: list[str], ti
     raise TimeoutError(f"pods not Running after {timeout}s: {phases}\n{events[-3000:]}")
 
 
-def report(
-    cluster: SingleNodeCluster, namespace: str, pod: str, container: str = "app", timeout: float = 30
-) -> dict[str, str]:
-    """The KEY=value lines the container printed at start."""
+def report(cluster: SingleNodeCluster, namespace: str, pod: str, container: str = "app", timeout: float = 30) -> Seen:
+    """What the container printed at start."""
     deadline = time.monotonic() + timeout
     while True:
         out = cluster.kubectl("logs", "-n", namespace, pod, "-c", container, check=False).stdout
-        lines = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
-        if "DEV" in lines or time.monotonic() > deadline:
-            return lines
+        seen = parse_report(out)
+        if seen is not None:
+            return seen
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{namespace}/{pod}/{container} printed no complete report in {timeout}s:\n{out}")
         time.sleep(0.5)
 
 
-def claim_of(cluster: SingleNodeCluster, namespace: str, pod: str) -> dict[str, Any]:
-    """The ResourceClaim generated for the pod's claim `gpu`."""
+def claim_of(cluster: SingleNodeCluster, namespace: str, pod: str, claim: str = "gpu") -> dict[str, Any]:
+    """The ResourceClaim generated for the pod's claim `claim`."""
     status = get(cluster, "pod", "-n", namespace, pod)["status"]
-    (entry,) = [s for s in status.get("resourceClaimStatuses", []) if s["name"] == "gpu"]
-    claim: dict[str, Any] = get(cluster, "resourceclaim", "-n", namespace, entry["resourceClaimName"])
-    return claim
+    (entry,) = [s for s in status.get("resourceClaimStatuses", []) if s["name"] == claim]
+    found: dict[str, Any] = get(cluster, "resourceclaim", "-n", namespace, entry["resourceClaimName"])
+    return found
 
 
 def recorded_gpu(claim: dict[str, Any]) -> dict[str, Any]:

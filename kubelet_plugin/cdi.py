@@ -39,6 +39,7 @@ KNOWN_VERSIONS: tuple[str, ...] = (
     "1.1.0",
 )
 BASELINE_VERSION = "0.3.0"
+CLAIM_ANNOTATION = "fracgpu.dev/claim"  # spec annotation: "<namespace>/<name>" of the claim (for recovery)
 SPEC_FILE_MODE = 0o644
 
 _ALNUM = "A-Za-z0-9"

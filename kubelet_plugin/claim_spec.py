@@ -13,6 +13,7 @@ from api.gpu_config import GpuConfig, GpuConfigError, decode_gpu_config, merge_c
 from api.names import MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
 from kubelet_plugin import cdi
+from kubelet_plugin import container_info as info
 from kubelet_plugin.devicenodes import DeviceNodeError, HostDeviceNode, gpu_device_nodes
 from kubelet_plugin.model import GpuInfo, PreparedDevice
 from kubelet_plugin.settings import Settings
@@ -49,11 +50,20 @@ class _Share:
 
 @dataclass(frozen=True)
 class ClaimPlan:
-    """What preparing one claim means: the spec to write (None when no result is ours) and the answer."""
+    """What preparing one claim means: the files and spec to write (None when no result is ours), the answer."""
 
     spec: cdi.Spec | None
     devices: tuple[PreparedDevice, ...]
     nodes: tuple[HostDeviceNode, ...] = ()  # every device node the spec names, as found on the host
+    files: tuple[info.InfoFile, ...] = ()  # one per request, mounted by each of its devices
+    hami_core: bool = False
+
+
+# Names each device sets to the same value (so any mix of devices in one container agrees on them).
+CONSTANT_ENV = {"FRACGPU_INFO_DIR": info.DIR_IN_CONTAINER, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+# Per request, so two requests in one container disagree and the runtime keeps one: it then names fewer GPUs
+# than the container has, never a GPU it lacks (documented; the device nodes decide access).
+LAST_WINS_ENV = frozenset({"NVIDIA_VISIBLE_DEVICES"})
 
 
 def hami_preload_file(settings: Settings) -> Path:
@@ -118,58 +128,122 @@ def plan_claim(claim: dict[str, Any], settings: Settings, gpus: dict[str, GpuInf
         shares.append(_Share(result, gpu, granted // MiB, _config_for(result, configs)))
 
     by_request: dict[str, list[_Share]] = defaultdict(list)
-    for share in sorted(shares, key=lambda s: s.gpu.pci_bus_id):  # CUDA's default device order
+    for share in sorted(shares, key=lambda s: s.gpu.pci_bus_id):  # CUDA order, with CUDA_DEVICE_ORDER=PCI_BUS_ID
         by_request[share.base_request].append(share)
-    if len(by_request) > 1 and any(enforcement(s.config, settings) == "hami-core" for s in shares):
+    hami_core = any(enforcement(s.config, settings) == "hami-core" for s in shares)
+    if len(by_request) > 1 and hami_core:
         raise PrepareError(
             "invalid_config",
             "HAMi-core enforcement supports one request per claim (its CUDA_DEVICE_MEMORY_LIMIT_<i> variables "
             f"are per container); this claim has requests {', '.join(sorted(by_request))}: use one claim per request",
         )
 
+    claim_name = info.ClaimName(namespace=claim["metadata"]["namespace"], name=claim["metadata"]["name"], uid=uid)
     devices: list[cdi.Device] = []
     answer: list[PreparedDevice] = []
     host_nodes: list[HostDeviceNode] = []
-    namespace, name = claim["metadata"]["namespace"], claim["metadata"]["name"]
-    for share in shares:
-        try:
-            nodes = gpu_device_nodes(settings.driver_root, share.gpu.minor)
-        except DeviceNodeError as err:
-            raise PrepareError("device_node_missing", str(err)) from None
-        host_nodes += nodes
-        group = by_request[share.base_request]
-        edits = _edits(share, group, f"{namespace}/{name}", uid, settings=settings, nodes=nodes)
-        device_name = cdi.cdi_device_name(uid, share.result["device"], share.share_id)
-        devices.append(cdi.Device(name=device_name, container_edits=edits))
-        answer.append(
-            PreparedDevice(
-                request_names=(share.base_request,),
-                pool_name=share.result["pool"],
-                device_name=share.result["device"],
-                cdi_device_ids=(cdi.cdi_device_id(driver, uid, share.result["device"], share.share_id),),
-                share_id=share.share_id,
-            )
+    files: list[info.InfoFile] = []
+    for request, group in by_request.items():
+        request_info = info.RequestInfo(
+            claim=claim_name,
+            request=request,
+            enforcement="hami-core" if hami_core else "none",
+            devices=[_device_info(s, driver, uid) for s in group],
         )
-    spec = cdi.Spec(kind=cdi.cdi_kind(driver), devices=devices)
-    return ClaimPlan(spec=spec, devices=tuple(answer), nodes=tuple(host_nodes))
+        try:
+            file = info.info_file(settings.plugin_data_dir, request_info)
+        except info.InfoNameError as err:
+            raise PrepareError("invalid_name", str(err)) from None
+        files.append(file)
+        for share, device_info in zip(group, request_info.devices, strict=True):
+            nodes = _nodes(settings, share)
+            host_nodes += nodes
+            edits = _edits(share, group, device_info, request_info, file, settings=settings, nodes=nodes)
+            name = cdi.cdi_device_name(uid, share.result["device"], share.share_id)
+            devices.append(cdi.Device(name=name, container_edits=edits))
+            answer.append(
+                PreparedDevice(
+                    request_names=(request,),
+                    pool_name=share.result["pool"],
+                    device_name=share.result["device"],
+                    cdi_device_ids=(device_info.cdi_device,),
+                    share_id=share.share_id,
+                )
+            )
+    _check_no_collision(devices)
+    spec = cdi.Spec(
+        kind=cdi.cdi_kind(driver),
+        annotations={cdi.CLAIM_ANNOTATION: f"{claim_name.namespace}/{claim_name.name}"},
+        devices=devices,
+    )
+    return ClaimPlan(spec=spec, devices=tuple(answer), nodes=tuple(host_nodes), files=tuple(files), hami_core=hami_core)
+
+
+def _nodes(settings: Settings, share: _Share) -> list[HostDeviceNode]:
+    try:
+        return gpu_device_nodes(settings.driver_root, share.gpu.minor)
+    except DeviceNodeError as err:
+        raise PrepareError("device_node_missing", str(err)) from None
+
+
+def _device_info(share: _Share, driver: str, uid: str) -> info.DeviceInfo:
+    name = cdi.cdi_device_name(uid, share.result["device"], share.share_id)
+    try:
+        prefix = info.env_prefix(name)
+    except info.InfoNameError as err:
+        raise PrepareError("invalid_name", str(err)) from None
+    return info.DeviceInfo(
+        uuid=share.gpu.uuid,
+        memory_mib=share.memory_mib,
+        share_id=share.share_id,
+        device=share.result["device"],
+        pci_bus_id=share.gpu.pci_bus_id,
+        minor=share.gpu.minor,
+        cdi_device=cdi.cdi_device_id(driver, uid, share.result["device"], share.share_id),
+        env_prefix=prefix,
+    )
+
+
+def _check_no_collision(devices: list[cdi.Device]) -> None:
+    """Refuse a claim whose devices set one name to two values (a container referencing the whole claim would
+    get one of them): only GpuConfig env scoped to different requests can do that."""
+    seen: dict[str, tuple[str, str]] = {}
+    for device in devices:
+        for entry in device.container_edits.env:
+            key, _, value = entry.partition("=")
+            if key in LAST_WINS_ENV:
+                continue
+            first = seen.setdefault(key, (value, device.name))
+            if first[0] != value:
+                raise PrepareError(
+                    "invalid_config",
+                    f"environment variable {key} would be {first[0]!r} for device {first[1]} and {value!r} for "
+                    f"device {device.name} of the same claim, and a container gets only one: give the requests' "
+                    "GpuConfigs the same value or different names",
+                )
 
 
 def _edits(
-    share: _Share, group: list[_Share], claim: str, uid: str, *, settings: Settings, nodes: list[HostDeviceNode]
+    share: _Share,
+    group: list[_Share],
+    device: info.DeviceInfo,
+    request: info.RequestInfo,
+    file: info.InfoFile,
+    *,
+    settings: Settings,
+    nodes: list[HostDeviceNode],
 ) -> cdi.ContainerEdits:
-    """Edits for one device: identical env across a request's devices, so they never conflict."""
-    env = {
-        "NVIDIA_VISIBLE_DEVICES": ",".join(s.gpu.uuid for s in group),
-        "FRACGPU_MEMORY_LIMIT_MIB": ",".join(str(s.memory_mib) for s in group),
-        "FRACGPU_CLAIM": claim,
-    }
-    share_ids = [s.share_id for s in group if s.share_id]
-    if share_ids:
-        env["FRACGPU_SHARE_ID"] = ",".join(share_ids)
+    """Edits for one device: constants, its own FRACGPU_DEV_<KEY>_* names, its request's file and (identical
+    across the request's devices, which always travel together) NVIDIA_VISIBLE_DEVICES and HAMi-core's env."""
+    env = dict(CONSTANT_ENV)
+    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(s.gpu.uuid for s in group)
+    env.update(info.device_env(device.env_prefix, device, request.claim, request.request))
     env.update(share.config.env)
-    mounts: list[cdi.Mount] = []
-    if enforcement(share.config, settings) == "hami-core":
-        mounts = _hami_mounts(settings, uid)
+    mounts = [
+        cdi.Mount(host_path=str(file.host_path), container_path=file.container_path, options=info.mount_options())
+    ]
+    if request.enforcement == "hami-core":
+        mounts += _hami_mounts(settings, request.claim.uid)
         env["FRACGPU_ENFORCEMENT"] = "hami-core"
         for i, s in enumerate(group):
             env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{s.memory_mib}m"

@@ -1,5 +1,6 @@
 """The NVIDIA device nodes a GPU share needs, checked on the host before any CDI spec names them."""
 
+import contextlib
 import logging
 import os
 import stat
@@ -57,17 +58,60 @@ def gpu_device_nodes(driver_root: Path, minor: int) -> list[HostDeviceNode]:
     return nodes
 
 
+def _is_node(path: Path, node: HostDeviceNode) -> bool:
+    """True if `path` (followed) is a character device with the node's major:minor."""
+    try:
+        st = path.stat()
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (node.major, node.minor)
+
+
 def ensure_char_links(dev_char_dir: Path, nodes: list[HostDeviceNode]) -> None:
-    """Make `/dev/char/<major>:<minor>` point at each node, so systemd's device rules keep granting access
-    after `systemctl daemon-reload`. Existing entries are left alone."""
-    dev_char_dir.mkdir(parents=True, exist_ok=True)
+    """Make `/dev/char/<major>:<minor>` lead to each node, so systemd's device rules keep granting access after
+    `systemctl daemon-reload`. An entry that already leads to that device (e.g. udev's) is kept; a dangling
+    symlink or one leading elsewhere is replaced atomically; anything else there is reported, never touched.
+    Problems are logged, never raised: the container can start without the link."""
+    try:
+        dev_char_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        log.warning("cannot create the /dev/char directory", extra={"path": str(dev_char_dir), "error": str(err)})
+        return
     for node in nodes:
         link = dev_char_dir / f"{node.major}:{node.minor}"
-        if link.is_symlink() or link.exists():
+        if _is_node(link, node):
             continue
+        if link.exists() and not link.is_symlink():
+            log.warning(
+                "a non-symlink is in the way of a /dev/char link; remove it so systemd can find the device",
+                extra={"link": str(link), "device": str(node.host_path), "found": _kind(link)},
+            )
+            continue
+        if link.is_symlink():
+            log.warning(
+                "repairing a stale /dev/char link",
+                extra={"link": str(link), "target": os.readlink(link), "device": str(node.host_path)},
+            )
+        tmp = dev_char_dir / f".{link.name}.fracgpu.tmp"
         try:
-            link.symlink_to(node.host_path)
-        except FileExistsError:
-            pass
+            tmp.unlink(missing_ok=True)
+            tmp.symlink_to(node.host_path)
+            os.replace(tmp, link)
         except OSError as err:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
             log.warning("cannot create /dev/char link", extra={"link": str(link), "error": str(err)})
+
+
+def _kind(path: Path) -> str:
+    try:
+        st = path.lstat()
+    except OSError as err:
+        return f"unreadable ({err})"
+    if stat.S_ISDIR(st.st_mode):
+        return "directory"
+    if stat.S_ISREG(st.st_mode):
+        return "regular file"
+    if stat.S_ISCHR(st.st_mode):
+        return f"character device {os.major(st.st_rdev)}:{os.minor(st.st_rdev)}"
+    return "special file"

@@ -35,7 +35,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from api.kube_rest import KubeRest, claim_path
-from kubelet_plugin import cdi
+from kubelet_plugin import cdi, container_info
 from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry, NewerSchemaError
 from kubelet_plugin.claim_spec import PrepareError, hami_cache_dir, hami_preload_file, plan_claim
 from kubelet_plugin.claim_status import apply_ready, is_ready
@@ -91,6 +91,8 @@ class Preparer:
             for uid in specs - set(checkpoint.claims):
                 log.warning("removing orphaned CDI spec", extra={"claim": uid})
                 cdi.remove_spec(cdi_dir, driver, uid)
+            for uid in container_info.remove_orphan_claim_files(self._settings.plugin_data_dir, set(checkpoint.claims)):
+                log.warning("removed orphaned claim info files", extra={"claim": uid})
             for directory, prefix in (
                 (cdi_dir, cdi.spec_file_prefix(driver)),
                 (self._store.path.parent, self._store.path.name),
@@ -238,6 +240,7 @@ class Preparer:
                 try:
                     cdi.remove_spec(self._settings.cdi_dir, self._settings.driver_name, ref.uid)
                     shutil.rmtree(hami_cache_dir(self._settings, ref.uid), ignore_errors=True)
+                    container_info.remove_claim_files(self._settings.plugin_data_dir, ref.uid)
                 except OSError as err:
                     self._count_error("unprepare", "internal")
                     errors[ref.uid] = f"cannot remove CDI spec of claim {_show(ref)}: {err}"
@@ -275,7 +278,7 @@ class Preparer:
         return claim
 
     def _write(self, claim: dict[str, Any], prepared: ClaimEntry | None = None) -> tuple[PreparedDevice, ...]:
-        """Write the claim's CDI spec (and HAMi-core files); return the devices for the kubelet.
+        """Write the claim's info files, CDI spec (and HAMi-core files); return the devices for the kubelet.
 
         `prepared`: the claim's checkpoint entry; a device that is now another physical GPU than when it
         was prepared (NVML indices shift when a GPU disappears) is refused rather than handed out.
@@ -292,12 +295,15 @@ class Preparer:
         if plan.spec is None:
             return ()
         uid = claim["metadata"]["uid"]
-        try:
-            if any(d.container_edits.mounts for d in plan.spec.devices):
+        try:  # everything the spec mounts exists before the spec does
+            container_info.write_claim_files(
+                container_info.claim_info_dir(self._settings.plugin_data_dir, uid), list(plan.files)
+            )
+            if plan.hami_core:
                 self._prepare_hami_files(uid)
             cdi.write_spec(self._settings.cdi_dir, uid, plan.spec, self._settings.driver_name)
         except OSError as err:
-            raise PrepareError("internal", f"cannot write CDI spec for claim {uid}: {err}") from None
+            raise PrepareError("internal", f"cannot write CDI spec or info files for claim {uid}: {err}") from None
         ensure_char_links(self._settings.dev_char_dir, list(plan.nodes))
         return plan.devices
 

@@ -1,17 +1,18 @@
 """What a claim's CDI spec file tells about its checkpoint entry (pure): the rebuild of a corrupt checkpoint.
 
-A spec names the claim (``FRACGPU_CLAIM=<namespace>/<name>``), each device (``<claimUID>-<device>[-<shareID>]``)
-and the physical GPUs of the device's request (``NVIDIA_VISIBLE_DEVICES``). A device whose request has one
-GPU gets that GPU's UUID back, so the guard against a device that became another GPU keeps working; with
-several GPUs in one request the spec does not say which device is which, and the UUID stays unknown. The
-spec does not record request names: the entry has none until the next prepare of the claim rewrites it.
+A spec names the claim (annotation ``fracgpu.dev/claim=<namespace>/<name>``; specs of earlier versions:
+env ``FRACGPU_CLAIM``), each device (``<claimUID>-<device>[-<shareID>]``) and each device's physical GPU (its
+``FRACGPU_DEV_<KEY>_UUID`` env; earlier versions: ``NVIDIA_VISIBLE_DEVICES`` of the device's request, which
+identifies the GPU only when the request has one). The UUID keeps the guard against a device that became
+another GPU working. The spec does not record request names: the entry has none until the next prepare of the
+claim rewrites it.
 """
 
 import re
 
 from pydantic import ValidationError
 
-from kubelet_plugin import cdi
+from kubelet_plugin import cdi, container_info
 from kubelet_plugin.checkpoint import CheckpointDevice, ClaimEntry
 
 #: ``GpuInfo.device_name`` (``gpu-<NVML index>``), then the optional share ID.
@@ -26,18 +27,17 @@ def entry_from_spec(text: str, claim_uid: str, driver: str, node_name: str) -> C
         return None
     if spec.kind != cdi.cdi_kind(driver):
         return None
-    owner: tuple[str, str] | None = None
+    owner = _claim_name((spec.annotations or {}).get(cdi.CLAIM_ANNOTATION, ""))
     devices: list[CheckpointDevice] = []
     for device in spec.devices:
         env = dict(e.split("=", 1) for e in device.container_edits.env)
-        namespace, sep, name = env.get("FRACGPU_CLAIM", "").partition("/")
-        if sep and namespace and name:
-            owner = owner or (namespace, name)
+        owner = owner or _claim_name(env.get("FRACGPU_CLAIM", ""))
         prefix = f"{claim_uid}-"
         match = _DEVICE_RE.match(device.name[len(prefix) :]) if device.name.startswith(prefix) else None
         if match is None:
             continue
-        uuids = {u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u}
+        uuids = {env.get(f"{container_info.env_prefix(device.name)}UUID", "")} - {""}
+        uuids = uuids or {u for u in env.get("NVIDIA_VISIBLE_DEVICES", "").split(",") if u}
         devices.append(
             CheckpointDevice(
                 request_names=[],
@@ -51,3 +51,8 @@ def entry_from_spec(text: str, claim_uid: str, driver: str, node_name: str) -> C
     if owner is None:
         return None
     return ClaimEntry(namespace=owner[0], name=owner[1], state="PrepareCompleted", devices=devices)
+
+
+def _claim_name(value: str) -> tuple[str, str] | None:
+    namespace, sep, name = value.partition("/")
+    return (namespace, name) if sep and namespace and name else None

@@ -9,6 +9,7 @@ HERE = Path(__file__).resolve().parent
 PROFILES = HERE / "profiles"
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255
+DEVICE_NODE_MODE = 0o666  # as the NVIDIA driver creates them (NVreg_DeviceFileMode default)
 
 
 def build(outdir: Path) -> Path:
@@ -35,16 +36,18 @@ def gpu_minors(profile: Path) -> list[int]:
 
 
 def _mknod(path: Path, major: int, minor: int) -> None:
-    if path.exists():
-        st = path.stat()
-        if stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major, minor):
-            return
-        path.unlink()
-    os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
+    """A character device node like the NVIDIA driver's: mode 0666 whatever the umask."""
+    if path.is_symlink() or path.exists():
+        st = path.lstat()
+        if not (stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major, minor)):
+            path.unlink()
+    if not path.exists():
+        os.mknod(path, DEVICE_NODE_MODE | stat.S_IFCHR, os.makedev(major, minor))
+    os.chmod(path, DEVICE_NODE_MODE)  # mknod applies the umask
 
 
 def make_driver_root(root: Path, profile: Path) -> Path:
-    """Create `<root>/dev/nvidia<minor>` per GPU, nvidiactl, nvidia-uvm and nvidia-uvm-tools (needs root)."""
+    """Create `<root>/dev/nvidia<minor>` per GPU, nvidiactl, nvidia-uvm and nvidia-uvm-tools, all 0666 (needs root)."""
     dev = root / "dev"
     dev.mkdir(parents=True, exist_ok=True)
     uvm_major = int(read_profile(profile).get("uvm_major", "510"))

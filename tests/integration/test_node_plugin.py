@@ -26,7 +26,7 @@ from e2e import mocknvml
 from e2e.cluster.controlplane import ControlPlane
 from e2e.kubelet_client import KubeletClient
 from e2e.nodeplugin import DRIVER, NodePluginProcess
-from kubelet_plugin import cdi
+from kubelet_plugin import cdi, container_info
 from tests.integration import kube
 
 pytestmark = pytest.mark.integration
@@ -145,9 +145,13 @@ def test_prepare_writes_a_cdi_spec_for_the_allocated_gpu_only(
         (cdi_device,) = spec["devices"]
         env = _env(cdi_device["containerEdits"])
         assert env["NVIDIA_VISIBLE_DEVICES"] == gpus[result["device"]]["attributes"]["uuid"]["string"]
-        assert env["FRACGPU_MEMORY_LIMIT_MIB"] == "30720"
-        assert env["FRACGPU_SHARE_ID"] == result["shareID"]
-        assert env["FRACGPU_CLAIM"] == f"{namespace}/{claim['metadata']['name']}"
+        own = container_info.env_prefix(cdi_device["name"])
+        assert env[f"{own}MEMORY_LIMIT_MIB"] == "30720"
+        assert env[f"{own}SHARE_ID"] == result["shareID"]
+        assert env[f"{own}CLAIM"] == f"{namespace}/{claim['metadata']['name']}"
+        (mount,) = cdi_device["containerEdits"]["mounts"]
+        request_file = json.loads(Path(mount["hostPath"]).read_text())
+        assert [(d["uuid"], d["memoryMiB"]) for d in request_file["devices"]] == [(env[f"{own}UUID"], 30720)]
         paths = {n["path"] for n in cdi_device["containerEdits"]["deviceNodes"]}
         own = f"/dev/nvidia{minors[result['device']]}"
         others = {f"/dev/nvidia{m}" for d, m in minors.items() if d != result["device"]}

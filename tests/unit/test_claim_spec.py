@@ -13,10 +13,12 @@ import pytest
 from api.names import DRIVER_NAME
 from api.quantity import MiB
 from kubelet_plugin import cdi
+from kubelet_plugin import container_info as info
 from kubelet_plugin.cdi import ContainerEdits, Device
 from kubelet_plugin.claim_spec import (
     HAMI_CACHE_IN_CONTAINER,
     HAMI_LIBRARY_IN_CONTAINER,
+    LAST_WINS_ENV,
     ClaimPlan,
     PrepareError,
     hami_cache_dir,
@@ -26,6 +28,7 @@ from kubelet_plugin.claim_spec import (
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.slices import usable_memory
+from kubelet_plugin.spec_rebuild import entry_from_spec
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
 
@@ -125,14 +128,20 @@ def gpu_config(**fields: Any) -> dict[str, Any]:
     return {"apiVersion": CONFIG_API, "kind": "GpuConfig", **fields}
 
 
-def claim(results: list[dict[str, Any]], configs: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+def claim(
+    results: list[dict[str, Any]],
+    configs: list[dict[str, Any]] | None = None,
+    *,
+    uid: str = UID,
+    name: str = "my-claim",
+) -> dict[str, Any]:
     devices: dict[str, Any] = {"results": results}
     if configs is not None:
         devices["config"] = configs
     return {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaim",
-        "metadata": {"name": "my-claim", "namespace": "team-a", "uid": UID, "generation": 1},
+        "metadata": {"name": name, "namespace": "team-a", "uid": uid, "generation": 1},
         "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER_NAME}}]}},
         "status": {"allocation": {"devices": devices}},
     }
@@ -145,6 +154,14 @@ def env_of(edits: ContainerEdits) -> dict[str, str]:
         assert key not in out, f"duplicate env {key}"
         out[key] = value
     return out
+
+
+def own_vars(device: Device) -> dict[str, str]:
+    """The device's FRACGPU_DEV_<KEY>_* variables by suffix; asserts no other device's names are present."""
+    prefix = info.env_prefix(device.name)
+    env = env_of(device.container_edits)
+    assert all(k.startswith(prefix) for k in env if k.startswith(info.ENV_PREFIX)), env
+    return {k.removeprefix(prefix): v for k, v in env.items() if k.startswith(prefix)}
 
 
 def only_device(plan: ClaimPlan) -> Device:
@@ -162,32 +179,160 @@ def node_paths(device: Device) -> list[str]:
 
 def test_env_of_one_share(settings: Settings) -> None:
     plan = plan_claim(claim([result()]), settings, GPUS)
-    env = env_of(only_device(plan).container_edits)
+    device = only_device(plan)
+    env = env_of(device.container_edits)
     assert env["NVIDIA_VISIBLE_DEVICES"] == UUID0
-    assert env["FRACGPU_MEMORY_LIMIT_MIB"] == "10240"
-    assert env["FRACGPU_CLAIM"] == "team-a/my-claim"
-    assert env["FRACGPU_SHARE_ID"] == SHARE_A
-    assert not any(k.startswith("CUDA_") for k in env)  # no enforcement configured
+    assert own_vars(device) == {
+        "UUID": UUID0,
+        "MEMORY_LIMIT_MIB": "10240",
+        "CLAIM": "team-a/my-claim",
+        "REQUEST": "gpu",
+        "SHARE_ID": SHARE_A,
+    }
+    assert (
+        info.env_prefix(device.name)
+        == f"FRACGPU_DEV_{UID.upper().replace('-', '_')}_GPU_0_{SHARE_A.upper().replace('-', '_')}_"
+    )
+    assert env["FRACGPU_INFO_DIR"] == "/run/fracgpu"
+    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    # single-valued names would be wrong with two claims in one container: gone
+    assert not {"FRACGPU_MEMORY_LIMIT_MIB", "FRACGPU_CLAIM", "FRACGPU_SHARE_ID"} & set(env)
+    assert not any(k.startswith("CUDA_") for k in env if k != "CUDA_DEVICE_ORDER")  # no enforcement configured
 
 
 def test_env_names_the_allocated_gpu(settings: Settings) -> None:
-    env = env_of(only_device(plan_claim(claim([result("gpu-1", memory="512Mi")]), settings, GPUS)).container_edits)
-    assert env["NVIDIA_VISIBLE_DEVICES"] == UUID1
-    assert env["FRACGPU_MEMORY_LIMIT_MIB"] == "512"
+    device = only_device(plan_claim(claim([result("gpu-1", memory="512Mi")]), settings, GPUS))
+    assert env_of(device.container_edits)["NVIDIA_VISIBLE_DEVICES"] == UUID1
+    assert (own_vars(device)["UUID"], own_vars(device)["MEMORY_LIMIT_MIB"]) == (UUID1, "512")
 
 
 def test_without_consumed_capacity_the_whole_usable_memory(settings: Settings) -> None:
-    env = env_of(only_device(plan_claim(claim([result(memory=None)]), settings, GPUS)).container_edits)
+    device = only_device(plan_claim(claim([result(memory=None)]), settings, GPUS))
     whole = usable_memory(GPUS["gpu-0"], settings.memory_step_bytes, settings.memory_reserve_bytes)
-    assert env["FRACGPU_MEMORY_LIMIT_MIB"] == str(whole // MiB) == "81408"
+    assert own_vars(device)["MEMORY_LIMIT_MIB"] == str(whole // MiB) == "81408"
 
 
 def test_without_share_id_no_share_env(settings: Settings) -> None:
     plan = plan_claim(claim([result(share=None)]), settings, GPUS)
     device = only_device(plan)
-    assert "FRACGPU_SHARE_ID" not in env_of(device.container_edits)
+    assert "SHARE_ID" not in own_vars(device)
     assert device.name == f"{UID}-gpu-0"
     assert plan.devices[0].share_id is None
+    assert plan.files[0].info.devices[0].share_id is None
+
+
+# --- what a container with several requests or claims is told ---------------------------------------
+
+UID_2 = "9a8b7c6d-5e4f-4a3b-8c2d-1e0f9a8b7c6d"
+SHARE_C = "c0c0c0c0-2222-4333-8444-555566667777"
+SHARE_D = "d0d0d0d0-2222-4333-8444-555566667777"
+
+
+def two_request_claim() -> dict[str, Any]:
+    """Request `a` on gpu-0 and request `b` on gpu-1 (distinctAttribute on the UUID), as the allocator writes it."""
+    return claim([result("gpu-1", request="b", share=SHARE_B, memory="20Gi"), result(request="a", memory="10Gi")])
+
+
+def test_devices_that_can_meet_in_a_container_never_set_one_name_to_two_values(settings: Settings) -> None:
+    first = plan_claim(two_request_claim(), settings, GPUS)
+    second = plan_claim(claim([result("gpu-1", share=SHARE_C, memory="30Gi")], uid=UID_2, name="other"), settings, GPUS)
+    devices = [d for p in (first, second) for d in (p.spec.devices if p.spec else [])]
+    assert len(devices) == 3
+    values: dict[str, set[str]] = {}
+    for device in devices:
+        for key, value in env_of(device.container_edits).items():
+            values.setdefault(key, set()).add(value)
+    collisions = {k: v for k, v in values.items() if len(v) > 1}
+    assert set(collisions) <= LAST_WINS_ENV, collisions
+    mounts = [m.container_path for d in devices for m in d.container_edits.mounts]
+    assert len(set(mounts)) == 3 and all(m.startswith("/run/fracgpu/") for m in mounts)
+
+
+def test_nvidia_visible_devices_names_only_gpus_the_device_brings(settings: Settings) -> None:
+    """A request's devices always reach a container together, so listing the request's GPUs never widens."""
+    plan = plan_claim(
+        claim([result("gpu-1", request="a", share=SHARE_B), result(request="a"), result(request="b", share=SHARE_C)]),
+        settings,
+        GPUS,
+    )
+    assert plan.spec is not None
+    by_request: dict[str, set[str]] = {}
+    for device in plan.spec.devices:
+        vars_ = own_vars(device)
+        by_request.setdefault(vars_["REQUEST"], set()).add(vars_["UUID"])
+    for device in plan.spec.devices:
+        visible = env_of(device.container_edits)["NVIDIA_VISIBLE_DEVICES"].split(",")
+        assert set(visible) == by_request[own_vars(device)["REQUEST"]]
+    assert by_request == {"a": {UUID0, UUID1}, "b": {UUID0}}
+
+
+def test_request_files_agree_with_the_allocation(settings: Settings) -> None:
+    # request `a` got two GPUs (listed out of PCI order), request `b` one share
+    allocated = claim(
+        [
+            result("gpu-1", request="a", share=SHARE_B, memory="20Gi"),
+            result(request="a", share=SHARE_A, memory="10Gi"),
+            result(request="b/small", share=SHARE_C, memory="1Gi"),
+        ]
+    )
+    plan = plan_claim(allocated, settings, GPUS)
+    assert plan.spec is not None
+    files = {f.info.request: f for f in plan.files}
+    assert set(files) == {"a", "b"}
+    a, b = files["a"], files["b"]
+    assert a.host_path == settings.plugin_data_dir / "claim-info" / UID / "a.json"
+    assert a.container_path == f"/run/fracgpu/{UID}_a.json"
+    assert b.container_path == f"/run/fracgpu/{UID}_b.json"
+    data = json.loads(a.info.to_json())
+    assert data["claim"] == {"namespace": "team-a", "name": "my-claim", "uid": UID}
+    assert data["request"] == "a"
+    assert data["enforcement"] == "none"
+    assert [(d["uuid"], d["memoryMiB"], d["shareID"], d["device"]) for d in data["devices"]] == [
+        (UUID0, 10240, SHARE_A, "gpu-0"),  # CUDA order: PCI bus ID 0000:01:00.0 first
+        (UUID1, 20480, SHARE_B, "gpu-1"),
+    ]
+    assert [d["pciBusID"] for d in data["devices"]] == ["0000:01:00.0", "0000:02:00.0"]
+    assert [(d["uuid"], d["memoryMiB"]) for d in json.loads(b.info.to_json())["devices"]] == [(UUID0, 1024)]
+    answer_ids = {i for d in plan.devices for i in d.cdi_device_ids}
+    for device in plan.spec.devices:
+        vars_ = own_vars(device)
+        (mount,) = device.container_edits.mounts
+        file = files[vars_["REQUEST"]]
+        assert (mount.host_path, mount.container_path) == (str(file.host_path), file.container_path)
+        assert "ro" in mount.options
+        (entry,) = [d for d in file.info.devices if d.cdi_device == f"{plan.spec.kind}={device.name}"]
+        assert entry.cdi_device in answer_ids
+        assert entry.env_prefix == info.env_prefix(device.name)
+        assert (vars_["UUID"], vars_["MEMORY_LIMIT_MIB"], vars_["SHARE_ID"]) == (
+            entry.uuid,
+            str(entry.memory_mib),
+            entry.share_id,
+        )
+
+
+def test_gpu_config_env_that_differs_between_requests_is_refused(settings: Settings) -> None:
+    configs = [
+        config(gpu_config(env={"MODE": "train"}), requests=["a"]),
+        config(gpu_config(env={"MODE": "eval"}), requests=["b"]),
+    ]
+    with pytest.raises(PrepareError) as refused:
+        plan_claim(claim([result(request="a"), result("gpu-1", request="b", share=SHARE_B)], configs), settings, GPUS)
+    assert refused.value.kind == "invalid_config"
+    assert "MODE" in str(refused.value) and "'train'" in str(refused.value) and "'eval'" in str(refused.value)
+    same = [config(gpu_config(env={"MODE": "train"}), requests=["a", "b"])]
+    assert plan_claim(
+        claim([result(request="a"), result("gpu-1", request="b", share=SHARE_B)], same), settings, GPUS
+    ).spec
+
+
+def test_spec_names_its_claim_for_recovery(settings: Settings) -> None:
+    plan = plan_claim(claim([result()]), settings, GPUS)
+    assert plan.spec is not None
+    path = cdi.write_spec(settings.cdi_dir, UID, plan.spec, DRIVER_NAME)
+    entry = entry_from_spec(path.read_text(), UID, DRIVER_NAME, settings.node_name)
+    assert entry is not None
+    assert (entry.namespace, entry.name) == ("team-a", "my-claim")
+    assert [(d.device_name, d.uuid) for d in entry.devices] == [("gpu-0", GPUS["gpu-0"].uuid)]
 
 
 # --- device nodes ----------------------------------------------------------------------------------
@@ -312,8 +457,9 @@ def test_two_shares_of_one_gpu_in_one_claim(settings: Settings) -> None:
     assert [d.request_names for d in plan.devices] == [("a",), ("b",)]
     env_a, env_b = (env_of(d.container_edits) for d in plan.spec.devices)
     assert env_a["NVIDIA_VISIBLE_DEVICES"] == env_b["NVIDIA_VISIBLE_DEVICES"] == UUID0
-    assert (env_a["FRACGPU_MEMORY_LIMIT_MIB"], env_b["FRACGPU_MEMORY_LIMIT_MIB"]) == ("4096", "6144")
-    assert (env_a["FRACGPU_SHARE_ID"], env_b["FRACGPU_SHARE_ID"]) == (SHARE_A, SHARE_B)
+    vars_a, vars_b = (own_vars(d) for d in plan.spec.devices)
+    assert (vars_a["MEMORY_LIMIT_MIB"], vars_b["MEMORY_LIMIT_MIB"]) == ("4096", "6144")
+    assert (vars_a["SHARE_ID"], vars_b["SHARE_ID"]) == (SHARE_A, SHARE_B)
 
 
 def test_request_names_are_base_names(settings: Settings) -> None:
@@ -413,7 +559,14 @@ def check_hami(device: Device, settings: Settings, memory_mib: int, sm_limit: in
     else:
         assert env["CUDA_DEVICE_SM_LIMIT"] == str(sm_limit)
     mounts = {m.container_path: m for m in device.container_edits.mounts}
-    assert set(mounts) == {HAMI_LIBRARY_IN_CONTAINER, "/etc/ld.so.preload", "/tmp/vgpulock", HAMI_CACHE_IN_CONTAINER}
+    assert set(mounts) == {
+        HAMI_LIBRARY_IN_CONTAINER,
+        "/etc/ld.so.preload",
+        "/tmp/vgpulock",
+        HAMI_CACHE_IN_CONTAINER,
+        f"/run/fracgpu/{UID}_gpu.json",
+    }
+    assert env["FRACGPU_ENFORCEMENT"] == "hami-core"
     assert mounts[HAMI_LIBRARY_IN_CONTAINER].host_path == str(settings.hami_core_library)
     assert mounts["/etc/ld.so.preload"].host_path == str(hami_preload_file(settings))
     assert mounts["/tmp/vgpulock"].host_path == str(settings.hami_core_lock_dir)
@@ -478,8 +631,9 @@ def test_hami_core_missing_library(root: Path, tmp_path: Path) -> None:
     assert str(missing) in str(err.value)
 
 
-def test_no_mounts_without_enforcement(settings: Settings) -> None:
-    assert only_device(plan_claim(claim([result()]), settings, GPUS)).container_edits.mounts == []
+def test_only_the_info_file_without_enforcement(settings: Settings) -> None:
+    mounts = only_device(plan_claim(claim([result()]), settings, GPUS)).container_edits.mounts
+    assert [m.container_path for m in mounts] == [f"/run/fracgpu/{UID}_gpu.json"]
 
 
 # --- the written spec ----------------------------------------------------------------------------

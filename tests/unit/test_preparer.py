@@ -17,7 +17,7 @@ from kubernetes.client.exceptions import ApiException
 from api.kube_rest import KubeRest, claim_path
 from api.names import DRIVER_NAME
 from api.quantity import MiB
-from kubelet_plugin import cdi
+from kubelet_plugin import cdi, container_info
 from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry
 from kubelet_plugin.claim_status import FIELD_MANAGER
 from kubelet_plugin.metrics import PluginMetrics
@@ -252,6 +252,31 @@ def test_unprepare_removes_spec_and_entry(env: Env) -> None:
     # repeat and claims never prepared are fine too; the claim may be gone from the API server
     del env.api.claims[NS, "claim-a"]
     assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
+
+
+def test_prepare_writes_the_request_file_the_spec_mounts_and_unprepare_removes_it(env: Env) -> None:
+    claim = env.api.add(make_claim(UID_A, "claim-a", memory="3Gi"))
+    assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
+    spec = json.loads(env.spec_file(UID_A).read_text())
+    (mount,) = spec["devices"][0]["containerEdits"]["mounts"]
+    host = Path(mount["hostPath"])
+    assert host == container_info.claim_info_dir(env.settings.plugin_data_dir, UID_A) / "gpu.json"
+    assert mount["containerPath"] == f"/run/fracgpu/{UID_A}_gpu.json"
+    data = json.loads(host.read_text())
+    assert data["claim"] == {"namespace": NS, "name": "claim-a", "uid": UID_A}
+    assert [(d["uuid"], d["memoryMiB"], d["shareID"]) for d in data["devices"]] == [(UUID0, 3072, SHARE_A)]
+    assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
+    assert not host.parent.exists()
+
+
+def test_no_spec_when_the_request_file_cannot_be_written(env: Env) -> None:
+    root = container_info.claim_info_root(env.settings.plugin_data_dir)
+    root.parent.mkdir(parents=True, exist_ok=True)
+    root.write_text("a file where the directory should be")
+    claim = env.api.add(make_claim(UID_A, "claim-a"))
+    result = env.preparer.prepare([ref(claim)])[UID_A]
+    assert "cannot write CDI spec or info files" in result.error
+    assert not env.spec_file(UID_A).exists(), "a spec must never mount a file that is not there"
 
 
 def test_unprepare_unknown_claim(env: Env) -> None:

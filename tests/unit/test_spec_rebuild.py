@@ -1,7 +1,7 @@
 """Unit tests of rebuilding checkpoint entries from CDI spec files (kubelet_plugin/spec_rebuild.py)."""
 
 from api.names import DRIVER_NAME
-from kubelet_plugin import cdi
+from kubelet_plugin import cdi, container_info
 from kubelet_plugin.spec_rebuild import entry_from_spec
 
 UID = "0b6f3c2e-5d1a-4b8e-9c7f-2a1d3e4f5a6b"
@@ -53,3 +53,23 @@ def test_what_is_not_a_spec_of_this_driver_gives_nothing() -> None:
     assert entry_from_spec("{ truncated", UID, DRIVER_NAME, "node-a") is None
     assert entry_from_spec(spec_text(device("gpu-0", SHARE, [UUID0])), UID, "other.example.com", "node-a") is None
     assert entry_from_spec(spec_text(device("gpu-0", SHARE, [UUID0], claim="")), UID, DRIVER_NAME, "node-a") is None
+
+
+def test_current_specs_name_the_claim_by_annotation_and_each_gpu_by_its_device_env() -> None:
+    """Specs of this version: claim from the annotation, each device's own UUID even with several GPUs in one
+    request (the per-device FRACGPU_DEV_<KEY>_UUID variable), whatever NVIDIA_VISIBLE_DEVICES says."""
+    both = [UUID0, UUID1]
+    devices = []
+    for gpu, uuid in (("gpu-0", UUID0), ("gpu-1", UUID1)):
+        name = cdi.cdi_device_name(UID, gpu, None)
+        prefix = container_info.env_prefix(name)
+        env = [f"NVIDIA_VISIBLE_DEVICES={','.join(both)}", f"{prefix}UUID={uuid}", f"{prefix}CLAIM=team-b/claim-b"]
+        edits = cdi.ContainerEdits(env=env, device_nodes=[cdi.DeviceNode(path="/dev/nvidiactl")])
+        devices.append(cdi.Device(name=name, container_edits=edits))
+    text = cdi.Spec(
+        kind=cdi.cdi_kind(DRIVER_NAME), annotations={cdi.CLAIM_ANNOTATION: "team-b/claim-b"}, devices=devices
+    ).to_json()
+    entry = entry_from_spec(text, UID, DRIVER_NAME, "node-a")
+    assert entry is not None
+    assert (entry.namespace, entry.name) == ("team-b", "claim-b")
+    assert [(d.device_name, d.uuid) for d in entry.devices] == [("gpu-0", UUID0), ("gpu-1", UUID1)]

@@ -1,0 +1,93 @@
+"""Unit tests of the per-device names and per-request files a container gets (kubelet_plugin/container_info.py)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+from pathlib import Path
+
+import pytest
+
+from kubelet_plugin import container_info as info
+
+UID = "0b6f3c2e-5d1a-4b8e-9c7f-2a1d3e4f5a6b"
+SHARE = "a671734a-e8e5-11e4-8fde-42010af09327"
+
+
+def request_info(request: str = "gpu", uid: str = UID) -> info.RequestInfo:
+    device = info.DeviceInfo(
+        uuid="GPU-1",
+        memory_mib=1024,
+        share_id=SHARE,
+        device="gpu-0",
+        pci_bus_id="0000:01:00.0",
+        minor=0,
+        cdi_device=f"k8s.gpu.fracgpu.dev/claim={uid}-gpu-0-{SHARE}",
+        env_prefix=info.env_prefix(f"{uid}-gpu-0-{SHARE}"),
+    )
+    claim = info.ClaimName(namespace="ns", name="c", uid=uid)
+    return info.RequestInfo(claim=claim, request=request, enforcement="none", devices=[device])
+
+
+def test_env_names_of_different_devices_never_collide() -> None:
+    names = [f"{UID}-gpu-{i}" for i in range(3)] + [f"{UID}-gpu-{i}-{SHARE}" for i in range(3)]
+    names += [f"{UID[:-1]}c-gpu-0", f"{UID}-gpu-1-0"]
+    env_names = [f"{info.env_prefix(n)}{suffix}" for n in names for suffix in info.ENV_SUFFIXES]
+    assert len(set(env_names)) == len(env_names)
+    for a, b in itertools.permutations(info.ENV_SUFFIXES, 2):
+        assert not a.endswith("_" + b), (a, b)
+
+
+@pytest.mark.parametrize("name", [f"{UID}-GPU-0", f"{UID}-gpu_0", f"{UID}-gpu.0", f"{UID}-gpu-0:1"])
+def test_a_name_that_cannot_be_keyed_is_refused(name: str) -> None:
+    with pytest.raises(info.InfoNameError, match="unique environment variable name"):
+        info.env_prefix(name)
+
+
+def test_file_paths() -> None:
+    f = info.info_file(Path("/var/lib/kubelet/plugins/d"), request_info("train"))
+    assert f.host_path == Path(f"/var/lib/kubelet/plugins/d/claim-info/{UID}/train.json")
+    assert f.container_path == f"/run/fracgpu/{UID}_train.json"
+    with pytest.raises(info.InfoNameError, match="not a DNS label"):
+        info.info_file(Path("/p"), request_info("../x"))
+
+
+def test_json_uses_the_documented_names() -> None:
+    data = json.loads(request_info().to_json())
+    assert set(data) == {"claim", "request", "enforcement", "devices"}
+    assert set(data["devices"][0]) == {
+        "uuid",
+        "memoryMiB",
+        "shareID",
+        "device",
+        "pciBusID",
+        "minor",
+        "cdiDevice",
+        "envPrefix",
+    }
+
+
+def test_write_keeps_unchanged_files_and_drops_stale_ones(tmp_path: Path) -> None:
+    directory = info.claim_info_dir(tmp_path, UID)
+    gpu = info.info_file(tmp_path, request_info("gpu"))
+    info.write_claim_files(directory, [gpu, info.info_file(tmp_path, request_info("old"))])
+    assert gpu.host_path.stat().st_mode & 0o777 == 0o644
+    inode = gpu.host_path.stat().st_ino
+    info.write_claim_files(directory, [gpu])
+    assert gpu.host_path.stat().st_ino == inode, "an unchanged file keeps its inode (bind mounts see it)"
+    assert sorted(p.name for p in directory.iterdir()) == ["gpu.json"]
+    assert json.loads(gpu.host_path.read_text())["request"] == "gpu"
+
+
+def test_remove_and_orphans(tmp_path: Path) -> None:
+    other = "1c7a4d3f-6e2b-4c9f-8d80-3b2e4f5a6b7c"
+    for uid in (UID, other):
+        info.write_claim_files(info.claim_info_dir(tmp_path, uid), [info.info_file(tmp_path, request_info(uid=uid))])
+    stray = info.claim_info_root(tmp_path) / "README"
+    stray.write_text("not a claim")
+    assert info.remove_orphan_claim_files(tmp_path, keep={UID}) == [other]
+    assert info.claim_info_dir(tmp_path, UID).is_dir() and stray.exists()
+    assert not info.claim_info_dir(tmp_path, other).exists()
+    assert info.remove_claim_files(tmp_path, UID) is True
+    assert info.remove_claim_files(tmp_path, UID) is False
+    assert info.remove_orphan_claim_files(tmp_path / "nothing", keep=set()) == []

@@ -1,0 +1,30 @@
+"""Unit test of the simulated driver root (e2e/mocknvml `make_driver_root`): nodes like the NVIDIA driver's."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from e2e import mocknvml
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
+PROFILE = mocknvml.PROFILES / "sim80gi-x2.profile"
+
+
+def test_device_nodes_are_0666_whatever_the_umask(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        mocknvml.make_driver_root(tmp_path, PROFILE)
+        (tmp_path / "dev" / "nvidia1").chmod(0o600)  # a node left by an older run is fixed too
+        mocknvml.make_driver_root(tmp_path, PROFILE)
+    finally:
+        os.umask(old)
+    names = sorted(p.name for p in (tmp_path / "dev").iterdir())
+    assert names == ["nvidia-uvm", "nvidia-uvm-tools", "nvidia0", "nvidia1", "nvidiactl"]
+    for name in names:
+        st = (tmp_path / "dev" / name).lstat()
+        assert stat.S_ISCHR(st.st_mode), name
+        assert stat.S_IMODE(st.st_mode) == 0o666, f"{name}: {oct(st.st_mode)}"
