@@ -189,14 +189,14 @@ int main(int argc, char **argv) {
         const unsigned char *b = devs[i].uuid.bytes;
         printf("%s{\"index\":%d,\"name\":", i ? "," : "", i);
         json_string(devs[i].name);
-        printf(",\"uuid\":\"GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\"", b[0], b[1],
-               b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        printf(",\"uuid\":\"GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\"",
+               b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
         printf(",\"total_mib\":%zu,\"free_mib\":%zu}", devs[i].total >> 20, devs[i].free_bytes >> 20);
     }
     printf("]");
     if (alloc_mib > 0 && count > 0) {
-        printf(",\"alloc\":{\"mib\":%lld,\"result\":\"%s\",\"free_mib_before\":%zu,\"free_mib_after\":%zu}", alloc_mib,
-               result_name(got), before >> 20, after >> 20);
+        printf(",\"alloc\":{\"mib\":%lld,\"result\":\"%s\",\"free_mib_before\":%zu,\"free_mib_after\":%zu}",
+               alloc_mib, result_name(got), before >> 20, after >> 20);
     }
     printf("}\n");
     return 0;

@@ -132,11 +132,12 @@ static int table(unsigned int count) {
     time_t now = time(NULL);
     char stamp[64];
     strftime(stamp, sizeof(stamp), "%a %b %e %H:%M:%S %Y", localtime(&now));
-    const char *rule = "+-----------------------------------------+------------------------+----------------------+";
+    const char *rule =
+        "+-----------------------------------------+------------------------+----------------------+";
     printf("%s\n%s\n", stamp, rule);
     char head[256];
-    snprintf(head, sizeof(head), "NVIDIA-SMI %s       Driver Version: %s       CUDA Version: %d.%d", driver, driver,
-             cuda / 1000, cuda % 1000 / 10);
+    snprintf(head, sizeof(head), "NVIDIA-SMI %s       Driver Version: %s       CUDA Version: %d.%d", driver,
+             driver, cuda / 1000, cuda % 1000 / 10);
     printf("| %-87s |\n%s\n", head, rule);
     printf("| %-39s | %-22s | %20s |\n", "GPU  Name", "Bus-Id", "Memory-Usage");
     printf("|=========================================+========================+======================|\n");

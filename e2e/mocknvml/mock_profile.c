@@ -436,7 +436,8 @@ int mock_uuid_bytes(const char *uuid, unsigned char out[16]) {
         if (*p == '-') {
             continue;
         }
-        unsigned int v = (unsigned int)(isdigit((unsigned char)*p) ? *p - '0' : tolower((unsigned char)*p) - 'a' + 10);
+        int c = (unsigned char)*p;
+        unsigned int v = (unsigned int)(isdigit(c) ? c - '0' : tolower(c) - 'a' + 10);
         if (n % 2 == 0) {
             out[n / 2] = (unsigned char)(v << 4);
         } else {
