@@ -6,6 +6,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-binaries.sh"
+TOOLKIT = ("nvidia-ctk", "nvidia-cdi-hook", "nvidia-container-runtime")
+"""NVIDIA Container Toolkit commands, all built from one pinned module (NVIDIA_CTK_VERSION)."""
 
 
 def cache_dir() -> Path:
@@ -29,6 +31,8 @@ def version_of(component: str) -> str:
     pinned = versions()
     if component.startswith("kube") or component == "kubectl":
         return pinned["KUBERNETES_VERSION"]
+    if component in TOOLKIT:
+        return pinned["NVIDIA_CTK_VERSION"]
     return {
         "etcd": pinned["ETCD_VERSION"],
         "containerd": pinned["CONTAINERD_VERSION"],

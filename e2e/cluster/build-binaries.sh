@@ -4,7 +4,7 @@
 #   e2e/cluster/build-binaries.sh [component ...]
 #
 # Components: kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd containerd ctr
-# containerd-shim-runc-v2 helm
+# containerd-shim-runc-v2 helm nvidia-ctk nvidia-cdi-hook nvidia-container-runtime
 # (default: all). Each lands at $FRACGPU_CACHE/bin/<component>-<version>; present binaries are skipped.
 # Nothing is written into the repository; Go's module and build caches are the usual ones.
 set -euo pipefail
@@ -18,7 +18,8 @@ export GOFLAGS=${GOFLAGS:--mod=mod}
 export CGO_ENABLED=${CGO_ENABLED:-1}
 
 kube=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
-all=("${kube[@]}" etcd containerd ctr containerd-shim-runc-v2 helm)
+toolkit=(nvidia-ctk nvidia-cdi-hook nvidia-container-runtime)
+all=("${kube[@]}" etcd containerd ctr containerd-shim-runc-v2 helm "${toolkit[@]}")
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=("${all[@]}")
 
 version_of() {
@@ -27,6 +28,7 @@ version_of() {
     etcd) echo "$ETCD_VERSION" ;;
     containerd|ctr|containerd-shim-runc-v2) echo "$CONTAINERD_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
+    nvidia-ctk|nvidia-cdi-hook|nvidia-container-runtime) echo "$NVIDIA_CTK_VERSION" ;;
     *) echo "unknown component: $1 (known: ${all[*]})" >&2; exit 2 ;;
   esac
 }
@@ -151,16 +153,47 @@ GO
   log "built $bin/helm-$HELM_VERSION"
 }
 
-kube_todo=(); ctd_todo=(); other=()
+# NVIDIA Container Toolkit commands. cgo is required (go-nvml dlopens libnvidia-ml); the link flags are the
+# toolkit Makefile's, so NVML symbols resolve at run time from the driver, and the binaries need only libc.
+build_toolkit() {
+  local todo=("$@"); [ ${#todo[@]} -gt 0 ] || return 0
+  local module=github.com/NVIDIA/nvidia-container-toolkit dir="$cache/src/nvidia-container-toolkit-$NVIDIA_CTK_VERSION"
+  log "building ${todo[*]} $NVIDIA_CTK_VERSION"
+  new_module "$dir" fracgpu.dev/upstream/nvidia-container-toolkit
+  cat > "$dir/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import (
+	_ "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-cdi-hook"
+	_ "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-container-runtime"
+	_ "github.com/NVIDIA/nvidia-container-toolkit/cmd/nvidia-ctk"
+)
+GO
+  local ext="-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files -Wl,-z,lazy"
+  local ld="-s -w '-extldflags=$ext' -X $module/internal/info.version=${NVIDIA_CTK_VERSION#v}"
+  local out="$cache/src/nvidia-container-toolkit-out"; rm -rf "$out"; mkdir -p "$out"
+  (cd "$dir" && go get "$module@$NVIDIA_CTK_VERSION" >/dev/null 2>&1 && go mod tidy >/dev/null 2>&1 || true
+   cd "$dir" && local pkgs=() && for c in "${todo[@]}"; do pkgs+=("$module/cmd/$c"); done \
+   && CGO_ENABLED=1 CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations" \
+      go build -trimpath -ldflags "$ld" -o "$out/" "${pkgs[@]}")
+  for c in "${todo[@]}"; do mv "$out/$c" "$bin/$c-$NVIDIA_CTK_VERSION"; log "built $bin/$c-$NVIDIA_CTK_VERSION"; done
+}
+
+for c in "${want[@]}"; do version_of "$c" >/dev/null; done  # an unknown component stops here, naming the known ones
+kube_todo=(); ctd_todo=(); ctk_todo=(); other=()
 for c in $(missing "${want[@]}"); do
   case "$c" in
     kube-*|kubelet|kubectl) kube_todo+=("$c") ;;
     containerd|ctr|containerd-shim-runc-v2) ctd_todo+=("$c") ;;
+    nvidia-ctk|nvidia-cdi-hook|nvidia-container-runtime) ctk_todo+=("$c") ;;
     *) other+=("$c") ;;
   esac
 done
 for c in "${other[@]}"; do "build_$c"; done
 build_kube "${kube_todo[@]}"
 build_containerd "${ctd_todo[@]}"
+build_toolkit "${ctk_todo[@]}"
 for c in "${want[@]}"; do ln -sfn "$c-$(version_of "$c")" "$bin/$c"; done
 log "ready: ${want[*]} in $bin"
