@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(
         kopf.operator(
             registry=registry,
-            settings=operator_settings(settings),
+            settings=operator_settings(settings, api),
             clusterwide=True,
             standalone=True,
             liveness_endpoint=settings.liveness_endpoint,

@@ -2,7 +2,8 @@
 
 As the kopf pitfalls require: on ResourceClaims and ResourceSlices only `on.event` and `index` (no
 kopf annotations, finalizers or status written on objects we do not own); admission through kopf's
-webhook server; Event posting lowered to WARNING; no peering; liveness endpoint.
+webhook server, registered by patching the chart-made configuration (kopf's manager would create it);
+Event posting lowered to WARNING; no peering; liveness endpoint.
 """
 
 import logging
@@ -11,8 +12,10 @@ import socket
 from typing import Any
 
 import kopf
+from kubernetes import client
 
 from api.gpu import GPU_PLURAL, GPU_VERSION
+from api.kube_rest import KubeRest
 from api.names import API_GROUP
 from controller import kube, metrics
 from controller.admission import Review, review_claim_spec
@@ -21,14 +24,19 @@ from controller.model import ClaimView, SliceView, claim_view, slice_view
 from controller.reconciler import Controller
 from controller.settings import COMPONENT, Settings
 from controller.webhook import WebhookServer
+from controller.webhook_config import CLAIMS, TEMPLATES, Registration
 
 log = logging.getLogger(__name__)
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 
 
-def operator_settings(settings: Settings) -> kopf.OperatorSettings:
-    """kopf settings: standalone, quiet Event posting, our webhook server and managed configuration."""
+def operator_settings(settings: Settings, api: client.ApiClient) -> kopf.OperatorSettings:
+    """kopf settings: standalone, quiet Event posting, our webhook server registering itself through `api`.
+
+    kopf does not manage the webhook configuration (`admission.managed` stays None): its manager creates
+    the configuration first, which the controller may not; our server patches the chart-made one instead.
+    """
     out = kopf.OperatorSettings()
     out.peering.standalone = True
     out.posting.level = logging.WARNING
@@ -49,8 +57,10 @@ def operator_settings(settings: Settings) -> kopf.OperatorSettings:
             extra_sans=[f"{service[1]}.{service[0]}.svc.cluster.local"] if service else [],
             service=(service[0], service[1]) if service else None,
             service_port=settings.webhook_port if service else None,
+            registration=Registration(
+                KubeRest(api), settings.webhook_config_name, fail=settings.webhook_failure_policy == "Fail"
+            ),
         )
-        out.admission.managed = settings.webhook_config_name
     return out
 
 
@@ -131,28 +141,25 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
 
     if not settings.admission:
         return
-    ignore_failures = settings.webhook_failure_policy == "Ignore"  # failurePolicy of the webhooks
 
     @kopf.on.validate(
-        RESOURCE_GROUP,
-        RESOURCE_VERSION,
-        "resourceclaims",
+        CLAIMS.group,
+        CLAIMS.version,
+        CLAIMS.plural,
         registry=registry,
-        id="resourceclaims",
-        operations=["CREATE"],  # the spec is immutable
-        ignore_failures=ignore_failures,
+        id=CLAIMS.id,
+        operations=list(CLAIMS.operations),  # CREATE: the spec is immutable
     )
     async def validate_claim(body: kopf.Body, warnings: list[str], **_: Any) -> None:
         _respond(_review(controller, body.get("spec"), "spec"), warnings, body)
 
     @kopf.on.validate(
-        RESOURCE_GROUP,
-        RESOURCE_VERSION,
-        "resourceclaimtemplates",
+        TEMPLATES.group,
+        TEMPLATES.version,
+        TEMPLATES.plural,
         registry=registry,
-        id="resourceclaimtemplates",
-        operations=["CREATE"],
-        ignore_failures=ignore_failures,
+        id=TEMPLATES.id,
+        operations=list(TEMPLATES.operations),
     )
     async def validate_template(body: kopf.Body, warnings: list[str], **_: Any) -> None:
         _respond(_review(controller, (body.get("spec") or {}).get("spec"), "spec.spec"), warnings, body)

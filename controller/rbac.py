@@ -10,10 +10,12 @@ from api.gpu import GPU_PLURAL
 from api.names import API_GROUP, DRIVER_NAME
 
 
-def cluster_role_rules(driver: str = DRIVER_NAME, webhook_config: str | None = None) -> list[dict[str, Any]]:
-    """ClusterRole rules for a controller of `driver` managing the webhook configuration `webhook_config`."""
-    managed = webhook_config or driver
-    return [
+def cluster_role_rules(
+    driver: str = DRIVER_NAME, webhook_config: str | None = None, *, admission: bool = True
+) -> list[dict[str, Any]]:
+    """ClusterRole rules for a controller of `driver` registering its webhooks (unless `admission` is off)
+    in the configuration `webhook_config` (default: `driver`)."""
+    rules = [
         # claims: watch; write our status.devices data (server-side apply) -- 1.36+ also checks the
         # per-driver synthetic subresource (DRAResourceClaimGranularStatusAuthorization)
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get", "list", "watch"]},
@@ -36,16 +38,17 @@ def cluster_role_rules(driver: str = DRIVER_NAME, webhook_config: str | None = N
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
         # kopf: discovery of CRDs (the GPU CRD may be installed after the controller starts)
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
-        # kopf: the managed webhook configurations (kopf creates both kinds; the mutating one stays empty)
-        {
-            "apiGroups": ["admissionregistration.k8s.io"],
-            "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
-            "verbs": ["create"],
-        },
-        {
-            "apiGroups": ["admissionregistration.k8s.io"],
-            "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
-            "verbs": ["patch"],
-            "resourceNames": [managed],
-        },
     ]
+    if admission:
+        # the webhooks of the chart-made configuration (controller/webhook_config.py): patch of that one
+        # name. No create: RBAC cannot scope create to a name, and create of any name would let it intercept
+        # every request in the cluster.
+        rules.append(
+            {
+                "apiGroups": ["admissionregistration.k8s.io"],
+                "resources": ["validatingwebhookconfigurations"],
+                "verbs": ["patch"],
+                "resourceNames": [webhook_config or driver],
+            }
+        )
+    return rules

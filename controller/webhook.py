@@ -1,10 +1,11 @@
 """kopf's own webhook server, with its self-signed certificate built by `cryptography` (no cert-manager).
 
-kopf generates and serves the certificate and manages the ValidatingWebhookConfiguration (CA bundle
-included); it only lacks a certificate builder that is installed here (kopf's uses `certbuilder`), and a
-way to register a Service reference instead of a URL. This subclass adds both.
+kopf generates and serves the certificate; this subclass adds a certificate builder that is installed
+here (kopf's uses `certbuilder`), a Service reference instead of a URL, and the registration of its client
+config (CA bundle included) in the chart-made webhook configuration (`controller.webhook_config`).
 """
 
+import asyncio
 import datetime
 import ipaddress
 from collections.abc import AsyncIterator, Collection
@@ -15,6 +16,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from controller.webhook_config import Registration
 
 CERT_VALIDITY = datetime.timedelta(days=3650)
 
@@ -80,30 +83,52 @@ class WebhookServer(kopf.WebhookServer):
     """`kopf.WebhookServer` that builds its self-signed certificate with `cryptography`.
 
     With `service=(namespace, name)` the registered client config is a Service reference (port
-    `service_port`) instead of a URL, as a webhook inside the cluster is reached.
+    `service_port`) instead of a URL, as a webhook inside the cluster is reached. With `registration`, each
+    client config it yields is also patched into the webhook configuration, and removed when it stops.
     """
 
     def __init__(
-        self, *, service: tuple[str, str] | None = None, service_port: int | None = None, **kwargs: Any
+        self,
+        *,
+        service: tuple[str, str] | None = None,
+        service_port: int | None = None,
+        registration: Registration | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.service = service
         self.service_port = service_port
+        self.registration = registration
 
     @staticmethod
     def build_certificate(hostnames: Collection[str], password: str | None = None) -> tuple[bytes, bytes]:
         return self_signed_certificate(hostnames, password)
 
+    def _client_config(self, config: kopf.WebhookClientConfig) -> kopf.WebhookClientConfig:
+        if self.service is None:
+            return config
+        namespace, name = self.service
+        service: dict[str, Any] = {"namespace": namespace, "name": name}
+        if self.service_port:
+            service["port"] = self.service_port
+        out = kopf.WebhookClientConfig(service=service)  # type: ignore[typeddict-item]
+        if "caBundle" in config:
+            out["caBundle"] = config["caBundle"]
+        return out
+
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
-        async for config in super().__call__(fn):
-            if self.service is None:
-                yield config
-                continue
-            namespace, name = self.service
-            service: dict[str, Any] = {"namespace": namespace, "name": name}
-            if self.service_port:
-                service["port"] = self.service_port
-            out = kopf.WebhookClientConfig(service=service)  # type: ignore[typeddict-item]
-            if "caBundle" in config:
-                out["caBundle"] = config["caBundle"]
-            yield out
+        registering: asyncio.Task[None] | None = None
+        try:
+            async for config in super().__call__(fn):
+                out = self._client_config(config)
+                if self.registration is not None:
+                    if registering is not None:
+                        registering.cancel()
+                    registering = asyncio.create_task(self.registration.register(out))
+                yield out
+        finally:
+            if registering is not None:
+                registering.cancel()
+                await asyncio.wait([registering])
+            if self.registration is not None and self.registration.registered:
+                await self.registration.unregister()

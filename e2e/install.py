@@ -83,8 +83,16 @@ def wait_serving(cluster: SingleNodeCluster, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         slices = cluster.kubectl("get", "resourceslices", "-o", "name", check=False).stdout.split()
-        webhook = cluster.kubectl("get", "validatingwebhookconfiguration", "gpu.fracgpu.dev", check=False)
-        if slices and webhook.returncode == 0:
+        # the chart makes the configuration empty; the controller patches its webhooks in once it serves
+        webhook = cluster.kubectl(
+            "get",
+            "validatingwebhookconfiguration",
+            "gpu.fracgpu.dev",
+            "-o",
+            "jsonpath={.webhooks[*].name}",
+            check=False,
+        )
+        if slices and webhook.returncode == 0 and webhook.stdout.strip():
             return
         time.sleep(1)
     logs = cluster.kubectl(

@@ -5,6 +5,8 @@ Nothing here runs the images: the chart is checked as the API server sees it. Th
 it into a cluster with a kubelet.
 """
 
+import asyncio
+import base64
 import json
 import subprocess
 import uuid
@@ -13,6 +15,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import kopf
 import pytest
 import yaml
 from kubernetes import client
@@ -22,6 +25,8 @@ from kubernetes.dynamic import DynamicClient
 from api.kube_rest import SLICES, KubeRest, claim_path
 from controller.admission import review_claim_spec
 from controller.rbac import cluster_role_rules
+from controller.webhook import self_signed_certificate
+from controller.webhook_config import Registration
 from e2e.cluster import binaries
 from e2e.cluster.controlplane import ControlPlane
 from kubelet_plugin.claim_status import apply_ready
@@ -182,7 +187,11 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     assert one(docs, "DeviceClass")["spec"] == {
         "selectors": [{"cel": {"expression": 'device.driver == "gpu.fracgpu.dev"'}}]
     }
-    assert not [d for d in docs if d["kind"].endswith("WebhookConfiguration")], "the controller manages it"
+    # the webhook configuration: made by the chart without webhooks (the controller patches them in; a
+    # `webhooks` field here would fight it on `helm upgrade`), no mutating one
+    (config,) = [d for d in docs if d["kind"].endswith("WebhookConfiguration")]
+    assert config["kind"] == "ValidatingWebhookConfiguration" and config["metadata"]["name"] == "gpu.fracgpu.dev"
+    assert set(config) == {"apiVersion", "kind", "metadata"}, "no webhooks: the controller owns them"
 
     # controller: one pod at a time, probes, non-root, read-only root, no capabilities, webhook via Service
     deploy = one(docs, "Deployment")
@@ -302,23 +311,46 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
         assert [r["resourceNames"] for r in rules if r["resources"] == ["resourceclaims/driver"]] == [
             ["gpu.example.test"]
         ]
+    (config,) = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
+    assert config["metadata"]["name"] == "example-gpu-webhook"
 
     minimal = render(tools["helm"], tmp_path, MINIMAL)
     kinds = {d["kind"] for d in minimal}
-    assert not kinds & {"Service", "DeviceClass", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
+    assert not kinds & {
+        "Service",
+        "DeviceClass",
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+        "ValidatingWebhookConfiguration",
+    }
     assert "--no-admission" in one(minimal, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     plugin_spec = one(minimal, "DaemonSet")["spec"]["template"]["spec"]
     assert "initContainers" not in plugin_spec and "nodeSelector" not in plugin_spec
     assert "LD_LIBRARY_PATH" not in env_of(plugin_spec["containers"][0])
 
 
-@pytest.mark.parametrize("variant", ["default", "custom"])
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_controller_cluster_role_is_the_one_in_the_code(tools: dict[str, Path], tmp_path: Path, variant: str) -> None:
     values = VARIANTS[variant]
     role = one(render(tools["helm"], tmp_path, values), "ClusterRole", "-controller")
     driver = values.get("driverName", "gpu.fracgpu.dev")
-    webhook_config = (values.get("controller", {}).get("webhook", {})).get("configName") or None
-    assert role["rules"] == cluster_role_rules(driver, webhook_config)
+    webhook = values.get("controller", {}).get("webhook", {})
+    assert role["rules"] == cluster_role_rules(
+        driver, webhook.get("configName") or None, admission=webhook.get("enabled", True)
+    )
+    # on webhook configurations: patch of its own only (the chart makes it; RBAC cannot scope create by name)
+    webhook_rules = [r for r in role["rules"] if r["apiGroups"] == ["admissionregistration.k8s.io"]]
+    if webhook.get("enabled", True):
+        assert webhook_rules == [
+            {
+                "apiGroups": ["admissionregistration.k8s.io"],
+                "resources": ["validatingwebhookconfigurations"],
+                "verbs": ["patch"],
+                "resourceNames": [webhook.get("configName") or driver],
+            }
+        ]
+    else:
+        assert webhook_rules == []
 
 
 def test_crds_are_the_generated_ones() -> None:
@@ -432,6 +464,7 @@ INSTALLED_KINDS = {
     "RoleBinding",
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
+    "ValidatingWebhookConfiguration",
     "DeviceClass",
 }
 
@@ -540,7 +573,16 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
 
         # ResourceSlices: its own node's, of its own driver, only
         create_slice(plugin_a, slice_a)
-        mine = plugin_a.get(f"{SLICES}/{slice_a['metadata']['name']}")
+        # it reads its slices as the code does: list and watch with a field selector (never one GET)
+        own_slices = {"fieldSelector": f"spec.nodeName={node_a},spec.driver={driver}"}
+        (mine,) = plugin_a.get(SLICES, **own_slices)["items"]
+        next(plugin_a.watch(SLICES, 1, **own_slices, resourceVersion="0"))
+        refused(lambda: plugin_a.get(f"{SLICES}/{slice_a['metadata']['name']}"))
+        refused(
+            lambda: plugin_a.request(
+                "PATCH", f"{SLICES}/{slice_a['metadata']['name']}", dry, body={}, content_type=MERGE
+            )
+        )
         mine["spec"]["pool"]["generation"] = 2
         plugin_a.replace(f"{SLICES}/{slice_a['metadata']['name']}", mine)
         message = refused(lambda: create_slice(plugin_a, slice_b))
@@ -549,7 +591,7 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
         assert "may only write ResourceSlices of driver" in refused(lambda: create_slice(plugin_a, other_driver))
         assert "no node name" in refused(lambda: create_slice(plugin_unbound, slice_a, dry))
         create_slice(KubeRest(api_client), slice_b)  # node B's slice, published by node B's plugin
-        theirs = plugin_a.get(f"{SLICES}/{slice_b['metadata']['name']}")
+        theirs = admin.get(f"{SLICES}/{slice_b['metadata']['name']}")
         theirs["spec"]["pool"]["generation"] = 2
         message = refused(lambda: plugin_a.replace(f"{SLICES}/{slice_b['metadata']['name']}", theirs))
         assert f"may only write ResourceSlices of its own node, not of node '{node_b}'" in message
@@ -577,11 +619,20 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
             next(r for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == d)
             for d in (driver, other)
         )
-        # the plugin reads claims (never writes them) and may mark its own driver's devices on claims allocated
-        # on its own node: with the code it runs
+        # the plugin GETs the claims it is asked to prepare (never writes them) and may mark its own driver's
+        # devices on claims allocated on its own node: with the code it runs
         claim = plugin_a.get(claim_path(ns, claim["metadata"]["name"]))
-        plugin_a.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")
         refused(lambda: plugin_a.request("DELETE", claim_path(ns, claim["metadata"]["name"]), dry))
+        # ... but may not list or watch claims (other tenants' GpuConfig parameters), here or cluster-wide
+        for claims in (
+            f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+            "/apis/resource.k8s.io/v1/resourceclaims",
+        ):
+            refused(partial(plugin_a.get, claims))
+            refused(partial(next, plugin_a.watch(claims, 1)))
+        # RBAC cannot tie a read to the claim's node and admission never sees reads: a plugin's token may GET
+        # any claim whose namespace and name it knows (node B's plugin reads node A's claim)
+        plugin_b.get(claim_path(ns, claim["metadata"]["name"]))
         apply_ready(plugin_a, claim, driver, node_a)
         (entry,) = admin.get(claim_path(ns, claim["metadata"]["name"]))["status"]["devices"]
         assert (entry["driver"], entry["conditions"][0]["type"]) == (driver, "Ready")
@@ -629,14 +680,18 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
         refused(lambda: controller.get(f"/api/v1/namespaces/{ns}/secrets"))
         refused(lambda: controller.get("/api/v1/namespaces/kube-system/secrets/anything"))
         refused(lambda: controller.request("PATCH", f"/api/v1/nodes/{node_a}", body={}, content_type=MERGE))
-        refused(
-            lambda: controller.request(
-                "PATCH",
-                "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/someone-elses",
-                body={},
-                content_type=MERGE,
-            )
-        )
+        # webhook configurations: it patches the chart-made one, and may neither create one (of any name: a
+        # webhook of its own on every request in the cluster) nor patch another, nor touch mutating ones
+        vwcs = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+        mwcs = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
+        config_name = one(installed.docs, "ValidatingWebhookConfiguration")["metadata"]["name"]
+        controller.request("PATCH", f"{vwcs}/{config_name}", dry, body={"webhooks": []}, content_type=MERGE)
+        for configs in (vwcs, mwcs):
+            for name in (config_name, kube.unique("any")):
+                refused(partial(controller.request, "POST", configs, dry, body={"metadata": {"name": name}}))
+        refused(lambda: controller.request("PATCH", f"{vwcs}/someone-elses", dry, body={}, content_type=MERGE))
+        refused(lambda: controller.request("PATCH", f"{mwcs}/{config_name}", dry, body={}, content_type=MERGE))
+        refused(lambda: controller.request("DELETE", f"{vwcs}/{config_name}", dry))
         # changing an allocation needs resourceclaims/binding, which neither has
         unallocate = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "status": {"allocation": None}}
         for rest in (controller, plugin_a):
@@ -648,3 +703,46 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
     finally:
         for n in (node_a, node_b):
             core.delete_node(n)
+
+
+def test_helm_upgrade_keeps_the_webhooks_the_controller_patched_in(
+    control_plane: ControlPlane, api_client: client.ApiClient, tools: dict[str, Path], tmp_path: Path, namespace: str
+) -> None:
+    """The chart makes the configuration empty; the controller's own registration code, with its service
+    account's token, patches its webhooks in; `helm upgrade` (a three-way merge) keeps them while it updates
+    the object's labels; `helm uninstall` removes the configuration (nothing is left behind)."""
+    driver = f"gpu-{uuid.uuid4().hex[:6]}.fracgpu.test"
+    release = "u" + namespace
+    values = values_file(tmp_path, {"driverName": driver})
+    docs = render(tools["helm"], tmp_path, {"driverName": driver}, release=release, namespace=namespace)
+    controller_sa = one(docs, "ServiceAccount", "-controller")["metadata"]["name"]
+    helm: list[str | Path] = [tools["helm"], f"--kubeconfig={control_plane.kubeconfig}", "--namespace", namespace]
+    admission = client.AdmissionregistrationV1Api(api_client)
+    run([*helm, "install", release, CHART, "--skip-crds", "--values", values])
+    try:
+        made = admission.read_validating_webhook_configuration(driver)
+        assert not made.webhooks and made.metadata.annotations["meta.helm.sh/release-name"] == release
+
+        token = kube.service_account_token(api_client, namespace, controller_sa)
+        rest = KubeRest(kube.token_client(control_plane.server, control_plane.ca_cert, token))
+        ca = base64.b64encode(self_signed_certificate(["127.0.0.1"])[0]).decode()
+        client_config = kopf.WebhookClientConfig(url="https://127.0.0.1:1", caBundle=ca)
+        registration = Registration(rest, driver, fail=False, retry=(0.2, 1.0))
+        asyncio.run(asyncio.wait_for(registration.register(client_config), 30))
+        registered = admission.read_validating_webhook_configuration(driver).to_dict()["webhooks"]
+        assert [(w["name"], w["client_config"]["url"], w["client_config"]["ca_bundle"]) for w in registered] == [
+            (f"resourceclaims.{driver}", "https://127.0.0.1:1/resourceclaims", ca),
+            (f"resourceclaimtemplates.{driver}", "https://127.0.0.1:1/resourceclaimtemplates", ca),
+        ]
+
+        run([*helm, "upgrade", release, CHART, "--skip-crds", "--values", values, "--set", "commonLabels.upgraded=yes"])
+        upgraded = admission.read_validating_webhook_configuration(driver)
+        assert upgraded.metadata.labels["upgraded"] == "yes", "helm did not update the object"
+        assert upgraded.to_dict()["webhooks"] == registered, "helm upgrade changed the controller's webhooks"
+
+        asyncio.run(asyncio.wait_for(registration.unregister(), 30))
+        assert not admission.read_validating_webhook_configuration(driver).webhooks
+        run([*helm, "uninstall", release])
+        refused(lambda: admission.read_validating_webhook_configuration(driver), 404)
+    finally:
+        run([*helm, "uninstall", release, "--ignore-not-found"], check=False)

@@ -58,6 +58,14 @@ def controller(
         rules=cluster_role_rules(),
         path=workdir / "controller.kubeconfig",
     )
+    # the chart makes the (empty) webhook configuration; the controller may only patch it
+    try:
+        client.AdmissionregistrationV1Api(api_client).create_validating_webhook_configuration(
+            {"metadata": {"name": DRIVER_NAME}}
+        )
+    except ApiException as err:
+        if err.status != 409:
+            raise
     proc = kube.ControllerProcess(workdir, kubeconfig, "--device-gone-grace=1", "--ledger-delay=0.2")
     proc.start()
     _wait_for_webhook(dyn, proc)

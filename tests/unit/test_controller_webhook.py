@@ -1,15 +1,21 @@
-"""Unit tests of the webhook server's self-signed certificate and client config (controller/webhook.py)."""
+"""Unit tests of the webhook server's self-signed certificate and client config (controller/webhook.py) and
+of the registration of its webhooks in the chart-made configuration (controller/webhook_config.py)."""
 
 import asyncio
 import base64
 import json
+import logging
 import ssl
 import urllib.request
-from typing import Any
+from typing import Any, cast
 
+import kopf
+import pytest
 from cryptography import x509
+from kubernetes.client.exceptions import ApiException
 
 from controller.webhook import WebhookServer, self_signed_certificate
+from controller.webhook_config import CONFIGS, MERGE, VALIDATED, Registration, webhooks
 
 
 def test_certificate_covers_names_and_ips_but_not_unspecified_addresses() -> None:
@@ -83,3 +89,93 @@ def test_server_registers_a_service_reference_when_asked() -> None:
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
     assert names == ["hook.sys.svc"]
     assert answer == {"echo": "u2"}
+
+
+class FakeConfigurations:
+    """`KubeRest.request` for a caller whose only right is PATCH of ValidatingWebhookConfigurations (as the
+    controller's ClusterRole): a merge patch replaces `webhooks` of an existing object, a missing one is 404,
+    anything else is 403."""
+
+    def __init__(self, *names: str) -> None:
+        self.objects: dict[str, dict[str, Any]] = {n: {"metadata": {"name": n}} for n in names}
+        self.patches: list[tuple[str, Any]] = []
+
+    def request(self, method: str, path: str, query: Any = None, *, body: Any = None, content_type: str = "") -> Any:
+        name = path.removeprefix(f"{CONFIGS}/")
+        if method != "PATCH" or content_type != MERGE or "/" in name:
+            raise ApiException(status=403, reason="Forbidden")
+        self.patches.append((name, body))
+        if name not in self.objects:
+            raise ApiException(status=404, reason="Not Found")
+        self.objects[name] |= body
+        return self.objects[name]
+
+
+def test_webhooks_are_laid_out_as_kopf_lays_them_out() -> None:
+    """kopf's server routes `/<handler id>`: the configuration must call exactly what kopf's own manager
+    would register for the controller's handlers."""
+    from kopf._cogs.structs.references import Resource
+    from kopf._core.engines.admission import build_webhooks
+
+    from controller import handlers
+    from controller.reconciler import Controller
+    from controller.settings import Settings
+
+    registry = kopf.OperatorRegistry()
+    handlers.register(registry, Settings(), Controller.__new__(Controller))
+    resources = [Resource(v.group, v.version, v.plural) for v in VALIDATED]
+    for config in (
+        kopf.WebhookClientConfig(url="https://127.0.0.1:9443", caBundle="Q0E="),
+        kopf.WebhookClientConfig(service={"namespace": "sys", "name": "hook", "port": 443}, caBundle="Q0E="),
+    ):
+        theirs = build_webhooks(
+            registry._webhooks.get_all_handlers(), resources=resources, name_suffix="hooks", client_config=config
+        )
+        expected = [{k: v for k, v in hook.items() if v is not None} for hook in theirs]
+        assert webhooks("hooks", config, fail=True) == expected
+    ignore = webhooks("hooks", kopf.WebhookClientConfig(url="https://h"), fail=False)
+    assert [h["failurePolicy"] for h in ignore] == ["Ignore", "Ignore"]
+    assert [h["clientConfig"]["url"] for h in ignore] == [
+        "https://h/resourceclaims",
+        "https://h/resourceclaimtemplates",
+    ]
+
+
+def test_registration_patches_the_existing_configuration_and_retries_while_it_is_missing(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fake = FakeConfigurations()
+    registration = Registration(fake, "hooks", fail=False, retry=(0.01, 0.02))  # type: ignore[arg-type]
+    config = kopf.WebhookClientConfig(url="https://127.0.0.1:9443", caBundle="Q0E=")
+
+    async def main() -> None:
+        task = asyncio.create_task(registration.register(config))
+        while len(fake.patches) < 3:
+            await asyncio.sleep(0.01)
+        assert not task.done() and not registration.registered  # missing: it keeps trying, never creates
+        fake.objects["hooks"] = {"metadata": {"name": "hooks"}}  # e.g. `helm upgrade` restored it
+        await asyncio.wait_for(task, 5)
+
+    with caplog.at_level(logging.ERROR, logger="controller.webhook_config"):
+        asyncio.run(main())
+    assert registration.registered
+    assert fake.objects["hooks"]["webhooks"] == webhooks("hooks", config, fail=False)
+    assert {name for name, _ in fake.patches} == {"hooks"}
+    problems = [r.problem for r in caplog.records]  # type: ignore[attr-defined]
+    assert problems and all("ValidatingWebhookConfiguration hooks does not exist" in p for p in problems)
+    assert "helm upgrade" in problems[0]
+
+    asyncio.run(registration.unregister())
+    assert fake.objects["hooks"]["webhooks"] == [] and not registration.registered
+
+
+def test_server_registers_its_client_config_and_unregisters_when_it_stops() -> None:
+    fake = FakeConfigurations("hooks")
+    registration = Registration(fake, "hooks", fail=True)  # type: ignore[arg-type]
+    port = _free_port()
+    config, answer = _serve_once(WebhookServer(addr="127.0.0.1", port=port, registration=registration), {"uid": "u3"})
+    assert answer == {"echo": "u3"}
+    registered = [body["webhooks"] for _, body in fake.patches if body["webhooks"]]
+    assert registered == [webhooks("hooks", cast(kopf.WebhookClientConfig, config), fail=True)]
+    assert registered[0][0]["clientConfig"]["caBundle"] == config["caBundle"]
+    assert fake.patches[-1] == ("hooks", {"webhooks": []})  # emptied at the end

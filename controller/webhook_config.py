@@ -1,0 +1,147 @@
+"""The controller's ValidatingWebhookConfiguration: the chart creates it empty, the controller patches it.
+
+RBAC cannot scope `create` to a name, so the controller may not create webhook configurations at all, and
+kopf's own configuration manager (which always tries to create first) stays off. Instead the controller
+merge-patches the webhooks of its handlers, with the CA bundle of the certificate its server serves, into
+the configuration the chart made, and empties them again at a clean exit. Its only right on webhook
+configurations: `patch` of that one name.
+"""
+
+import asyncio
+import copy
+import logging
+import urllib.parse
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import kopf
+from kubernetes.client.exceptions import ApiException
+
+from api.kube_rest import KubeRest
+
+log = logging.getLogger(__name__)
+CONFIGS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+MERGE = "application/merge-patch+json"
+
+
+@dataclass(frozen=True)
+class Validated:
+    """A resource checked at admission by the kopf handler with id `id` (kopf's server routes `/<id>` to it)."""
+
+    id: str
+    group: str
+    version: str
+    plural: str
+    operations: tuple[Literal["CREATE", "UPDATE", "DELETE", "CONNECT"], ...] = ("CREATE",)
+
+
+CLAIMS = Validated("resourceclaims", "resource.k8s.io", "v1", "resourceclaims")
+TEMPLATES = Validated("resourceclaimtemplates", "resource.k8s.io", "v1", "resourceclaimtemplates")
+VALIDATED = (CLAIMS, TEMPLATES)
+
+
+def config_path(name: str) -> str:
+    """API path of the ValidatingWebhookConfiguration `name`."""
+    return f"{CONFIGS}/{name}"
+
+
+def webhooks(
+    config_name: str,
+    client_config: kopf.WebhookClientConfig,
+    *,
+    fail: bool,
+    validated: tuple[Validated, ...] = VALIDATED,
+) -> list[dict[str, Any]]:
+    """The `webhooks` of the configuration: one per validated resource, named `<id>.<config_name>`, calling
+    `client_config` with the handler id appended to its URL or service path (as kopf lays them out)."""
+    out = []
+    for v in validated:
+        target: dict[str, Any] = copy.deepcopy(dict(client_config))
+        segment = urllib.parse.quote(v.id)
+        if "url" in target:
+            target["url"] = f"{target['url'].rstrip('/')}/{segment}"
+        if "service" in target:
+            target["service"]["path"] = f"{target['service'].get('path', '')}/{segment}"
+        out.append(
+            {
+                "name": f"{v.id}.{config_name}",
+                "sideEffects": "None",
+                "failurePolicy": "Fail" if fail else "Ignore",
+                "matchPolicy": "Equivalent",  # also the requests of older served versions (converted to v1)
+                "rules": [
+                    {
+                        "apiGroups": [v.group],
+                        "apiVersions": [v.version],
+                        "resources": [v.plural],
+                        "operations": list(v.operations),
+                        "scope": "*",
+                    }
+                ],
+                "clientConfig": target,
+                "timeoutSeconds": 30,
+                "admissionReviewVersions": ["v1", "v1beta1"],
+            }
+        )
+    return out
+
+
+class Registration:
+    """Patches the webhooks into the chart-made configuration `name`, and out again."""
+
+    def __init__(self, rest: KubeRest, name: str, *, fail: bool, retry: tuple[float, float] = (2.0, 60.0)) -> None:
+        self.rest = rest
+        self.name = name
+        self.fail = fail
+        self.retry = retry  # first and longest wait between attempts, seconds
+        self.registered = False
+
+    def _patch(self, hooks: list[dict[str, Any]]) -> None:
+        self.rest.request("PATCH", config_path(self.name), body={"webhooks": hooks}, content_type=MERGE)
+
+    async def register(self, client_config: kopf.WebhookClientConfig) -> None:
+        """Patch the webhooks calling `client_config` in; retry (logging why) until it works."""
+        hooks = webhooks(self.name, client_config, fail=self.fail)
+        delay, longest = self.retry
+        while True:
+            try:
+                await asyncio.to_thread(self._patch, hooks)
+            except ApiException as err:
+                log.error(
+                    "cannot register the admission webhooks; retrying",
+                    extra={"configuration": self.name, "status": err.status, "problem": _why(err, self.name)},
+                )
+            else:
+                self.registered = True
+                log.info("admission webhooks registered", extra={"configuration": self.name})
+                return
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, longest)
+
+    async def unregister(self) -> None:
+        """Empty the webhooks again (so that no request goes to a stopped controller); never raises."""
+        try:
+            await asyncio.to_thread(self._patch, [])
+        except ApiException as err:
+            log.warning(
+                "cannot unregister the admission webhooks",
+                extra={"configuration": self.name, "status": err.status, "problem": _why(err, self.name)},
+            )
+        else:
+            self.registered = False
+            log.info("admission webhooks unregistered", extra={"configuration": self.name})
+
+
+def _why(err: ApiException, name: str) -> str:
+    """What a failed patch of the configuration `name` means, and what to do."""
+    if err.status == 404:
+        return (
+            f"the ValidatingWebhookConfiguration {name} does not exist. The Helm chart creates it (empty) and"
+            " the controller may only patch it: `helm upgrade` the release to restore it. Until then claims"
+            " are not checked at admission (the node plugin still refuses a bad GpuConfig at prepare)."
+        )
+    if err.status == 403:
+        return (
+            f"the controller may not patch the ValidatingWebhookConfiguration {name}: its ClusterRole must"
+            " name it (chart value controller.webhook.configName, controller flag --webhook-config-name)"
+        )
+    return str(err.reason or err.body or err)
