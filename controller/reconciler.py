@@ -269,6 +269,7 @@ class Controller:
         if claim is None:
             return
         metrics.RECONCILES.inc()
+        told = await self._skipped_parts_event(claim)  # before the write: the API server may refuse that one
         devices = self.devices()
         plan = plan_status(claim, devices.get, self.driver)
         if plan.changed:
@@ -284,7 +285,7 @@ class Controller:
             metrics.STATUS_WRITE_SECONDS.observe(time.monotonic() - started)
         posted = await self._device_gone_events(claim, plan.missing)
         posted = await self._unsatisfiable_events(claim) and posted
-        posted = await self._skipped_parts_event(claim) and posted
+        posted = told and posted
         if not posted:
             raise EventPostError(f"an Event about claim {claim.namespace}/{claim.name} could not be posted")
 

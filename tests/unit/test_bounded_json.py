@@ -116,3 +116,12 @@ def test_bytes_are_utf8() -> None:
     assert loads('{"a":"é"}'.encode()) == {"a": "é"}
     with pytest.raises(UnicodeDecodeError):
         loads(b'{"a":"\xff"}')
+
+
+def test_a_claim_of_the_largest_size_the_api_server_stores_decodes_like_json_loads() -> None:
+    # 250 KiB of annotations (the API server's limit is 256 KiB) and 32 configs of 10 KiB parameters
+    configs = [{"opaque": {"driver": "x", "parameters": {"s": "y\\" * 2500 + '"[{'}}} for _ in range(32)]
+    body = {"metadata": {"annotations": {"a": "z" * 250_000}}, "spec": {"devices": {"config": configs}}}
+    text = json.dumps(body)
+    assert len(text) > 480_000
+    assert decode(text) == (body, 0)

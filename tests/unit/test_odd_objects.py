@@ -7,8 +7,10 @@ import contextlib
 import json
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from kubernetes.client.exceptions import ApiException
 
 from api import bounded_json
 from api.gpu_config import MAX_PARAMETERS_DEPTH, GpuConfigError, decode_gpu_config
@@ -189,6 +191,13 @@ def test_the_reconciler_writes_status_and_posts_one_event_for_a_claim_with_skipp
         assert (name, reason) == ("c1", REASON_SKIPPED_PARTS)
         assert "spec.devices.config[0].opaque.parameters.a[0]... (92 more levels)" in message
         assert "nested deeper than 100 levels" in message
+        # a claim whose status the API server refuses to apply still gets its Event
+        body = bounded_json.loads(_deep_claim_text().replace('"c1"', '"c2"').replace("uid-c1", "uid-c2"))
+        refused = world.put(body)
+        writer.fail = [ApiException(status=422, reason="Invalid")]
+        with pytest.raises(ApiException):
+            await controller.reconcile_claim(refused)
+        assert [(n, r) for n, r, _ in writer.events] == [("c1", REASON_SKIPPED_PARTS), ("c2", REASON_SKIPPED_PARTS)]
         await controller.stop()
 
     asyncio.run(main())
