@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+import sys
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
 
+from api import bounded_json
 from api.names import CONFIG_API_VERSION, CONFIG_KIND
 
 Enforcement = Literal["none", "hami-core"]
@@ -24,6 +26,14 @@ ENFORCEMENT_MODES: tuple[str, ...] = ("none", "hami-core")
 MAX_ENV_ENTRIES = 32
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 RESERVED_ENV_PREFIXES: tuple[str, ...] = ("FRACGPU_", "NVIDIA_", "CUDA_")
+MAX_PARAMETERS_BYTES = 10 * 1024
+"""The API server's own limit for `opaque.parameters` (OpaqueParametersMaxLength)."""
+MAX_PARAMETERS_DEPTH = 16
+"""Levels of arrays/objects allowed in parameters (a GpuConfig needs 2: the object and its env map)."""
+MAX_PROBLEMS = 20
+"""Problems listed per config; the rest are counted."""
+_SIMPLE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 _FIELD_RULES: dict[str, str] = {
     "apiVersion": f"must be {CONFIG_API_VERSION!r}",
@@ -75,6 +85,8 @@ class GpuConfig(BaseModel):
                 )
             if "\x00" in value:
                 raise ValueError(f"value of {key!r} must not contain a NUL character")
+            if _LONE_SURROGATE.search(value):
+                raise ValueError(f"value of {key!r} must be valid Unicode (it has a lone surrogate)")
         return env
 
     def to_parameters(self) -> dict[str, Any]:
@@ -89,22 +101,33 @@ def decode_gpu_config(raw: bytes | str | Mapping[str, object]) -> GpuConfig:
     """Decode ``opaque.parameters`` (JSON text or an already parsed mapping) into a GpuConfig.
 
     ``apiVersion`` and ``kind`` are required on the wire. Raises ``GpuConfigError`` naming each offending
-    field path and what is allowed.
+    field path and what is allowed, and nothing else, whatever the input: parameters over
+    ``MAX_PARAMETERS_BYTES`` bytes or ``MAX_PARAMETERS_DEPTH`` levels, integers too long to convert and
+    strings that are not valid Unicode (lone surrogates) are refused without being looked at further.
     """
     data: object
     if isinstance(raw, bytes | str):
+        if len(raw) > MAX_PARAMETERS_BYTES:
+            raise GpuConfigError([_too_big(len(raw))])
         try:
-            data = json.loads(raw.decode("utf-8") if isinstance(raw, bytes) else raw)
+            data = bounded_json.loads(raw, max_depth=MAX_PARAMETERS_DEPTH)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise GpuConfigError([f"parameters are not valid JSON: {e}"]) from None
     else:
         data = raw
+    shape = list(_shape_problems(data))
+    if shape:
+        raise GpuConfigError(_capped(shape))
     if not isinstance(data, Mapping):
         raise GpuConfigError([f"parameters must be a JSON object with apiVersion and kind, got {_json_type(data)}"])
+    if not isinstance(raw, bytes | str):
+        size = len(json.dumps(data, ensure_ascii=False, separators=(",", ":"), default=str).encode())
+        if size > MAX_PARAMETERS_BYTES:
+            raise GpuConfigError([_too_big(size)])
     problems = [f"{f}: required, {_FIELD_RULES[f]}" for f in ("apiVersion", "kind") if f not in data]
     # checked here, not by the model: the model also accepts its Python field names, the wire does not
     problems += [
-        f"{key}: unknown field; allowed fields are " + ", ".join(ALLOWED_FIELDS)
+        f"{_name(key)}: unknown field; allowed fields are " + ", ".join(ALLOWED_FIELDS)
         for key in data
         if key not in _FIELD_RULES
     ]
@@ -113,8 +136,70 @@ def decode_gpu_config(raw: bytes | str | Mapping[str, object]) -> GpuConfig:
     except ValidationError as e:
         problems += [_describe(err) for err in e.errors()]
     if problems:
-        raise GpuConfigError(problems)
+        raise GpuConfigError(_capped(problems))
     return config
+
+
+def _too_big(size: int) -> str:
+    return f"parameters: {size} bytes of JSON, at most {MAX_PARAMETERS_BYTES} are allowed"
+
+
+def _capped(problems: list[str]) -> list[str]:
+    if len(problems) <= MAX_PROBLEMS:
+        return problems
+    return [*problems[:MAX_PROBLEMS], f"parameters: {len(problems) - MAX_PROBLEMS} more problems not listed"]
+
+
+def _shape_problems(data: object) -> Iterator[str]:
+    """Problems of the value as JSON, before any field is read: too deep, parts the decoder skipped,
+    integers too long to convert, lone surrogates. Iterative; looks no deeper than the depth limit."""
+    limit = sys.get_int_max_str_digits()
+    stack: list[tuple[str, object, int]] = [("", data, 1)]
+    while stack:
+        path, node, depth = stack.pop()
+        where = f"parameters.{path}" if path and not path.startswith("[") else f"parameters{path}"
+        if isinstance(node, bounded_json.Skipped):
+            deep = node.reason == bounded_json.REASON_DEEP
+            yield (
+                _too_deep(path)
+                if deep
+                else f"{where}: integer with more than {limit} digits; numbers must fit the field's range"
+            )
+        elif isinstance(node, Mapping | list | tuple):
+            if depth > MAX_PARAMETERS_DEPTH:
+                yield _too_deep(path)
+                continue
+            items = node.items() if isinstance(node, Mapping) else enumerate(node)
+            for key, child in reversed(list(items)):
+                if isinstance(key, str) and _LONE_SURROGATE.search(key):
+                    yield f"{where}: field name {_show(key)} is not valid Unicode (lone surrogate)"
+                    continue
+                sub = (
+                    f"{path}[{key}]"
+                    if isinstance(node, list | tuple)
+                    else f"{path}.{_name(key)}"
+                    if path
+                    else _name(key)
+                )
+                stack.append((sub, child, depth + 1))
+        elif isinstance(node, str) and (bad := _LONE_SURROGATE.search(node)):
+            yield f"{where}: not valid Unicode (lone surrogate {_show(bad.group())} at character {bad.start()})"
+        elif isinstance(node, int) and not isinstance(node, bool) and limit and node.bit_length() * 0.30103 > limit:
+            yield f"{where}: integer with more than {limit} digits; numbers must fit the field's range"
+
+
+def _too_deep(path: str) -> str:
+    at = f" (at {bounded_json.short_path(path, 6)})" if path else ""
+    return (
+        f"parameters: nested deeper than {MAX_PARAMETERS_DEPTH} levels{at}; at most {MAX_PARAMETERS_DEPTH} levels "
+        "of arrays and objects are allowed (a GpuConfig needs 2)"
+    )
+
+
+def _name(key: object) -> str:
+    """A field name as it can be shown: plain when simple, else quoted and cut."""
+    text = str(key) if isinstance(key, str | int) and not isinstance(key, bool) else _show(key)
+    return text if _SIMPLE_NAME.fullmatch(text) else _show(key)
 
 
 def merge_configs(configs: Sequence[GpuConfig]) -> GpuConfig:
@@ -139,7 +224,7 @@ def merge_configs(configs: Sequence[GpuConfig]) -> GpuConfig:
 
 
 def _describe(err: ErrorDetails) -> str:
-    loc = [str(p) for p in err["loc"]]
+    loc = [_name(p) for p in err["loc"]]
     path = ".".join(loc) if loc else "parameters"
     field = loc[0] if loc else ""
     etype = err["type"]
@@ -160,12 +245,15 @@ def _describe(err: ErrorDetails) -> str:
     return f"{path}: {err['msg']}"
 
 
-def _show(value: object) -> str:
+def _show(value: object, limit: int = 80) -> str:
+    """A value as JSON, cut to `limit` characters; never raises (any input, any depth, any number)."""
+    if isinstance(value, str):
+        value = value[: limit + 1]  # no need to encode more than is shown
     try:
-        text = json.dumps(value)
-    except (TypeError, ValueError):
-        text = repr(value)
-    return text if len(text) <= 80 else text[:77] + "..."
+        text = json.dumps(value, ensure_ascii=True, allow_nan=True)
+    except (TypeError, ValueError, RecursionError):  # not JSON, integer beyond the digit limit, too deep
+        text = f"a {_json_type(value)}" if not isinstance(value, int) else "an integer with too many digits"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def _json_type(value: object) -> str:

@@ -8,7 +8,7 @@ import kopf
 from kubernetes.config import ConfigException
 
 from api.logs import configure_logging
-from controller import kube, metrics
+from controller import kopf_json, kube, metrics
 from controller.handlers import operator_settings, register
 from controller.reconciler import Controller
 from controller.settings import parse_settings
@@ -50,6 +50,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     metrics.serve(settings.metrics_port)
     controller = Controller(settings, kube.KubeWriter(api))
+    kopf_json.install()  # no object the API server stores can stop a watch or the webhook
     registry = kopf.OperatorRegistry()
     register(registry, settings, controller)
     log.info(

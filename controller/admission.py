@@ -6,7 +6,9 @@ requests other than `memory`, and memory amounts that are not positive whole num
 problem names its field path, as `kubectl` users write it, and what is allowed.
 """
 
-from collections.abc import Mapping
+import functools
+import logging
+from collections.abc import Callable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
@@ -16,6 +18,8 @@ from pydantic import BaseModel, ConfigDict
 from api.gpu_config import GpuConfigError, decode_gpu_config
 from api.names import MEMORY_CAPACITY
 from api.quantity import format_bytes
+
+log = logging.getLogger(__name__)
 
 
 class Review(BaseModel):
@@ -78,13 +82,29 @@ def _config_problems(problems: tuple[str, ...], path: str) -> list[str]:
     return [f"{path}.{p}" if p.startswith("parameters") else f"{path}.parameters.{p}" for p in problems]
 
 
+def _total(review: Callable[..., Review]) -> Callable[..., Review]:
+    """Make a review answer a refusal, never an error, for a spec not shaped as the API server serves one."""
+
+    @functools.wraps(review)
+    def reviewed(spec: Any, prefix: str, **kwargs: Any) -> Review:
+        try:
+            return review(spec, prefix, **kwargs)
+        except (AttributeError, KeyError, TypeError, IndexError, ValueError) as err:
+            log.warning("cannot review claim spec", exc_info=True)
+            return Review(problems=(f"{prefix}: not a readable ResourceClaimSpec ({type(err).__name__})",))
+
+    return reviewed
+
+
+@_total
 def review_claim_spec(
     spec: Mapping[str, Any] | None, prefix: str, *, driver: str, device_class: str, largest: int | None
 ) -> Review:
     """Review a ResourceClaimSpec found at field path `prefix` (`spec` or `spec.spec` for templates).
 
     `largest` is the largest memory request any published GPU admits (None when none is published);
-    requests above it pass with a warning, since a larger GPU may join later.
+    requests above it pass with a warning, since a larger GPU may join later. Never raises: a spec that is
+    not shaped like a ResourceClaimSpec is refused.
     """
     devices = (spec or {}).get("devices") or {}
     problems: list[str] = []

@@ -97,6 +97,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
             view = slice_view(body, driver)
         except (KeyError, TypeError, ValueError):
             log.exception("cannot read ResourceSlice %s", name)
+            metrics.OBJECTS_SKIPPED.labels("ResourceSlice", "unreadable").inc()
             return None
         return {name: view} if view is not None else None
 
@@ -106,6 +107,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
             view = claim_view(body, driver, settings.device_class)
         except (KeyError, TypeError, ValueError):
             log.exception("cannot read ResourceClaim %s/%s", body.metadata.namespace, body.metadata.name)
+            metrics.OBJECTS_SKIPPED.labels("ResourceClaim", "unreadable").inc()
             return None
         return {view.key: view} if view is not None else None
 

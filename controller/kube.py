@@ -16,8 +16,9 @@ import kopf
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
+from api import bounded_json
 from api.gpu import GPU_PLURAL, GPU_VERSION
-from api.kube_rest import KubeRest, claim_path
+from api.kube_rest import JSON, KubeRest, claim_path
 from api.names import API_GROUP
 from controller.model import ClaimView
 from controller.settings import COMPONENT, FIELD_MANAGER, Settings
@@ -145,11 +146,26 @@ def post_claim_event(
     return True
 
 
+class BoundedRest(KubeRest):
+    """`KubeRest` decoding answers with `api.bounded_json`: the answer to a claim status apply is the whole
+    claim, which may be nested as deep as the API server stores (json.loads raises RecursionError)."""
+
+    def request(
+        self, method: str, path: str, query: dict[str, Any] | None = None, *, body: Any = None, content_type: str = JSON
+    ) -> dict[str, Any]:
+        resp = self._call(method, path, query, body=body, content_type=content_type)
+        data = resp.read()
+        if not 200 <= resp.status < 300:
+            raise ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
+        decoded: dict[str, Any] = bounded_json.loads(data) if data else {}
+        return decoded
+
+
 class KubeWriter:
     """The controller's `Writer` (controller/reconciler.py) against the API server."""
 
     def __init__(self, api: client.ApiClient) -> None:
-        self.rest = KubeRest(api)
+        self.rest = BoundedRest(api)
 
     def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         apply_claim_status(self.rest, namespace, name, body)

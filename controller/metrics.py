@@ -15,6 +15,12 @@ RECONCILE_QUEUE = Gauge("fracgpu_controller_claim_queue_depth", "Claims waiting 
 LEDGER_WRITES = Counter("fracgpu_controller_ledger_writes_total", "Writes to GPU objects", ["kind", "result"])
 LEDGER_OBJECTS = Gauge("fracgpu_controller_gpus", "GPU objects in the desired ledger")
 EVENTS = Counter("fracgpu_controller_events_total", "Events posted on claims", ["reason"])
+OBJECTS_SKIPPED = Counter(
+    "fracgpu_controller_objects_skipped_total",
+    "Objects read with parts skipped (reason deep: nested deeper than the decoder keeps; number: an integer too "
+    "long to convert) or skipped whole (unreadable: not the shape of its kind)",
+    ["resource", "reason"],
+)
 ADMISSION = Counter("fracgpu_controller_admission_reviews_total", "Admission reviews", ["kind", "allowed"])
 
 

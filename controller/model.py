@@ -3,14 +3,19 @@
 Parsing happens once per watch event; everything downstream (status, ledger, events) works on these.
 """
 
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal, InvalidOperation
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ConfigDict
 
+from api.bounded_json import short_path, skipped_parts
 from api.names import MEMORY_CAPACITY
+
+P = ParamSpec("P")
+R = TypeVar("R")
 
 DeviceKey = tuple[str, str]
 """(pool, device)."""
@@ -98,10 +103,33 @@ class ClaimView(BaseModel):
     """Per request of our class: its alternatives (one for `exactly`, several for `firstAvailable`)."""
     status_data: dict[tuple[str, str, str], Any] = {}
     """Existing `data` of our driver's status.devices entries, by entry key (None when absent)."""
+    skipped: tuple[str, ...] = ()
+    """Field paths (shortened) of parts the decoder skipped (`api.bounded_json`: nested too deep, integers too
+    long); the rest of the claim is read as usual."""
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+
+class MalformedObjectError(ValueError):
+    """A body that does not have the shape of its kind (the API server never serves one): nothing is read."""
+
+
+def _shape_errors(kind: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Turn any error of a view function on an odd body into `MalformedObjectError` (its only error)."""
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def view(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return fn(*args, **kwargs)
+            except (AttributeError, KeyError, TypeError, IndexError, ValueError) as err:
+                raise MalformedObjectError(f"not a readable {kind}: {type(err).__name__}: {str(err)[:300]}") from err
+
+        return view
+
+    return wrap
 
 
 def quantity_bytes(value: object) -> int | None:
@@ -121,8 +149,9 @@ def _attribute(attributes: Mapping[str, Any], name: str, driver: str, kind: str)
     return None
 
 
+@_shape_errors("ResourceSlice")
 def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
-    """The view of a ResourceSlice of `driver`; None for other drivers' slices."""
+    """The view of a ResourceSlice of `driver`; None for other drivers' slices. Raises only MalformedObjectError."""
     spec = body.get("spec") or {}
     if spec.get("driver") != driver:
         return None
@@ -187,8 +216,11 @@ def _memory_request(exact: Mapping[str, Any], name: str, driver: str) -> MemoryR
     return MemoryRequest(request=name, memory=memory) if memory is not None else None
 
 
+@_shape_errors("ResourceClaim")
 def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> ClaimView | None:
-    """The view of a claim that has results of `driver` or requests `device_class`; None otherwise."""
+    """The view of a claim that has results of `driver` or requests `device_class`; None otherwise.
+
+    Raises only MalformedObjectError (for bodies that are not shaped like a ResourceClaim)."""
     meta = body.get("metadata") or {}
     spec_devices = (body.get("spec") or {}).get("devices") or {}
     status = body.get("status") or {}
@@ -237,4 +269,5 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
         shares=shares,
         memory_requests=tuple(memory_requests),
         status_data=status_data,
+        skipped=tuple(f"{short_path(path)}: {marker.strip('<>')}" for path, marker in skipped_parts(body)),
     )

@@ -17,6 +17,7 @@ from typing import Any, Protocol, TypeVar
 from kubernetes.client.exceptions import ApiException
 
 from api.gpu import GPU_CRD_NAME
+from api.gpu_config import MAX_PARAMETERS_DEPTH
 from api.quantity import format_bytes
 from controller import metrics
 from controller.claim_status import apply_body, plan_status
@@ -30,6 +31,7 @@ ClaimKey = tuple[str, str]
 
 REASON_DEVICE_GONE = "AllocatedDeviceGone"
 REASON_UNSATISFIABLE = "UnsatisfiableGpuRequest"
+REASON_SKIPPED_PARTS = "UnreadableClaimParts"
 MAX_ATTEMPTS = 8
 
 
@@ -267,6 +269,7 @@ class Controller:
         if claim is None:
             return
         metrics.RECONCILES.inc()
+        told = await self._skipped_parts_event(claim)  # before the write: the API server may refuse that one
         devices = self.devices()
         plan = plan_status(claim, devices.get, self.driver)
         if plan.changed:
@@ -282,6 +285,7 @@ class Controller:
             metrics.STATUS_WRITE_SECONDS.observe(time.monotonic() - started)
         posted = await self._device_gone_events(claim, plan.missing)
         posted = await self._unsatisfiable_events(claim) and posted
+        posted = told and posted
         if not posted:
             raise EventPostError(f"an Event about claim {claim.namespace}/{claim.name} could not be posted")
 
@@ -340,6 +344,17 @@ class Controller:
                 key = (REASON_UNSATISFIABLE, alternatives[0].request, str(largest))
                 ok = await self._post_once(claim, key, REASON_UNSATISFIABLE, message) and ok
         return ok
+
+    async def _skipped_parts_event(self, claim: ClaimView) -> bool:
+        if not claim.skipped:
+            return True
+        message = (
+            f"{self.driver}: parts of this claim cannot be decoded safely and were skipped by the controller: "
+            + "; ".join(claim.skipped)
+            + f". The rest of the claim is handled as usual; GpuConfig parameters may nest at most "
+            f"{MAX_PARAMETERS_DEPTH} levels"
+        )
+        return await self._post_once(claim, (REASON_SKIPPED_PARTS, *claim.skipped), REASON_SKIPPED_PARTS, message)
 
     # ----- ledger --------------------------------------------------------------------------------
 

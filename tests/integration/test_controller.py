@@ -439,6 +439,15 @@ def test_status_names_the_physical_gpu_and_leaves_other_drivers_alone(  # noqa: 
 # ----- admission --------------------------------------------------------------------------------------
 
 ALLOWED_FIELDS = "allowed fields are apiVersion, kind, enforcement, computeLimitPercent, env"
+
+
+def _nested(levels: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(levels - 1):
+        value = [value]
+    return value
+
+
 POSITIVE = "must be a positive quantity of bytes such as 10Gi or 512Mi"
 BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
     (
@@ -469,6 +478,23 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
             [{"opaque": {"driver": DRIVER_NAME, "parameters": {"apiVersion": "fracgpu.dev/v1alpha1"}}}],
         ),
         "spec.devices.config[0].opaque.parameters.kind: required, must be 'GpuConfig'",
+    ),
+    (
+        "nested too deep",
+        _claim_body("c", [_request("gpu")], _gpu_config(env={"A": _nested(20)})),
+        "spec.devices.config[0].opaque.parameters: nested deeper than 16 levels (at env.A[0][0][0][0]... (10 more "
+        "levels)); at most 16 levels of arrays and objects are allowed",
+    ),
+    (
+        "lone surrogate",
+        _claim_body("c", [_request("gpu")], _gpu_config(env={"A": "\ud800"})),
+        'spec.devices.config[0].opaque.parameters.env.A: not valid Unicode (lone surrogate "\\ud800" at character 0)',
+    ),
+    (
+        "huge integer",
+        _claim_body("c", [_request("gpu")], _gpu_config(computeLimitPercent=10**25)),
+        "spec.devices.config[0].opaque.parameters.computeLimitPercent: must be an integer between 1 and 100, "
+        "got 10000000000000000000000000",
     ),
     (
         "zero memory",
