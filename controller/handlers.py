@@ -25,6 +25,8 @@ from controller.webhook import WebhookServer
 log = logging.getLogger(__name__)
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
+INDEX_IDS = ("fracgpu_slices", "fracgpu_claims", "fracgpu_gpus")
+"""The ids of the indexes, in the order `Controller.bind` takes them (kopf passes each as a keyword argument)."""
 
 
 def operator_settings(settings: Settings) -> kopf.OperatorSettings:
@@ -72,7 +74,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
     @kopf.on.startup(registry=registry, id="startup")
     async def startup(**kwargs: Any) -> None:
         # kopf passes every index as a keyword argument named after its id (still empty at startup)
-        controller.bind(kwargs["fracgpu_slices"], kwargs["fracgpu_claims"], kwargs["fracgpu_gpus"])
+        controller.bind(*(kwargs[i] for i in INDEX_IDS))
         await controller.start()
 
     @kopf.on.cleanup(registry=registry, id="cleanup")
@@ -82,22 +84,24 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
     # ----- indexes: compact views, recomputed on every watch event ----------------------------------
 
     @kopf.index(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", registry=registry, id="fracgpu_slices")
-    async def index_slice(body: kopf.Body, name: str, **_: Any) -> dict[str, SliceView] | None:
+    async def index_slice(body: kopf.Body, name: str, **_: Any) -> dict[str, SliceView]:
+        # `{}`, never None: kopf keeps an object's previous entries when its indexer returns None
         try:
             view = slice_view(body, driver)
         except (KeyError, TypeError, ValueError):
             log.exception("cannot read ResourceSlice %s", name)
-            return None
-        return {name: view} if view is not None else None
+            return {}
+        return {name: view} if view is not None else {}
 
     @kopf.index(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", registry=registry, id="fracgpu_claims")
-    async def index_claim(body: kopf.Body, **_: Any) -> dict[tuple[str, str], ClaimView] | None:
+    async def index_claim(body: kopf.Body, **_: Any) -> dict[tuple[str, str], ClaimView]:
+        # `{}` when the claim does not (or no longer) concern us: see index_slice
         try:
             view = claim_view(body, driver, settings.device_class)
         except (KeyError, TypeError, ValueError):
             log.exception("cannot read ResourceClaim %s/%s", body.metadata.namespace, body.metadata.name)
-            return None
-        return {view.key: view} if view is not None else None
+            return {}
+        return {view.key: view} if view is not None else {}
 
     @kopf.index(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="fracgpu_gpus")
     async def index_gpu(body: kopf.Body, name: str, **_: Any) -> dict[str, ExistingGpu]:
@@ -113,9 +117,8 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
     # ----- events: only wake the reconciler; it reads the indexes -------------------------------------
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", registry=registry, id="slice_event")
-    async def slice_event(body: kopf.Body, **_: Any) -> None:
-        if (body.get("spec") or {}).get("driver") == driver:
-            controller.slices_changed()
+    async def slice_event(**_: Any) -> None:
+        controller.slices_changed()  # also for a slice that stopped being ours; unchanged devices: no-op
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", registry=registry, id="claim_event")
     async def claim_event(*, type: str, namespace: str | None, name: str, uid: str, **kwargs: Any) -> None:
