@@ -17,7 +17,7 @@ from api.names import API_GROUP
 from controller import kube, metrics
 from controller.admission import Review, review_claim_spec
 from controller.ledger import ExistingGpu
-from controller.model import ClaimView, SliceView, claim_view, slice_view
+from controller.model import ClaimView, DeviceClassView, SliceView, claim_view, device_class_view, slice_view
 from controller.reconciler import Controller
 from controller.settings import COMPONENT, Settings
 from controller.webhook import WebhookServer
@@ -25,7 +25,7 @@ from controller.webhook import WebhookServer
 log = logging.getLogger(__name__)
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
-INDEX_IDS = ("fracgpu_slices", "fracgpu_claims", "fracgpu_gpus")
+INDEX_IDS = ("fracgpu_slices", "fracgpu_claims", "fracgpu_gpus", "fracgpu_classes")
 """The ids of the indexes, in the order `Controller.bind` takes them (kopf passes each as a keyword argument)."""
 
 
@@ -103,6 +103,11 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
             return {}
         return {view.key: view} if view is not None else {}
 
+    @kopf.index(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", registry=registry, id="fracgpu_classes")
+    async def index_class(body: kopf.Body, name: str, **_: Any) -> dict[str, DeviceClassView]:
+        # only our DeviceClass: its selectors and configs apply to our claims (`{}`: see index_slice)
+        return {name: device_class_view(body, driver)} if name == settings.device_class else {}
+
     @kopf.index(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="fracgpu_gpus")
     async def index_gpu(body: kopf.Body, name: str, **_: Any) -> dict[str, ExistingGpu]:
         return {
@@ -125,6 +130,11 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
         claims: kopf.Index[tuple[str, str], ClaimView] = kwargs["fracgpu_claims"]
         key = (namespace or "", name)
         controller.claim_event(key, uid, deleted=type == "DELETED", indexed=key in claims)
+
+    @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", registry=registry, id="class_event")
+    async def class_event(name: str, **_: Any) -> None:
+        if name == settings.device_class:
+            controller.classes_changed()
 
     @kopf.on.event(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="gpu_event")
     async def gpu_event(**_: Any) -> None:

@@ -25,6 +25,8 @@ def cluster_role_rules(driver: str = DRIVER_NAME, webhook_config: str | None = N
             "resourceNames": [driver],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch"]},
+        # our DeviceClass: its selectors (Unsatisfiable Events) and configs (admission merges them)
+        {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["get", "list", "watch"]},
         # the GPU ledger
         {
             "apiGroups": [API_GROUP],
