@@ -58,8 +58,15 @@ def operator_settings(settings: Settings) -> kopf.OperatorSettings:
 
 def _review(controller: Controller, spec: Any, prefix: str) -> Review:
     s = controller.settings
+    device_class = controller.device_class()
     return review_claim_spec(
-        spec, prefix, driver=s.driver_name, device_class=s.device_class, largest=controller.largest_request()
+        spec,
+        prefix,
+        driver=s.driver_name,
+        device_class=s.device_class,
+        largest=controller.largest_request(),
+        class_configs=device_class.configs if device_class else (),
+        hami_core_offered=controller.hami_core_offered(),
     )
 
 
