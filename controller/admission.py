@@ -129,7 +129,7 @@ def review_claim_spec(
     warnings: list[str] = []
     decode_problems: list[str] = []  # reported after the requests' problems
     entries = [
-        ConfigEntry(parameters=p, from_class=True, where=f"config[{k}] of DeviceClass {device_class}")
+        ConfigEntry(parameters=p, from_class=True, where=f"GpuConfig {k + 1} of DeviceClass {device_class}")
         for k, p in enumerate(class_configs)
     ]
     for k, config in enumerate(devices.get("config") or []):

@@ -149,7 +149,7 @@ def test_the_deviceclass_configs_are_merged_first() -> None:
         class_configs=[{**HEAD, "env": _env("A", 13)}],
     )
     (problem,) = out.problems
-    assert f"config[0] of DeviceClass {DEVICE_CLASS_NAME}, spec.devices.config[0] merged" in problem
+    assert f"GpuConfig 1 of DeviceClass {DEVICE_CLASS_NAME}, spec.devices.config[0] merged" in problem
     assert "got 33" in problem
     broken_class = review_claim_spec(
         spec([req("1Gi")]),
