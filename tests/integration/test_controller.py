@@ -648,6 +648,42 @@ def test_an_a100_only_claim_larger_than_an_a100_gets_an_event_naming_the_selecto
     assert not _events(api_client, namespace, "a100-40gi", "UnsatisfiableGpuRequest")
 
 
+def test_a_deallocated_claim_of_another_class_of_our_driver_leaves_the_ledger(
+    controller: kube.ControllerProcess, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    other_class = f"other-class.{DRIVER_NAME}"  # our driver's devices, not our DeviceClass
+    kube.ensure_device_class(dyn, other_class, DRIVER_NAME)
+    node_body = kube.create_fake_node(api_client, kube.unique("gpunode"))
+    node = node_body["metadata"]["name"]
+    gpus = kube.simulated_gpus(node, 1)
+    kube.publish_gpus(dyn, node_body, DRIVER_NAME, gpus)
+    claims = _claims(dyn)
+    claims.create(namespace=namespace, body=_claim_body("other", [_request("gpu", "10Gi", other_class)]))
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, kube.pod_with_claim("p-other", None, node, {"c": "other"}))
+
+    def allocated_claim() -> dict[str, Any] | None:
+        claim: dict[str, Any] = claims.get(namespace=namespace, name="other").to_dict()
+        return claim if _our_results(claim) else None
+
+    allocated = _wait(controller, allocated_claim, 60, "allocation of claim 'other'")
+    assert _wait(
+        controller,
+        lambda: _ledger_matches(dyn, node, _expected_ledger([allocated], node, gpus)),
+        20,
+        "the ledger to show claim 'other'",
+    )
+    # the pod goes: the claim controller deallocates the claim, which then no longer concerns us at all
+    core.delete_namespaced_pod("p-other", namespace, grace_period_seconds=0)
+    _wait(
+        controller,
+        lambda: not (claims.get(namespace=namespace, name="other").to_dict().get("status") or {}).get("allocation"),
+        60,
+        "deallocation of claim 'other'",
+    )
+    assert _wait(controller, lambda: _ledger_matches(dyn, node, _expected_ledger([], node, gpus)), 20, "its share gone")
+
+
 def test_events_for_unsatisfiable_requests_and_vanished_devices(
     controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
 ) -> None:
