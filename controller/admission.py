@@ -1,20 +1,24 @@
 """Admission review of ResourceClaims and ResourceClaimTemplates that concern our driver (pure functions).
 
 A claim spec concerns us when a request (or a `firstAvailable` alternative) names our DeviceClass, or an
-opaque config names our driver. Refused: GpuConfig parameters that do not decode strictly, capacity
-requests other than `memory`, and memory amounts that are not positive whole numbers of bytes. Each
-problem names its field path, as `kubectl` users write it, and what is allowed.
+opaque config names our driver. Refused: GpuConfig parameters that do not decode strictly, configs that
+decode one by one but merge into an invalid one for some request (merged as the node plugin merges them,
+api/config_merge.py, with our DeviceClass's configs first), capacity requests other than `memory`, and memory
+amounts that are not positive whole numbers of bytes. Each problem names its field path, as `kubectl` users
+write it, and what is allowed. Warned: requests larger than any published GPU, and `enforcement: hami-core`
+while no published GPU offers it.
 """
 
 import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ConfigDict
 
+from api.config_merge import ConfigEntry, EntryError, MergeError, config_for
 from api.gpu_config import GpuConfigError, decode_gpu_config
 from api.names import MEMORY_CAPACITY
 from api.quantity import format_bytes
@@ -82,6 +86,31 @@ def _config_problems(problems: tuple[str, ...], path: str) -> list[str]:
     return [f"{path}.{p}" if p.startswith("parameters") else f"{path}.parameters.{p}" for p in problems]
 
 
+def _merged_problems(
+    entries: list[ConfigEntry], path: str, request: str, hami_core_offered: bool | None
+) -> tuple[list[str], list[str]]:
+    """Problems and warnings of the merged GpuConfig of one request (entries that do not decode alone are
+    reported where they are, not here)."""
+    try:
+        merged = config_for(entries, request)
+    except MergeError as err:
+        names = ", ".join(e.where for e in err.entries)
+        problems = "; ".join(err.problems)
+        return [
+            f"{path}: request {request!r} gets the GpuConfigs {names} merged, and the result is invalid: {problems}"
+        ], []
+    except EntryError as err:
+        if not err.entry.from_class:
+            return [], []
+        return [], [f"{err.entry.where} is invalid ({err}): claims of it fail to prepare until it is fixed"]
+    if merged.enforcement == "hami-core" and hami_core_offered is False:
+        return [], [
+            f"{path}: request {request!r} asks for enforcement 'hami-core', but no published GPU offers it (no node "
+            "plugin found the HAMi-core library): the claim's pod fails to start on any node until one does"
+        ]
+    return [], []
+
+
 def _total(review: Callable[..., Review]) -> Callable[..., Review]:
     """Make a review answer a refusal, never an error, for a spec not shaped as the API server serves one."""
 
@@ -98,17 +127,43 @@ def _total(review: Callable[..., Review]) -> Callable[..., Review]:
 
 @_total
 def review_claim_spec(
-    spec: Mapping[str, Any] | None, prefix: str, *, driver: str, device_class: str, largest: int | None
+    spec: Mapping[str, Any] | None,
+    prefix: str,
+    *,
+    driver: str,
+    device_class: str,
+    largest: int | None,
+    class_configs: Sequence[object] = (),
+    hami_core_offered: bool | None = None,
 ) -> Review:
     """Review a ResourceClaimSpec found at field path `prefix` (`spec` or `spec.spec` for templates).
 
     `largest` is the largest memory request any published GPU admits (None when none is published);
-    requests above it pass with a warning, since a larger GPU may join later. Never raises: a spec that is
+    requests above it pass with a warning, since a larger GPU may join later. `class_configs` are the
+    `opaque.parameters` of our DeviceClass's configs for `driver` (merged before the claim's);
+    `hami_core_offered` whether some published GPU offers HAMi-core (None when none is published). Never raises: a spec that is
     not shaped like a ResourceClaimSpec is refused.
     """
     devices = (spec or {}).get("devices") or {}
     problems: list[str] = []
     warnings: list[str] = []
+    decode_problems: list[str] = []  # reported after the requests' problems
+    entries = [
+        ConfigEntry(parameters=p, from_class=True, where=f"GpuConfig {k + 1} of DeviceClass {device_class}")
+        for k, p in enumerate(class_configs)
+    ]
+    for k, config in enumerate(devices.get("config") or []):
+        opaque = config.get("opaque") or {}
+        if opaque.get("driver") != driver:
+            continue
+        path = f"{prefix}.devices.config[{k}]"
+        entries.append(
+            ConfigEntry(parameters=opaque.get("parameters"), requests=tuple(config.get("requests") or ()), where=path)
+        )
+        try:
+            decode_gpu_config(opaque.get("parameters"))  # type: ignore[arg-type]  # any JSON: it reports
+        except GpuConfigError as err:
+            decode_problems += _config_problems(err.problems, f"{path}.opaque")
     for i, req in enumerate(devices.get("requests") or []):
         base = f"{prefix}.devices.requests[{i}]"
         name = str(req.get("name", ""))
@@ -122,13 +177,7 @@ def review_claim_spec(
                 p, w = _review_request(exact, path, request, driver, largest)
                 problems += p
                 warnings += w
-    for k, config in enumerate(devices.get("config") or []):
-        opaque = config.get("opaque") or {}
-        if opaque.get("driver") != driver:
-            continue
-        path = f"{prefix}.devices.config[{k}].opaque"
-        try:
-            decode_gpu_config(opaque.get("parameters"))  # type: ignore[arg-type]  # any JSON: it reports
-        except GpuConfigError as err:
-            problems += _config_problems(err.problems, path)
-    return Review(problems=tuple(problems), warnings=tuple(warnings))
+                p, w = _merged_problems(entries, path, request, hami_core_offered)
+                problems += p
+                warnings += [x for x in w if x not in warnings]
+    return Review(problems=(*problems, *decode_problems), warnings=tuple(warnings))

@@ -20,7 +20,7 @@ from api.names import API_GROUP
 from controller import kube, metrics
 from controller.admission import Review, review_claim_spec
 from controller.ledger import ExistingGpu
-from controller.model import ClaimView, SliceView, claim_view, slice_view
+from controller.model import ClaimView, DeviceClassView, SliceView, claim_view, device_class_view, slice_view
 from controller.reconciler import Controller
 from controller.settings import COMPONENT, Settings
 from controller.webhook import WebhookServer
@@ -29,6 +29,8 @@ from controller.webhook_config import CLAIMS, TEMPLATES, Registration
 log = logging.getLogger(__name__)
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
+INDEX_IDS = ("fracgpu_slices", "fracgpu_claims", "fracgpu_gpus", "fracgpu_classes")
+"""The ids of the indexes, in the order `Controller.bind` takes them (kopf passes each as a keyword argument)."""
 
 
 def operator_settings(settings: Settings, api: client.ApiClient) -> kopf.OperatorSettings:
@@ -66,8 +68,15 @@ def operator_settings(settings: Settings, api: client.ApiClient) -> kopf.Operato
 
 def _review(controller: Controller, spec: Any, prefix: str) -> Review:
     s = controller.settings
+    device_class = controller.device_class()
     return review_claim_spec(
-        spec, prefix, driver=s.driver_name, device_class=s.device_class, largest=controller.largest_request()
+        spec,
+        prefix,
+        driver=s.driver_name,
+        device_class=s.device_class,
+        largest=controller.largest_request(),
+        class_configs=device_class.configs if device_class else (),
+        hami_core_offered=controller.hami_core_offered(),
     )
 
 
@@ -82,7 +91,7 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
     @kopf.on.startup(registry=registry, id="startup")
     async def startup(**kwargs: Any) -> None:
         # kopf passes every index as a keyword argument named after its id (still empty at startup)
-        controller.bind(kwargs["fracgpu_slices"], kwargs["fracgpu_claims"], kwargs["fracgpu_gpus"])
+        controller.bind(*(kwargs[i] for i in INDEX_IDS))
         await controller.start()
 
     @kopf.on.cleanup(registry=registry, id="cleanup")
@@ -92,24 +101,31 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
     # ----- indexes: compact views, recomputed on every watch event ----------------------------------
 
     @kopf.index(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", registry=registry, id="fracgpu_slices")
-    async def index_slice(body: kopf.Body, name: str, **_: Any) -> dict[str, SliceView] | None:
+    async def index_slice(body: kopf.Body, name: str, **_: Any) -> dict[str, SliceView]:
+        # `{}`, never None: kopf keeps an object's previous entries when its indexer returns None
         try:
             view = slice_view(body, driver)
         except (KeyError, TypeError, ValueError):
             log.exception("cannot read ResourceSlice %s", name)
             metrics.OBJECTS_SKIPPED.labels("ResourceSlice", "unreadable").inc()
-            return None
-        return {name: view} if view is not None else None
+            return {}
+        return {name: view} if view is not None else {}
 
     @kopf.index(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", registry=registry, id="fracgpu_claims")
-    async def index_claim(body: kopf.Body, **_: Any) -> dict[tuple[str, str], ClaimView] | None:
+    async def index_claim(body: kopf.Body, **_: Any) -> dict[tuple[str, str], ClaimView]:
+        # `{}` when the claim does not (or no longer) concern us: see index_slice
         try:
             view = claim_view(body, driver, settings.device_class)
         except (KeyError, TypeError, ValueError):
             log.exception("cannot read ResourceClaim %s/%s", body.metadata.namespace, body.metadata.name)
             metrics.OBJECTS_SKIPPED.labels("ResourceClaim", "unreadable").inc()
-            return None
-        return {view.key: view} if view is not None else None
+            return {}
+        return {view.key: view} if view is not None else {}
+
+    @kopf.index(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", registry=registry, id="fracgpu_classes")
+    async def index_class(body: kopf.Body, name: str, **_: Any) -> dict[str, DeviceClassView]:
+        # only our DeviceClass: its selectors and configs apply to our claims (`{}`: see index_slice)
+        return {name: device_class_view(body, driver)} if name == settings.device_class else {}
 
     @kopf.index(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="fracgpu_gpus")
     async def index_gpu(body: kopf.Body, name: str, **_: Any) -> dict[str, ExistingGpu]:
@@ -125,15 +141,19 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
     # ----- events: only wake the reconciler; it reads the indexes -------------------------------------
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", registry=registry, id="slice_event")
-    async def slice_event(body: kopf.Body, **_: Any) -> None:
-        if (body.get("spec") or {}).get("driver") == driver:
-            controller.slices_changed()
+    async def slice_event(**_: Any) -> None:
+        controller.slices_changed()  # also for a slice that stopped being ours; unchanged devices: no-op
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceclaims", registry=registry, id="claim_event")
     async def claim_event(*, type: str, namespace: str | None, name: str, uid: str, **kwargs: Any) -> None:
         claims: kopf.Index[tuple[str, str], ClaimView] = kwargs["fracgpu_claims"]
         key = (namespace or "", name)
         controller.claim_event(key, uid, deleted=type == "DELETED", indexed=key in claims)
+
+    @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", registry=registry, id="class_event")
+    async def class_event(name: str, **_: Any) -> None:
+        if name == settings.device_class:
+            controller.classes_changed()
 
     @kopf.on.event(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="gpu_event")
     async def gpu_event(**_: Any) -> None:

@@ -36,6 +36,11 @@ class DeviceRecord(BaseModel):
     memory_total: int
     max_request: int
     """The largest memory request the device's request policy admits (≤ memory_total)."""
+    attributes: dict[str, dict[str, bool | int | str]] = {}
+    """Its attributes as DRA CEL sees them: domain -> name -> value (unqualified names are in the driver's
+    domain); `version` attributes are left out (selectors.py does not evaluate them)."""
+    hami_core: bool = False
+    """The node plugin offers HAMi-core enforcement on this device (attribute `hamiCore`)."""
 
     @property
     def key(self) -> DeviceKey:
@@ -86,6 +91,19 @@ class MemoryRequest(BaseModel):
 
     request: str
     memory: int
+    selectors: tuple[str, ...] = ()
+    """CEL expressions of the request's `selectors` (all must hold)."""
+
+
+class DeviceClassView(BaseModel):
+    """The part of our DeviceClass that claims inherit: its CEL selectors and its GpuConfig parameters."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    selectors: tuple[str, ...] = ()
+    configs: tuple[Any, ...] = ()
+    """`opaque.parameters` of its config entries for our driver, in order."""
 
 
 class ClaimView(BaseModel):
@@ -149,6 +167,16 @@ def _attribute(attributes: Mapping[str, Any], name: str, driver: str, kind: str)
     return None
 
 
+def _cel_attributes(attributes: Mapping[str, Any], driver: str) -> dict[str, dict[str, bool | int | str]]:
+    out: dict[str, dict[str, bool | int | str]] = {}
+    for name, value in attributes.items():
+        domain, _, ident = str(name).rpartition("/")
+        typed = next((value[k] for k in ("bool", "int", "string") if (value or {}).get(k) is not None), None)
+        if isinstance(typed, bool | int | str):
+            out.setdefault(domain or driver, {})[ident] = typed
+    return out
+
+
 @_shape_errors("ResourceSlice")
 def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
     """The view of a ResourceSlice of `driver`; None for other drivers' slices. Raises only MalformedObjectError."""
@@ -180,6 +208,8 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
                 product_name=_attribute(attributes, "productName", driver, "string"),
                 memory_total=total,
                 max_request=min(total, max_request) if max_request is not None else total,
+                attributes=_cel_attributes(attributes, driver),
+                hami_core=_attribute(attributes, "hamiCore", driver, "bool") is True,
             )
         )
     return SliceView(name=str(body["metadata"]["name"]), pool=pool_name, generation=generation, devices=tuple(devices))
@@ -210,10 +240,38 @@ def _memory(capacities: Mapping[str, Any], driver: str) -> Any:
     return value if value is not None else capacities.get(f"{driver}/{MEMORY_CAPACITY}")
 
 
+def _cel_selectors(selectors: object) -> tuple[str, ...]:
+    """The CEL expressions of a `selectors` list (entries without one are skipped)."""
+    if not isinstance(selectors, list):
+        return ()
+    return tuple(
+        str(s["cel"]["expression"])
+        for s in selectors
+        if isinstance(s, Mapping) and isinstance(s.get("cel"), Mapping) and s["cel"].get("expression") is not None
+    )
+
+
 def _memory_request(exact: Mapping[str, Any], name: str, driver: str) -> MemoryRequest | None:
     requested = _memory((exact.get("capacity") or {}).get("requests") or {}, driver)
     memory = quantity_bytes(requested) if requested is not None else None
-    return MemoryRequest(request=name, memory=memory) if memory is not None else None
+    if memory is None:
+        return None
+    return MemoryRequest(request=name, memory=memory, selectors=_cel_selectors(exact.get("selectors")))
+
+
+def device_class_view(body: Mapping[str, Any], driver: str) -> DeviceClassView:
+    """The view of a DeviceClass: its CEL selectors and the parameters of its configs for `driver`."""
+    spec = body.get("spec") or {}
+    configs = tuple(
+        (c.get("opaque") or {}).get("parameters")
+        for c in spec.get("config") or []
+        if isinstance(c, Mapping) and (c.get("opaque") or {}).get("driver") == driver
+    )
+    return DeviceClassView(
+        name=str((body.get("metadata") or {}).get("name", "")),
+        selectors=_cel_selectors(spec.get("selectors")),
+        configs=configs,
+    )
 
 
 @_shape_errors("ResourceClaim")

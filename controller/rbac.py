@@ -27,6 +27,8 @@ def cluster_role_rules(
             "resourceNames": [driver],
         },
         {"apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ["get", "list", "watch"]},
+        # our DeviceClass: its selectors (Unsatisfiable Events) and configs (admission merges them)
+        {"apiGroups": ["resource.k8s.io"], "resources": ["deviceclasses"], "verbs": ["get", "list", "watch"]},
         # the GPU ledger
         {
             "apiGroups": [API_GROUP],

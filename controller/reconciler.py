@@ -18,11 +18,11 @@ from kubernetes.client.exceptions import ApiException
 
 from api.gpu import GPU_CRD_NAME
 from api.gpu_config import MAX_PARAMETERS_DEPTH
-from api.quantity import format_bytes
 from controller import metrics
 from controller.claim_status import apply_body, plan_status
+from controller.feasibility import plan_unsatisfiable
 from controller.ledger import ExistingGpu, desired_ledger, identity_body, plan_ledger, status_body
-from controller.model import ClaimView, DeviceKey, DeviceRecord, Share, SliceView, current_devices
+from controller.model import ClaimView, DeviceClassView, DeviceKey, DeviceRecord, Share, SliceView, current_devices
 from controller.settings import FIELD_MANAGER, Settings
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,10 @@ class Controller:
         self._slices: Index = {}
         self._claims: Index = {}
         self._gpus: Index = {}
+        self._classes: Index = {}
         self._devices: dict[DeviceKey, DeviceRecord] | None = None
         self._largest: int | None = None  # largest max_request of self._devices
+        self._hami_core = False  # some device of self._devices offers HAMi-core
         self._known: set[ClaimKey] = set()  # claims that were in the index at their last event
         self._queue: asyncio.Queue[ClaimKey] = asyncio.Queue()
         self._queued: set[ClaimKey] = set()
@@ -101,9 +103,10 @@ class Controller:
 
     # ----- wiring ---------------------------------------------------------------------------------
 
-    def bind(self, slices: Index, claims: Index, gpus: Index) -> None:
+    def bind(self, slices: Index, claims: Index, gpus: Index, classes: Index | None = None) -> None:
         """Attach kopf's live indexes (passed to startup handlers before they are populated)."""
         self._slices, self._claims, self._gpus = slices, claims, gpus
+        self._classes = classes if classes is not None else {}
         self._devices = None
         self._known.clear()
 
@@ -176,6 +179,12 @@ class Controller:
             self.enqueue(key)
         self._ledger_dirty.set()
 
+    def classes_changed(self) -> None:
+        """Our DeviceClass changed: its selectors and configs apply to every claim."""
+        self.ready.set()
+        for key in list(self._claims):
+            self.enqueue(key)
+
     def gpus_changed(self) -> None:
         """A GPU object changed (possibly by someone else): re-check the ledger."""
         self.ready.set()
@@ -198,6 +207,7 @@ class Controller:
         if devices != self._devices:
             self._devices = devices
             self._largest = max((d.max_request for d in devices.values()), default=None)
+            self._hami_core = any(d.hami_core for d in devices.values())
         return devices
 
     def devices(self) -> dict[DeviceKey, DeviceRecord]:
@@ -209,6 +219,17 @@ class Controller:
         if self._devices is None:
             self._refresh_devices()
         return self._largest
+
+    def hami_core_offered(self) -> bool | None:
+        """Whether some published GPU offers HAMi-core enforcement; None when no GPU is published (cached)."""
+        if self._devices is None:
+            self._refresh_devices()
+        return self._hami_core if self._devices else None
+
+    def device_class(self) -> DeviceClassView | None:
+        """Our DeviceClass as the cluster has it; None when it is not (or not yet) seen."""
+        view: DeviceClassView | None = _first(self._classes, self.settings.device_class)
+        return view
 
     def claims(self) -> list[ClaimView]:
         return [v for values in self._claims.values() for v in values]
@@ -328,21 +349,10 @@ class Controller:
         return ok
 
     async def _unsatisfiable_events(self, claim: ClaimView) -> bool:
-        if claim.allocated or not claim.memory_requests:
-            return True
-        largest = self.largest_request()
-        if largest is None:
-            return True  # no GPU published yet: nothing to compare with
         ok = True
-        for alternatives in claim.memory_requests:
-            if all(m.memory > largest for m in alternatives):
-                asked = " or ".join(f"{format_bytes(m.memory)} (request {m.request!r})" for m in alternatives)
-                message = (
-                    f"no GPU of {self.driver} can ever satisfy this claim: it asks for {asked} of GPU memory, "
-                    f"and the largest GPU has {format_bytes(largest)}"
-                )
-                key = (REASON_UNSATISFIABLE, alternatives[0].request, str(largest))
-                ok = await self._post_once(claim, key, REASON_UNSATISFIABLE, message) and ok
+        for found in plan_unsatisfiable(claim, self.devices().values(), self.device_class(), self.driver):
+            key = (REASON_UNSATISFIABLE, found.request, found.message)  # a changed reason is told again
+            ok = await self._post_once(claim, key, REASON_UNSATISFIABLE, found.message) and ok
         return ok
 
     async def _skipped_parts_event(self, claim: ClaimView) -> bool:

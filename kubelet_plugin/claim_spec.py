@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from api.gpu_config import GpuConfig, GpuConfigError, decode_gpu_config, merge_configs
+from api.config_merge import ConfigEntry, EntryError, config_for
+from api.gpu_config import GpuConfig, GpuConfigError
 from api.names import MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
 from kubelet_plugin import cdi
@@ -78,21 +79,19 @@ def hami_cache_dir(settings: Settings, claim_uid: str) -> Path:
 
 def _config_for(result: dict[str, Any], configs: list[dict[str, Any]]) -> GpuConfig:
     """The merged GpuConfig that applies to one allocation result; raises PrepareError."""
-    request = str(result["request"])
-    base = request.split("/", 1)[0]
-    applicable = [c for c in configs if not c.get("requests") or {request, base} & set(c["requests"])]
-    ordered = [c for c in applicable if c.get("source") == "FromClass"] + [
-        c for c in applicable if c.get("source") != "FromClass"
+    entries = [
+        ConfigEntry(
+            parameters=c["opaque"]["parameters"],
+            requests=tuple(c.get("requests") or ()),
+            from_class=c.get("source") == "FromClass",
+        )
+        for c in configs
     ]
-    decoded = []
-    for entry in ordered:
-        try:
-            decoded.append(decode_gpu_config(entry["opaque"]["parameters"]))
-        except GpuConfigError as err:
-            where = "DeviceClass" if entry.get("source") == "FromClass" else "claim"
-            raise PrepareError("invalid_config", f"invalid GpuConfig in the {where} config: {err}") from None
     try:
-        return merge_configs(decoded)
+        return config_for(entries, str(result["request"]))
+    except EntryError as err:
+        where = "DeviceClass" if err.entry.from_class else "claim"
+        raise PrepareError("invalid_config", f"invalid GpuConfig in the {where} config: {err}") from None
     except GpuConfigError as err:
         raise PrepareError("invalid_config", f"invalid merged GpuConfig: {err}") from None
 

@@ -55,6 +55,7 @@ class SlicePublisher:
             step=s.memory_step_bytes,
             reserve=s.memory_reserve_bytes,
             generation=generation,
+            hami_core=s.hami_core_library.is_file(),
         )
         for body in slices:
             body["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: _spec_hash(body)}

@@ -14,8 +14,9 @@ def usable_memory(gpu: GpuInfo, step: int, reserve: int) -> int:
     return max(0, (gpu.memory_total_bytes - reserve) // step * step)
 
 
-def device_entry(gpu: GpuInfo, step: int, reserve: int) -> dict[str, Any]:
-    """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes."""
+def device_entry(gpu: GpuInfo, step: int, reserve: int, hami_core: bool = False) -> dict[str, Any]:
+    """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes; `hami_core`: the
+    node can enforce limits with HAMi-core (its library is installed), published as attribute `hamiCore`."""
     memory = usable_memory(gpu, step, reserve)
     capacity: dict[str, Any] = {"value": format_bytes(memory)}
     if memory >= 2 * step:  # validRange needs min + step <= value
@@ -35,6 +36,7 @@ def device_entry(gpu: GpuInfo, step: int, reserve: int) -> dict[str, Any]:
             "cudaComputeCapability": {"version": _semver(gpu.cuda_compute_capability)},
             "driverVersion": {"version": _semver(gpu.driver_version)},
             "resource.kubernetes.io/pciBusID": {"string": gpu.pci_bus_id},
+            "hamiCore": {"bool": hami_core},
         },
         "capacity": {MEMORY_CAPACITY: capacity},
     }
@@ -52,10 +54,18 @@ def slice_name(node: str, driver: str, index: int) -> str:
 
 
 def build_slices(
-    node: str, node_uid: str, driver: str, gpus: list[GpuInfo], *, step: int, reserve: int, generation: int
+    node: str,
+    node_uid: str,
+    driver: str,
+    gpus: list[GpuInfo],
+    *,
+    step: int,
+    reserve: int,
+    generation: int,
+    hami_core: bool = False,
 ) -> list[dict[str, Any]]:
     """All slices of the node's pool (pool = node name), at most 128 devices each, at least one slice."""
-    devices = [device_entry(g, step, reserve) for g in sorted(gpus, key=lambda g: g.index)]
+    devices = [device_entry(g, step, reserve, hami_core) for g in sorted(gpus, key=lambda g: g.index)]
     chunks = [devices[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)] or [[]]
     return [
         {

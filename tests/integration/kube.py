@@ -234,15 +234,29 @@ def simulated_gpus(node: str, count: int, memory_gib: int = 80, model: str = "NV
 
 
 def publish_gpus(
-    dyn: DynamicClient, node: dict[str, Any], driver: str, gpus: list[Any], *, generation: int = 1
+    dyn: DynamicClient,
+    node: dict[str, Any],
+    driver: str,
+    gpus: list[Any],
+    *,
+    generation: int = 1,
+    hami_core: bool = False,
 ) -> list[dict[str, Any]]:
-    """Create or replace the node's ResourceSlices exactly as the node plugin builds them."""
+    """Create or replace the node's ResourceSlices exactly as the node plugin builds them (`hami_core`: as a
+    plugin that found the HAMi-core library)."""
     from kubelet_plugin.slices import build_slices
 
     slices = resource(dyn, "resource.k8s.io/v1", "ResourceSlice")
     name = node["metadata"]["name"]
     bodies = build_slices(
-        name, node["metadata"]["uid"], driver, gpus, step=256 * (1 << 20), reserve=0, generation=generation
+        name,
+        node["metadata"]["uid"],
+        driver,
+        gpus,
+        step=256 * (1 << 20),
+        reserve=0,
+        generation=generation,
+        hami_core=hami_core,
     )
     for body in bodies:
         try:

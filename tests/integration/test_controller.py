@@ -548,6 +548,16 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
         ),
         f"spec.devices.requests[0].firstAvailable[1].capacity.requests.memory: {POSITIVE}, got '0'",
     ),
+    (
+        "configs valid alone, invalid merged",
+        _claim_body(
+            "c",
+            [_request("gpu", "1Gi")],
+            _gpu_config(env={f"A_{i}": "1" for i in range(20)}) + _gpu_config(env={f"B_{i}": "1" for i in range(20)}),
+        ),
+        "spec.devices.requests[0].exactly: request 'gpu' gets the GpuConfigs spec.devices.config[0], "
+        "spec.devices.config[1] merged, and the result is invalid: env: at most 32 entries are allowed, got 40",
+    ),
 ]
 
 
@@ -610,7 +620,102 @@ def test_admission_checks_templates_and_passes_valid_claims_with_a_warning_for_o
     assert f"largest GPU has {format_bytes(largest)}" in warning
 
 
+def _create_warnings(api_client: client.ApiClient, namespace: str, body: dict[str, Any], dry_run: bool) -> str:
+    """Create a claim (or only try, `dry_run`); the Warning header of the answer."""
+    response = client.ResourceV1Api(api_client).create_namespaced_resource_claim(
+        namespace, body, _preload_content=False, **({"dry_run": "All"} if dry_run else {})
+    )
+    assert response.status == 201
+    return str(response.headers.get("Warning", ""))
+
+
+def test_admission_warns_when_hami_core_is_asked_and_no_gpu_offers_it(
+    controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    hami = _claim_body("hami", [_request("gpu", "1Gi")], _gpu_config(enforcement="hami-core"))
+    warning = _create_warnings(api_client, namespace, hami, dry_run=False)
+    assert "request 'gpu' asks for enforcement 'hami-core', but no published GPU offers it" in warning, warning
+    assert "no published GPU offers it" not in _create_warnings(
+        api_client, namespace, _claim_body("plain", [_request("gpu", "1Gi")]), dry_run=True
+    )
+    # a node plugin that found the HAMi-core library publishes hamiCore: true, and the warning goes
+    probe = {**hami, "metadata": {"name": "hami-probe"}}
+    node = kube.create_fake_node(api_client, kube.unique("haminode"))
+    kube.publish_gpus(dyn, node, DRIVER_NAME, kube.simulated_gpus(node["metadata"]["name"], 1), hami_core=True)
+    _wait(
+        controller,
+        lambda: "no published GPU offers it" not in _create_warnings(api_client, namespace, probe, dry_run=True),
+        20,
+        "no hami-core warning once a GPU offers it",
+    )
+
+
 # ----- events and the ledger following slices -----------------------------------------------------------
+
+
+def test_an_a100_only_claim_larger_than_an_a100_gets_an_event_naming_the_selector(
+    controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    a100 = "NVIDIA A100-SXM4-40GB"
+    node = kube.create_fake_node(api_client, kube.unique("a100node"))
+    kube.publish_gpus(
+        dyn, node, DRIVER_NAME, kube.simulated_gpus(node["metadata"]["name"], 2, memory_gib=40, model=a100)
+    )
+    assert _largest_gpu(dyn) > 50 * kube.GiB, "some GPU of another model is large enough"
+    selector = f'device.attributes["{DRIVER_NAME}"].productName == "{a100}"'
+    # asking what an A100 has gets no Event (created first: reconciled before the other one's Event is posted)
+    fits = _request("gpu", "40Gi", selectors=[{"cel": {"expression": selector}}])
+    _claims(dyn).create(namespace=namespace, body=_claim_body("a100-40gi", [fits]))
+    only_a100 = _request("gpu", "50Gi", selectors=[{"cel": {"expression": selector}}])
+    _claims(dyn).create(namespace=namespace, body=_claim_body("a100-50gi", [only_a100]))
+    events = _wait(
+        controller,
+        lambda: _events(api_client, namespace, "a100-50gi", "UnsatisfiableGpuRequest"),
+        30,
+        "an Unsatisfiable event naming the selector",
+    )
+    message = events[0].message
+    assert "request 'gpu' asks for 50Gi of GPU memory, but only 2 published GPUs of " in message, message
+    assert f"`{selector}` (of the request)" in message, message
+    assert f'`device.driver == "{DRIVER_NAME}"` (of DeviceClass {DEVICE_CLASS_NAME})' in message, message
+    assert message.endswith("and the largest of them has 40Gi"), message
+    assert not _events(api_client, namespace, "a100-40gi", "UnsatisfiableGpuRequest")
+
+
+def test_a_deallocated_claim_of_another_class_of_our_driver_leaves_the_ledger(
+    controller: kube.ControllerProcess, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    other_class = f"other-class.{DRIVER_NAME}"  # our driver's devices, not our DeviceClass
+    kube.ensure_device_class(dyn, other_class, DRIVER_NAME)
+    node_body = kube.create_fake_node(api_client, kube.unique("gpunode"))
+    node = node_body["metadata"]["name"]
+    gpus = kube.simulated_gpus(node, 1)
+    kube.publish_gpus(dyn, node_body, DRIVER_NAME, gpus)
+    claims = _claims(dyn)
+    claims.create(namespace=namespace, body=_claim_body("other", [_request("gpu", "10Gi", other_class)]))
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, kube.pod_with_claim("p-other", None, node, {"c": "other"}))
+
+    def allocated_claim() -> dict[str, Any] | None:
+        claim: dict[str, Any] = claims.get(namespace=namespace, name="other").to_dict()
+        return claim if _our_results(claim) else None
+
+    allocated = _wait(controller, allocated_claim, 60, "allocation of claim 'other'")
+    assert _wait(
+        controller,
+        lambda: _ledger_matches(dyn, node, _expected_ledger([allocated], node, gpus)),
+        20,
+        "the ledger to show claim 'other'",
+    )
+    # the pod goes: the claim controller deallocates the claim, which then no longer concerns us at all
+    core.delete_namespaced_pod("p-other", namespace, grace_period_seconds=0)
+    _wait(
+        controller,
+        lambda: not (claims.get(namespace=namespace, name="other").to_dict().get("status") or {}).get("allocation"),
+        60,
+        "deallocation of claim 'other'",
+    )
+    assert _wait(controller, lambda: _ledger_matches(dyn, node, _expected_ledger([], node, gpus)), 20, "its share gone")
 
 
 def test_events_for_unsatisfiable_requests_and_vanished_devices(

@@ -118,3 +118,67 @@ def test_requests_larger_than_every_gpu_pass_with_a_warning() -> None:
     assert "largest GPU has 80Gi" in warning
     assert review(spec([req("80Gi")])).warnings == ()
     assert review(spec([req("81Gi")]), largest=None).warnings == (), "no GPU published yet: nothing to compare"
+
+
+def _env(prefix: str, count: int) -> dict[str, str]:
+    return {f"{prefix}_{i}": "1" for i in range(count)}
+
+
+def test_configs_valid_alone_but_invalid_merged_are_refused_per_request() -> None:
+    a = {"requests": ["gpu"], "opaque": {"driver": DRIVER_NAME, "parameters": {**HEAD, "env": _env("A", 20)}}}
+    b = {"opaque": {"driver": DRIVER_NAME, "parameters": {**HEAD, "env": _env("B", 20)}}}
+    out = review(spec([req("1Gi"), req("1Gi", name="other")], [a, b]))
+    assert out.problems == (
+        "spec.devices.requests[0].exactly: request 'gpu' gets the GpuConfigs spec.devices.config[0], "
+        "spec.devices.config[1] merged, and the result is invalid: env: at most 32 entries are allowed, got 40",
+    ), "request 'other' gets config[1] alone (20 entries)"
+    shared = {**HEAD, "env": _env("A", 20)}
+    assert review(spec([req("1Gi")], [a, {"opaque": {"driver": DRIVER_NAME, "parameters": shared}}])).allowed, (
+        "the same 20 names twice merge into 20"
+    )
+
+
+def test_the_deviceclass_configs_are_merged_first() -> None:
+    claim_config = opaque({**HEAD, "env": _env("B", 20)})
+    out = review_claim_spec(
+        spec([req("1Gi")], claim_config),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=None,
+        class_configs=[{**HEAD, "env": _env("A", 13)}],
+    )
+    (problem,) = out.problems
+    assert f"GpuConfig 1 of DeviceClass {DEVICE_CLASS_NAME}, spec.devices.config[0] merged" in problem
+    assert "got 33" in problem
+    broken_class = review_claim_spec(
+        spec([req("1Gi")]),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=None,
+        class_configs=[{"kind": "GpuConfig"}],
+    )
+    assert broken_class.allowed and "claims of it fail to prepare" in broken_class.warnings[0]
+
+
+@pytest.mark.parametrize(("offered", "warned"), [(False, True), (True, False), (None, False)])
+def test_hami_core_asked_where_no_gpu_offers_it_is_warned(offered: bool | None, warned: bool) -> None:
+    out = review_claim_spec(
+        spec([req("1Gi")], opaque({**HEAD, "enforcement": "hami-core"})),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=None,
+        hami_core_offered=offered,
+    )
+    assert out.allowed
+    assert [w for w in out.warnings if "no published GPU offers it" in w] == (
+        [
+            "spec.devices.requests[0].exactly: request 'gpu' asks for enforcement 'hami-core', but no published GPU "
+            "offers it (no node plugin found the HAMi-core library): the claim's pod fails to start on any node "
+            "until one does"
+        ]
+        if warned
+        else []
+    )

@@ -8,7 +8,7 @@ from typing import Any
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB, MiB
-from controller.model import claim_view, current_devices, quantity_bytes, slice_view
+from controller.model import claim_view, current_devices, device_class_view, quantity_bytes, slice_view
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.slices import build_slices
 
@@ -225,3 +225,32 @@ def test_quantity_bytes() -> None:
     assert quantity_bytes("100m") == 1
     assert quantity_bytes("lots") is None
     assert quantity_bytes(None) is None
+
+
+def test_device_records_carry_cel_attributes_and_hami_core() -> None:
+    (body,) = build_slices(NODE, "uid", DRIVER_NAME, [gpu(0)], step=256 * MiB, reserve=0, generation=1, hami_core=True)
+    view = slice_view(body, DRIVER_NAME)
+    assert view is not None
+    (device,) = view.devices
+    assert device.hami_core
+    assert device.attributes[DRIVER_NAME]["productName"] == "NVIDIA H100 80GB HBM3"
+    assert device.attributes[DRIVER_NAME]["index"] == 0 and device.attributes[DRIVER_NAME]["hamiCore"] is True
+    assert device.attributes["resource.kubernetes.io"] == {"pciBusID": "0000:10:00.0"}
+    assert "driverVersion" not in device.attributes[DRIVER_NAME], "version attributes are not evaluated"
+    (plain,) = slices(count=1)
+    assert not slice_view(plain, DRIVER_NAME).devices[0].hami_core  # type: ignore[union-attr]
+
+
+def test_device_class_view_keeps_selectors_and_our_configs() -> None:
+    body = {
+        "metadata": {"name": DEVICE_CLASS_NAME},
+        "spec": {
+            "selectors": [{"cel": {"expression": "device.driver == 'x'"}}],
+            "config": [
+                {"opaque": {"driver": DRIVER_NAME, "parameters": {"env": {}}}},
+                {"opaque": {"driver": "other", "parameters": {"y": 1}}},
+            ],
+        },
+    }
+    view = device_class_view(body, DRIVER_NAME)
+    assert (view.name, view.selectors, view.configs) == (DEVICE_CLASS_NAME, ("device.driver == 'x'",), ({"env": {}},))

@@ -246,28 +246,6 @@ def test_ledger_loop_follows_changes() -> None:
     run(test)
 
 
-def test_a_claim_that_leaves_the_index_without_deletion_leaves_the_ledger() -> None:
-    # a claim of another DeviceClass of our driver is in the index only while it has our results
-    requests = [{"name": "gpu", "exactly": {"deviceClassName": "other-class.fracgpu.dev"}}]
-
-    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
-        await controller.start()
-        key = world.put(claim(requests=requests, results=[result("gpu", "gpu-0", "10Gi", "s-1")]))
-        controller.claim_event(key, "uid-c1", deleted=False, indexed=True)
-        await eventually(lambda: writer.gpu_status.get(f"{NODE}-gpu-0", {}).get("allocatedMemory") == "10Gi")
-        assert claim_view(claim(requests=requests), DRIVER_NAME, DEVICE_CLASS_NAME) is None
-        del world.claims[key]  # deallocated: kopf drops the index entry before the event handler runs
-        controller.claim_event(key, "uid-c1", deleted=False, indexed=False)
-        await eventually(lambda: writer.gpu_status[f"{NODE}-gpu-0"]["allocatedMemory"] == "0")
-        # claims that were never ours do not wake the ledger
-        controller._ledger_dirty.clear()
-        controller.claim_event(("ns", "foreign"), "uid-foreign", deleted=False, indexed=False)
-        controller.claim_event(key, "uid-c1", deleted=False, indexed=False)
-        assert not controller._ledger_dirty.is_set()
-
-    run(test)
-
-
 def test_admin_access_is_not_counted_in_the_ledger() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         world.put(claim("mon", results=[{**result("mon", "gpu-0", None, None), "adminAccess": True}]))

@@ -108,6 +108,8 @@ def test_device_attributes_present_and_typed() -> None:
     assert attrs["cudaComputeCapability"] == {"version": "9.0.0"}
     assert attrs["driverVersion"] == {"version": "580.65.6"}
     assert attrs["resource.kubernetes.io/pciBusID"] == {"string": "0000:3b:00.0"}
+    assert attrs["hamiCore"] == {"bool": False}
+    assert device_entry(gpu(), STEP, 0, hami_core=True)["attributes"]["hamiCore"] == {"bool": True}
     for value in attrs.values():  # each attribute has exactly one typed member
         assert len(value) == 1
         assert next(iter(value)) in {"string", "int", "bool", "version"}
