@@ -1,11 +1,12 @@
 """Small helpers for tests that talk to a real API server."""
 
+import contextlib
 import signal
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -289,6 +290,26 @@ def apply_crd(api_client: client.ApiClient, body: dict[str, Any], timeout: float
         return any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or [])
 
     wait_for(established, timeout, what=f"CRD {name} Established")
+
+
+@contextlib.contextmanager
+def chart_made_webhook_configuration(api_client: client.ApiClient, name: str) -> Iterator[None]:
+    """The empty ValidatingWebhookConfiguration the chart makes (the controller may only patch it), removed
+    afterwards so that a later `helm install` of the chart can create its own."""
+    admission = client.AdmissionregistrationV1Api(api_client)
+    try:
+        admission.create_validating_webhook_configuration({"metadata": {"name": name}})
+    except ApiException as err:
+        if err.status != 409:
+            raise
+    try:
+        yield
+    finally:
+        try:
+            admission.delete_validating_webhook_configuration(name)
+        except ApiException as err:
+            if err.status != 404:
+                raise
 
 
 def service_account_kubeconfig(

@@ -54,24 +54,17 @@ def controller(
         server=control_plane.server,
         ca_cert=control_plane.ca_cert,
         namespace=SA_NAMESPACE,
-        name="fracgpu-controller",
+        name="fracgpu-controller-it",  # not the chart's ClusterRole name: the chart tests install the chart
         rules=cluster_role_rules(),
         path=workdir / "controller.kubeconfig",
     )
-    # the chart makes the (empty) webhook configuration; the controller may only patch it
-    try:
-        client.AdmissionregistrationV1Api(api_client).create_validating_webhook_configuration(
-            {"metadata": {"name": DRIVER_NAME}}
-        )
-    except ApiException as err:
-        if err.status != 409:
-            raise
-    proc = kube.ControllerProcess(workdir, kubeconfig, "--device-gone-grace=1", "--ledger-delay=0.2")
-    proc.start()
-    _wait_for_webhook(dyn, proc)
-    yield proc
-    proc.terminate()
-    print(f"controller log:\n{proc.log_tail(40)}")
+    with kube.chart_made_webhook_configuration(api_client, DRIVER_NAME):
+        proc = kube.ControllerProcess(workdir, kubeconfig, "--device-gone-grace=1", "--ledger-delay=0.2")
+        proc.start()
+        _wait_for_webhook(dyn, proc)
+        yield proc
+        proc.terminate()
+        print(f"controller log:\n{proc.log_tail(40)}")
 
 
 @pytest.fixture(scope="module")

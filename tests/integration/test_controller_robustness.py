@@ -118,15 +118,16 @@ def setup(
         server=control_plane.server,
         ca_cert=control_plane.ca_cert,
         namespace="fracgpu-system",
-        name="fracgpu-controller",
+        name="fracgpu-controller-robust",  # not the chart's ClusterRole name: the chart tests install the chart
         rules=cluster_role_rules(),
         path=workdir / "controller.kubeconfig",
     )
-    proc = kube.ControllerProcess(workdir, kubeconfig, "--ledger-delay=0.2")
-    yield proc, node
-    if proc.proc is not None:
-        proc.terminate()
-    print(f"controller log:\n{proc.log_tail(60)}")
+    with kube.chart_made_webhook_configuration(api_client, DRIVER_NAME):
+        proc = kube.ControllerProcess(workdir, kubeconfig, "--ledger-delay=0.2")
+        yield proc, node
+        if proc.proc is not None:
+            proc.terminate()
+        print(f"controller log:\n{proc.log_tail(60)}")
 
 
 def test_deep_claims_of_any_driver_neither_stop_the_controller_nor_other_claims(
