@@ -1,4 +1,4 @@
-"""Names fixed by the architecture (shared/design/ARCHITECTURE.md, "Names")."""
+"""Names fixed by the architecture (docs/architecture.md, "Names")."""
 
 from typing import Final
 

@@ -1,4 +1,4 @@
-"""A gRPC client that speaks to a DRA plugin exactly as the kubelet does (method paths from dra-facts §1-2).
+"""A gRPC client that speaks to a DRA plugin exactly as the kubelet does (the kubelet's method paths).
 
 Used by integration tests and benchmarks in place of a kubelet when no node runs one.
 """

@@ -1,4 +1,4 @@
-"""CDI (Container Device Interface) spec model, naming and writer (dra-facts §7).
+"""CDI (Container Device Interface) spec model, naming and writer (the CDI specification's rules).
 
 One transient spec per claim: kind ``k8s.<driver>/claim``, devices ``<claimUID>-<device>[-<shareID>]``,
 file ``<cdi_dir>/k8s.<driver>-claim_<claimUID>.json``. The writer always stamps the spec with the minimum

@@ -1,7 +1,7 @@
 """Versioned, atomically written checkpoint of the claims this node plugin has prepared.
 
 The kubelet does not re-prepare claims after a plugin restart and sends only namespace/name/UID on
-Unprepare (dra-facts §3.1, §3.3), so the plugin persists what it prepared. A claim is recorded as
+Unprepare, so the plugin persists what it prepared. A claim is recorded as
 ``PrepareStarted`` before its CDI spec is written and ``PrepareCompleted`` after. The node boot ID tells
 whether CDI specs (on tmpfs under /var/run/cdi) died with a reboot and must be rewritten.
 

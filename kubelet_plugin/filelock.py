@@ -1,7 +1,7 @@
 """File-system primitives of the node plugin: the cross-process serialize lock and atomic file replace.
 
 ``serialize_lock`` serialises NodePrepareResources / NodeUnprepareResources across the plugin instances
-that share one plugin data dir during a rolling update (dra-facts §3.4: ``<pluginDataDir>/serialize.lock``).
+that share one plugin data dir during a rolling update (``<pluginDataDir>/serialize.lock``, the file Go DRA drivers share for the same purpose).
 ``atomic_write`` is the one way the plugin writes files others read (CDI specs, the checkpoint).
 """
 

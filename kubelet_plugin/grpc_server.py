@@ -1,7 +1,7 @@
 """The node plugin's kubelet-facing gRPC servers: plugin registration, DRA v1/v1beta1, device health.
 
-Wire facts (packages, method paths, socket paths, registration handshake) follow
-shared/reference/dra-facts.md sections 1 and 2. The actual prepare/unprepare work is delegated to a
+Wire facts (packages, method paths, socket paths, registration handshake) are those of the kubelet's
+DRA and plugin-registration APIs, as our protos in ``kubelet_plugin/proto/`` spell them. The actual prepare/unprepare work is delegated to a
 :class:`ClaimPreparer`; this module only translates between protobuf messages and the value types of
 :mod:`kubelet_plugin.model` and guarantees the kubelet's response contract: every claim UID in a
 request gets an entry in the response, and a failing preparer never fails the gRPC call.

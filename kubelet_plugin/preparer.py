@@ -1,6 +1,6 @@
 """NodePrepareResources / NodeUnprepareResources for fracgpu: claims in, CDI specs and a checkpoint out.
 
-Contract (dra-facts §3): every claim in a call gets an answer; a problem with one claim is that claim's
+Contract (the kubelet's): every claim in a call gets an answer; a problem with one claim is that claim's
 error, never an exception for the call. Prepare is idempotent (a repeat gives the same answer and re-writes
 the CDI spec, which a reboot may have wiped); unprepare of an unknown claim succeeds. All checkpoint and
 spec changes happen under one lock shared by every plugin instance on the node.

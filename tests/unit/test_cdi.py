@@ -40,7 +40,7 @@ SHARE_ID = "a671734a-e8e5-11e4-8fde-42010af09327"
 KIND = "k8s.gpu.fracgpu.dev/claim"
 
 # --------------------------------------------------------------------------------------------------
-# An independent checker of the CDI rules of shared/reference/dra-facts.md §7, applied to the JSON
+# An independent checker of the CDI specification's rules, applied to the JSON
 # as a runtime would read it. Deliberately does not use the module's own regexes or version logic.
 
 KNOWN_CDI_VERSIONS = ["0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0"]

@@ -1,7 +1,7 @@
 """Protocol tests of the node plugin's gRPC servers.
 
 A real gRPC client talks to the plugin over its Unix sockets in a temporary kubelet directory, using
-the exact method paths the kubelet uses (shared/reference/dra-facts.md sections 1 and 2).
+the exact method paths the kubelet uses (those of the kubelet's DRA client).
 """
 
 from __future__ import annotations
