@@ -2,7 +2,8 @@
 
 kube-apiserver limits opaque parameters to 10 KiB and keeps them byte for byte: nested arrays 5117 levels
 deep and strings that are not UTF-8 are stored and served as sent. Such a claim must fail alone, with a
-clear error, beside good claims of the same NodePrepareResources call.
+clear error, beside good claims of the same NodePrepareResources call. The module runs a control plane of
+its own: other components of the session would meet these claims too.
 """
 
 import functools
@@ -16,10 +17,12 @@ from kubernetes.dynamic import DynamicClient
 from api.kube_rest import JSON, RESOURCE_V1, claim_path
 from e2e.nodeplugin import DRIVER
 from kubelet_plugin import cdi
-from tests.integration import kube
+from tests.integration import kube, own_plane
 from tests.integration import test_node_plugin as node_plugin
 
 pytestmark = pytest.mark.integration
+# claims other components cannot decode stay out of the session's control plane
+control_plane, api_client, dyn = own_plane.control_plane, own_plane.api_client, own_plane.dyn
 plugin = node_plugin.plugin  # a plugin process and fake node of this module's own
 Plugin = node_plugin.Plugin
 

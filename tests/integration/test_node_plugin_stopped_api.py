@@ -4,56 +4,28 @@ A stopped kube-apiserver still accepts TCP connections (the kernel queues them) 
 worst case for a client. This module stops an API server, so it runs a control plane of its own.
 """
 
-import contextlib
 import os
-import shutil
 import signal
-import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
 from e2e.cluster.controlplane import ControlPlane
 from e2e.kubelet_client import KUBELET_CALL_TIMEOUT_S
 from e2e.nodeplugin import DRIVER
-from tests.integration import kube
+from tests.integration import kube, own_plane
 from tests.integration import test_node_plugin as node_plugin
 
 pytestmark = pytest.mark.integration
-plugin = node_plugin.plugin  # uses this module's control plane below
+control_plane, api_client, dyn = own_plane.control_plane, own_plane.api_client, own_plane.dyn  # it gets stopped
+plugin = node_plugin.plugin  # on this module's control plane
 Plugin = node_plugin.Plugin
-
-
-@pytest.fixture(scope="module")
-def control_plane() -> Iterator[ControlPlane]:
-    """A control plane for this module only: its API server gets stopped."""
-    state_dir = Path(tempfile.mkdtemp(prefix="fracgpu-cp-stop-", dir="/tmp"))
-    plane = ControlPlane(state_dir)
-    plane.start()
-    try:
-        yield plane
-    finally:
-        with contextlib.suppress(ProcessLookupError):  # a stopped process would not stop on SIGTERM
-            os.kill(plane.procs.procs["kube-apiserver"].pid, signal.SIGCONT)
-        plane.stop()
-        shutil.rmtree(state_dir, ignore_errors=True)
-
-
-@pytest.fixture(scope="module")
-def api_client(control_plane: ControlPlane) -> client.ApiClient:
-    return config.new_client_from_config(config_file=str(control_plane.kubeconfig))
-
-
-@pytest.fixture(scope="module")
-def dyn(api_client: client.ApiClient) -> DynamicClient:
-    return DynamicClient(api_client)
 
 
 @contextmanager
