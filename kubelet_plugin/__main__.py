@@ -70,6 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     stop.wait()
     log.info("shutting down; ResourceSlices stay published")
     server.stop(grace=5)
+    if not preparer.wait_ready_writes(timeout=5):  # a lost one is written again by the next prepare
+        log.warning("exiting with Ready conditions not yet written")
     publishing.join(timeout=5)
     return 0
 

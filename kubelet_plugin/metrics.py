@@ -33,12 +33,18 @@ class PluginMetrics:
         self.errors = Counter(
             "fracgpu_plugin_errors_total",
             "Per-claim errors by operation and type (claim_not_found, uid_mismatch, not_allocated, "
-            "invalid_config, device_node_missing, unknown_device, api_error, internal).",
+            "undecodable, api_timeout, api_error, lock_timeout, invalid_config, device_node_missing, "
+            "unknown_device, device_changed, status_update, internal).",
             ["operation", "type"],
             registry=self.registry,
         )
         self.prepared_claims = Gauge(
             "fracgpu_plugin_prepared_claims", "Claims prepared on this node now.", registry=self.registry
+        )
+        self.lock_timeouts = Counter(
+            "fracgpu_plugin_node_lock_timeouts_total",
+            "Calls that gave up waiting for the node-wide prepare lock (held by another call or plugin instance).",
+            registry=self.registry,
         )
         self.checkpoint_corruptions = Counter(
             "fracgpu_plugin_checkpoint_corruptions_total",

@@ -21,6 +21,10 @@ Every step is ordered so that a crash anywhere leaves a state ``recover()`` repa
 
 A checkpoint of a newer schema is never touched: recover posts a ``CheckpointTooNew`` Event and changes
 nothing, and prepare/unprepare fail every claim with what to do, while the plugin keeps running.
+
+Deadlines: the kubelet gives a call 45 s. A prepare reads its claims concurrently, each within the API
+budget (`api_timeout_seconds`, retries included), waits at most `node_lock_timeout_seconds` for the lock,
+and writes the claims' Ready condition after answering.
 """
 
 import logging
@@ -28,13 +32,14 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from concurrent.futures import ThreadPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from api.kube_rest import KubeRest, claim_path
+from api.kube_rest import ApiTimeout, KubeRest, UndecodableResponse, claim_path
 from kubelet_plugin import cdi, container_info
 from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry, NewerSchemaError
 from kubelet_plugin.claim_spec import PrepareError, hami_cache_dir, hami_preload_file, plan_claim
@@ -44,10 +49,20 @@ from kubelet_plugin.events import post_node_event
 from kubelet_plugin.filelock import atomic_write, remove_temp_files, serialize_lock
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.model import ClaimRef, GpuInfo, PreparedDevice, PrepareResult
+from kubelet_plugin.ready_writer import ReadyWriter
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.spec_rebuild import entry_from_spec
 
 log = logging.getLogger(__name__)
+
+#: Claims of one call read at once; more wait for a free reader (within the same API budget).
+FETCH_WORKERS = 16
+#: Past the API budget, how long a prepare still waits for a read to report its own error.
+FETCH_GRACE_S = 0.5
+
+
+class NodeLockTimeoutError(PrepareError):
+    """The node-wide lock was not free within `node_lock_timeout_seconds`."""
 
 
 class Preparer:
@@ -61,13 +76,18 @@ class Preparer:
         store: CheckpointStore,
         metrics: PluginMetrics,
     ) -> None:
-        self._rest = KubeRest(api)
+        self._rest = KubeRest.bounded(api, settings.api_timeout_seconds)
         self._settings = settings
         self._gpus = {g.device_name: g for g in gpus}
         self._store = store
         self._metrics = metrics
         self._lock = threading.Lock()
         self._reported: tuple[str | None, tuple[str, ...]] = (None, ())  # (too_new, unknown fields) logged last
+        self._fetch_pool = ThreadPoolExecutor(max_workers=FETCH_WORKERS, thread_name_prefix="fracgpu-fetch")
+        self._ready = ReadyWriter(
+            lambda claim: apply_ready(self._rest, claim, settings.driver_name, settings.node_name),
+            lambda: metrics.errors.labels("prepare", "status_update").inc(),
+        )
 
     # -- lifecycle ---------------------------------------------------------------------------------
 
@@ -76,7 +96,7 @@ class Preparer:
         rebuilt), drop claims whose prepare never completed together with their specs, delete specs no entry
         owns and temp files of interrupted writes, and re-write missing specs of completed claims (every
         spec after a reboot). A checkpoint of a newer schema is reported and left alone, as are the specs."""
-        with self._locked():
+        with self._locked(bounded=False):
             try:
                 checkpoint = self._load()
             except NewerSchemaError:
@@ -137,7 +157,7 @@ class Preparer:
                     cdi.remove_spec(self._settings.cdi_dir, self._settings.driver_name, uid)
                     checkpoint = checkpoint.without_claim(uid)
                     continue
-                if err.kind == "api_error":
+                if err.kind in ("api_error", "api_timeout"):
                     api_failure = err
                 log.warning(
                     "cannot restore the CDI spec of a claim now; the kubelet's next prepare of it re-writes it",
@@ -152,65 +172,74 @@ class Preparer:
     # -- ClaimPreparer -----------------------------------------------------------------------------
 
     def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
-        """Prepare each claim; see the module contract."""
+        """Prepare each claim; see the module contract and its deadlines."""
         with self._measure("prepare"):
-            fetched: dict[str, dict[str, Any] | PrepareError] = {}
-            for ref in claims:  # outside the lock: API round trips must not serialise other calls
-                try:
-                    fetched[ref.uid] = self._fetch(ref)
-                except PrepareError as err:
-                    fetched[ref.uid] = err
+            fetched = self._fetch_all(claims)  # outside the lock: API round trips must not serialise other calls
             results: dict[str, PrepareResult] = {}
             ready: list[dict[str, Any]] = []
-            with self._locked():
-                checkpoint = self._load()
-                started = checkpoint
-                for ref in claims:
-                    claim = fetched[ref.uid]
-                    if isinstance(claim, dict) and ref.uid not in checkpoint.claims:
-                        started = started.with_claim(
-                            ref.uid, ClaimEntry(namespace=ref.namespace, name=ref.name, state="PrepareStarted")
+            try:
+                with self._locked():
+                    checkpoint = self._load()
+                    started = checkpoint
+                    for ref in claims:
+                        claim = fetched[ref.uid]
+                        if isinstance(claim, dict) and ref.uid not in checkpoint.claims:
+                            started = started.with_claim(
+                                ref.uid, ClaimEntry(namespace=ref.namespace, name=ref.name, state="PrepareStarted")
+                            )
+                    if started is not checkpoint:
+                        self._store.save(started)
+                    completed = started
+                    for ref in claims:
+                        claim = fetched[ref.uid]
+                        try:
+                            if isinstance(claim, PrepareError):
+                                raise claim
+                            devices = self._write(claim, checkpoint.claims.get(ref.uid))
+                        except Exception as err:  # one claim's failure must not abort the batch
+                            self._fail(results, ref, err)
+                            if ref.uid in completed.claims and completed.claims[ref.uid].state == "PrepareStarted":
+                                completed = completed.without_claim(ref.uid)
+                            continue
+                        completed = completed.with_claim(
+                            ref.uid,
+                            ClaimEntry(
+                                namespace=ref.namespace,
+                                name=ref.name,
+                                state="PrepareCompleted",
+                                devices=[
+                                    CheckpointDevice.from_prepared(d, self._gpus[d.device_name].uuid) for d in devices
+                                ],
+                            ),
                         )
-                if started is not checkpoint:
-                    self._store.save(started)
-                completed = started
-                for ref in claims:
-                    claim = fetched[ref.uid]
-                    try:
-                        if isinstance(claim, PrepareError):
-                            raise claim
-                        devices = self._write(claim, checkpoint.claims.get(ref.uid))
-                    except Exception as err:  # one claim's failure must not abort the batch
-                        if not isinstance(err, PrepareError):
-                            log.exception("unexpected error preparing a claim", extra={"claim": _show(ref)})
-                            err = PrepareError("internal", f"cannot prepare claim {_show(ref)}: {err}")
-                        self._count_error("prepare", err.kind)
-                        log.warning("prepare failed", extra={"claim": _show(ref), "error": str(err)})
-                        results[ref.uid] = PrepareResult(error=str(err))
-                        if ref.uid in completed.claims and completed.claims[ref.uid].state == "PrepareStarted":
-                            completed = completed.without_claim(ref.uid)
-                        continue
-                    completed = completed.with_claim(
-                        ref.uid,
-                        ClaimEntry(
-                            namespace=ref.namespace,
-                            name=ref.name,
-                            state="PrepareCompleted",
-                            devices=[
-                                CheckpointDevice.from_prepared(d, self._gpus[d.device_name].uuid) for d in devices
-                            ],
-                        ),
-                    )
-                    results[ref.uid] = PrepareResult(devices=devices)
-                    self._metrics.requests.labels("prepare", "ok").inc()
-                    if devices and not is_ready(claim, self._settings.driver_name):
-                        ready.append(claim)
-                if completed != started:  # `started` is what the file holds now
-                    self._store.save(completed)
-                self._metrics.prepared_claims.set(len(completed.claims))
+                        results[ref.uid] = PrepareResult(devices=devices)
+                        self._metrics.requests.labels("prepare", "ok").inc()
+                        if devices and not is_ready(claim, self._settings.driver_name):
+                            ready.append(claim)
+                    if completed != started:  # `started` is what the file holds now
+                        self._store.save(completed)
+                    self._metrics.prepared_claims.set(len(completed.claims))
+            except (NodeLockTimeoutError, NewerSchemaError) as err:  # nothing was written
+                refusal = err if isinstance(err, PrepareError) else PrepareError("checkpoint_too_new", str(err))
+                for ref in claims:  # a claim that could not be read keeps that error
+                    own = fetched[ref.uid]
+                    self._fail(results, ref, own if isinstance(own, PrepareError) else refusal)
             for claim in ready:
                 self._mark_ready(claim)
             return results
+
+    def _fail(self, results: dict[str, PrepareResult], ref: ClaimRef, err: Exception) -> None:
+        """Record `err` as the answer for `ref`: counted, logged, an unexpected error wrapped."""
+        if not isinstance(err, PrepareError):
+            log.error("unexpected error preparing a claim", exc_info=err, extra={"claim": _show(ref)})
+            err = PrepareError("internal", f"cannot prepare claim {_show(ref)}: {type(err).__name__}: {err}")
+        self._count_error("prepare", err.kind)
+        log.warning("prepare failed", extra={"claim": _show(ref), "error": str(err)})
+        results[ref.uid] = PrepareResult(error=str(err))
+
+    def wait_ready_writes(self, timeout: float | None = None) -> bool:
+        """Wait until the Ready conditions of prepared claims are written (or given up); False on timeout."""
+        return self._ready.wait_idle(timeout)
 
     def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
         """Drop each claim's checkpoint entry, then remove its CDI spec; unknown claims are fine.
@@ -218,9 +247,12 @@ class Preparer:
         Entries go first (see the module docstring); a spec that cannot be removed is that claim's error,
         and the kubelet's retry removes it.
         """
-        with self._measure("unprepare"), self._locked():
+        with self._measure("unprepare"), ExitStack() as held:
             try:
+                held.enter_context(self._locked())
                 checkpoint = self._load()
+            except NodeLockTimeoutError as err:
+                return self._fail_unprepare(claims, err.kind, str(err))
             except NewerSchemaError as err:
                 return self._fail_unprepare(claims, "checkpoint_too_new", str(err))
             updated = checkpoint
@@ -258,10 +290,44 @@ class Preparer:
 
     # -- steps -------------------------------------------------------------------------------------
 
+    def _fetch_all(self, claims: list[ClaimRef]) -> dict[str, dict[str, Any] | PrepareError]:
+        """Each claim read at once on the fetch pool: by UID, the claim or its error. Returns within the API
+        budget: a read that has not answered by then is that claim's error and delays no other claim."""
+        budget = self._settings.api_timeout_seconds
+        futures = {ref.uid: self._fetch_pool.submit(self._fetch_one, ref) for ref in claims}
+        wait(futures.values(), timeout=budget + FETCH_GRACE_S)
+        fetched: dict[str, dict[str, Any] | PrepareError] = {}
+        for ref in claims:
+            future = futures[ref.uid]
+            if future.done():
+                fetched[ref.uid] = future.result()
+            else:
+                future.cancel()  # still queued behind hung reads, or hung itself: it ends by its own timeout
+                fetched[ref.uid] = PrepareError("api_timeout", _no_answer(ref, budget))
+        return fetched
+
+    def _fetch_one(self, ref: ClaimRef) -> dict[str, Any] | PrepareError:
+        """`_fetch`, with any error, expected or not, returned as this claim's PrepareError."""
+        try:
+            return self._fetch(ref)
+        except PrepareError as err:
+            return err
+        except Exception as err:
+            log.error("unexpected error reading a claim", exc_info=err, extra={"claim": _show(ref)})
+            return PrepareError("internal", f"cannot read ResourceClaim {_show(ref)}: {type(err).__name__}: {err}")
+
     def _fetch(self, ref: ClaimRef) -> dict[str, Any]:
         """GET the claim; check it is the one the kubelet means and that it is allocated."""
         try:
             claim = self._rest.get(claim_path(ref.namespace, ref.name))
+        except UndecodableResponse as err:
+            raise PrepareError(
+                "undecodable",
+                f"ResourceClaim {_show(ref)} cannot be read: {err.reason}; delete the claim and create it "
+                "again (or fix its ResourceClaimTemplate) with valid parameters",
+            ) from None
+        except ApiTimeout:
+            raise PrepareError("api_timeout", _no_answer(ref, self._settings.api_timeout_seconds)) from None
         except ApiException as err:
             if err.status == 404:
                 raise PrepareError("claim_not_found", f"ResourceClaim {_show(ref)} not found") from None
@@ -316,14 +382,8 @@ class Preparer:
         self._settings.hami_core_lock_dir.mkdir(parents=True, exist_ok=True)
 
     def _mark_ready(self, claim: dict[str, Any]) -> None:
-        try:
-            apply_ready(self._rest, claim, self._settings.driver_name, self._settings.node_name)
-        except ApiException as err:  # the container can start anyway; the condition is informational
-            self._count_error("prepare", "status_update")
-            log.warning(
-                "cannot set Ready on claim status",
-                extra={"claim": claim["metadata"]["name"], "status": err.status, "reason": err.reason},
-            )
+        """Write Ready=True on the claim's status in the background (see ReadyWriter)."""
+        self._ready.submit(claim)
 
     def _load(self) -> Checkpoint:
         """The checkpoint on disk, in the current schema; a corrupt one is reported and rebuilt from the CDI
@@ -374,8 +434,34 @@ class Preparer:
         return checkpoint
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._lock, serialize_lock(self._settings.lock_path):
+    def _locked(self, *, bounded: bool = True) -> Iterator[None]:
+        """Hold this process's lock and the node-wide file lock; raises NodeLockTimeoutError (counted) when
+        both are not ours within `node_lock_timeout_seconds`. Unbounded (`bounded=False`) at start, when no
+        kubelet call is waiting."""
+        if not bounded:
+            with self._lock, serialize_lock(self._settings.lock_path):
+                yield
+            return
+        timeout = self._settings.node_lock_timeout_seconds
+        deadline = time.monotonic() + timeout
+        with ExitStack() as held:
+            if not self._lock.acquire(timeout=timeout):
+                self._metrics.lock_timeouts.inc()
+                raise NodeLockTimeoutError(
+                    "lock_timeout",
+                    f"another call of this fracgpu plugin held the node lock for {timeout:g} s; the kubelet retries",
+                )
+            held.callback(self._lock.release)
+            try:
+                held.enter_context(
+                    serialize_lock(self._settings.lock_path, timeout=max(0.0, deadline - time.monotonic()))
+                )
+            except TimeoutError:
+                self._metrics.lock_timeouts.inc()
+                raise NodeLockTimeoutError(
+                    "lock_timeout",
+                    f"another fracgpu plugin instance held the node lock for {timeout:g} s; the kubelet retries",
+                ) from None
             yield
 
     @contextmanager
@@ -404,3 +490,7 @@ class Preparer:
 
 def _show(ref: ClaimRef) -> str:
     return f"{ref.namespace}/{ref.name}"
+
+
+def _no_answer(ref: ClaimRef, budget: float) -> str:
+    return f"the API server did not answer within {budget:g} s when reading ResourceClaim {_show(ref)}; the kubelet retries"

@@ -5,13 +5,20 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from api.gpu_config import Enforcement
 from api.names import DRIVER_NAME
 from api.quantity import MiB, to_bytes
 from kubelet_plugin.checkpoint import CHECKPOINT_FILE_NAME
 from kubelet_plugin.filelock import serialize_lock_path
+
+#: The kubelet cancels NodePrepareResources / NodeUnprepareResources after 45 s.
+KUBELET_CALL_TIMEOUT_S = 45.0
+#: What a call may spend waiting on the API server plus waiting for the node lock; the rest of the
+#: kubelet's 45 s is left for the local work and the answer.
+MAX_WAIT_S = 40.0
 
 
 class Settings(BaseModel):
@@ -33,6 +40,12 @@ class Settings(BaseModel):
     instance_id: str | None = Field(None, description="pod UID: unique socket names during rolling updates")
     health_interval_seconds: float = Field(10.0, gt=0)
     resync_seconds: float = Field(60.0, gt=0)
+    api_timeout_seconds: float = Field(
+        10.0, gt=0, description="budget of one API request on the prepare path, retries included"
+    )
+    node_lock_timeout_seconds: float = Field(
+        10.0, ge=0, description="how long a prepare/unprepare waits for the node-wide lock"
+    )
     metrics_address: str = "0.0.0.0"
     metrics_port: int = Field(8080, ge=0, le=65535, description="0 disables the metrics server")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
@@ -44,6 +57,16 @@ class Settings(BaseModel):
         if value % MiB:
             raise ValueError("memory step must be a whole number of MiB (e.g. 256Mi)")
         return value
+
+    @model_validator(mode="after")
+    def _waits_fit_the_kubelet_deadline(self) -> "Settings":
+        if self.api_timeout_seconds + self.node_lock_timeout_seconds > MAX_WAIT_S:
+            raise ValueError(
+                f"API timeout plus node lock timeout must be at most {MAX_WAIT_S:g} s "
+                f"(the kubelet gives a prepare call {KUBELET_CALL_TIMEOUT_S:g} s), got "
+                f"{self.api_timeout_seconds:g} s + {self.node_lock_timeout_seconds:g} s"
+            )
+        return self
 
     @property
     def plugin_data_dir(self) -> Path:
@@ -61,6 +84,11 @@ class Settings(BaseModel):
 
 def _env(name: str, default: str | None = None) -> str | None:
     return os.environ.get(name, default)
+
+
+def _problem(error: ErrorDetails) -> str:
+    message = error["msg"].removeprefix("Value error, ")
+    return f"{'.'.join(map(str, error['loc']))}: {message}" if error["loc"] else message
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:
@@ -110,6 +138,18 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         help="0 = off (FRACGPU_METRICS_PORT)",
     )
     add(
+        "--api-timeout",
+        type=float,
+        default=_env("FRACGPU_API_TIMEOUT", "10"),  # argparse applies `type` to a string default
+        help="seconds one API request of a prepare may take, retries included (FRACGPU_API_TIMEOUT)",
+    )
+    add(
+        "--node-lock-timeout",
+        type=float,
+        default=_env("FRACGPU_NODE_LOCK_TIMEOUT", "10"),
+        help="seconds a prepare/unprepare waits for the node-wide lock (FRACGPU_NODE_LOCK_TIMEOUT)",
+    )
+    add(
         "--log-level",
         choices=["debug", "info", "warning", "error"],
         default=_env("FRACGPU_LOG_LEVEL", "info"),
@@ -138,12 +178,12 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
             hami_core_library=Path(args.hami_core_library),
             instance_id=args.instance_id or None,
             metrics_port=args.metrics_port,
+            api_timeout_seconds=args.api_timeout,
+            node_lock_timeout_seconds=args.node_lock_timeout,
             log_level=args.log_level,
             log_format=args.log_format,
         )
     except ValidationError as err:
-        p.error(
-            "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg'].removeprefix('Value error, ')}" for e in err.errors())
-        )
+        p.error("; ".join(map(_problem, err.errors())))
     except ValueError as err:
         p.error(str(err))

@@ -163,9 +163,14 @@ def test_prepare_writes_a_cdi_spec_for_the_allocated_gpu_only(
     shared = [r["device"] for c in claims for r in c["status"]["allocation"]["devices"]["results"]]
     assert len(set(shared)) < 3, "three 30Gi shares of two 80Gi GPUs: two share one GPU"
 
-    for claim in claims:  # Ready=True written by the plugin's own field manager
-        fresh = client.ResourceV1Api(api_client).read_namespaced_resource_claim(claim["metadata"]["name"], namespace)
-        body = api_client.sanitize_for_serialization(fresh)
+    for claim in claims:  # Ready=True written by the plugin's own field manager, after its answer
+
+        def with_status(name: str = claim["metadata"]["name"]) -> Any:
+            fresh = client.ResourceV1Api(api_client).read_namespaced_resource_claim(name, namespace)
+            body = api_client.sanitize_for_serialization(fresh)
+            return body if (body["status"].get("devices") or []) else None
+
+        body = kube.wait_for(with_status, 30, what="the Ready condition")
         (entry,) = [d for d in body["status"]["devices"] if d["driver"] == DRIVER]
         assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
         managers = {f["manager"] for f in body["metadata"]["managedFields"] if f.get("subresource") == "status"}

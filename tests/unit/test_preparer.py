@@ -320,6 +320,7 @@ def test_plan_error_leaves_no_half_prepared_entry(env: Env) -> None:
 def test_ready_applied_once_with_field_manager(env: Env) -> None:
     claim = env.api.add(make_claim(UID_A, "claim-a"))
     env.preparer.prepare([ref(claim)])
+    assert env.preparer.wait_ready_writes(10)  # written after the answer
     assert len(env.api.status_patches) == 1
     patch = env.api.status_patches[0]
     assert (patch["name"], patch["namespace"]) == ("claim-a", NS)
@@ -331,6 +332,7 @@ def test_ready_applied_once_with_field_manager(env: Env) -> None:
     # the API server now has the condition: a repeat does not apply it again
     claim["status"]["devices"] = [{**entry}]
     env.preparer.prepare([ref(claim)])
+    assert env.preparer.wait_ready_writes(10)
     assert len(env.api.status_patches) == 1
 
 
@@ -347,6 +349,7 @@ def test_ready_not_applied_when_already_ready(env: Env) -> None:
     ]
     env.api.add(claim)
     assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
+    assert env.preparer.wait_ready_writes(10)
     assert env.api.status_patches == []
 
 
@@ -365,6 +368,7 @@ def test_ready_applied_when_another_share_not_ready(env: Env) -> None:
     ]
     env.api.add(claim)
     env.preparer.prepare([ref(claim)])
+    assert env.preparer.wait_ready_writes(10)
     assert len(env.api.status_patches) == 1
     assert len(env.api.status_patches[0]["body"]["status"]["devices"]) == 2
 
@@ -372,6 +376,7 @@ def test_ready_applied_when_another_share_not_ready(env: Env) -> None:
 def test_no_ready_when_prepare_failed(env: Env) -> None:
     claim = env.api.add(make_claim(UID_A, "claim-a", device="gpu-9"))
     env.preparer.prepare([ref(claim)])
+    assert env.preparer.wait_ready_writes(10)
     assert env.api.status_patches == []
 
 
@@ -578,6 +583,7 @@ def test_status_update_failure_does_not_fail_prepare(env: Env, monkeypatch: pyte
     claim = env.api.add(make_claim(UID_A, "claim-a"))
     assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
     assert env.checkpoint().claims[UID_A].state == "PrepareCompleted"
+    assert env.preparer.wait_ready_writes(10)
     assert env.sample("fracgpu_plugin_errors_total", operation="prepare", type="status_update") == 1
 
 

@@ -30,6 +30,16 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     )
 
 
+def test_api_and_lock_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "node-a")
+    defaults = parse_settings([])
+    assert (defaults.api_timeout_seconds, defaults.node_lock_timeout_seconds) == (10.0, 10.0)
+    monkeypatch.setenv("FRACGPU_API_TIMEOUT", "4.5")
+    monkeypatch.setenv("FRACGPU_NODE_LOCK_TIMEOUT", "20")
+    settings = parse_settings(["--node-lock-timeout", "15"])
+    assert (settings.api_timeout_seconds, settings.node_lock_timeout_seconds) == (4.5, 15.0)
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -37,6 +47,13 @@ def test_flags_override_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--node-name", "n", "--memory-step", "100k"], "memory step must be a whole number of MiB"),
         (["--node-name", "n", "--memory-step", "ten"], "'ten' is not a Kubernetes quantity"),
         (["--node-name", "n", "--enforcement", "strict"], "invalid choice: 'strict'"),
+        (["--node-name", "n", "--api-timeout", "0"], "api_timeout_seconds: Input should be greater than 0"),
+        (["--node-name", "n", "--api-timeout", "ten"], "invalid float value: 'ten'"),
+        (
+            ["--node-name", "n", "--api-timeout", "35"],
+            "API timeout plus node lock timeout must be at most 40 s (the kubelet gives a prepare call 45 s), "
+            "got 35 s + 10 s",
+        ),
     ],
 )
 def test_bad_settings_are_refused_with_a_reason(

@@ -1,0 +1,88 @@
+"""Plain-JSON API access (api/kube_rest.py): only documented errors, whatever the API server sends or
+does not send; against a fake API server on 127.0.0.1 (tests/unit/fake_apiserver.py)."""
+
+from collections.abc import Iterator
+
+import pytest
+from kubernetes import client
+
+from api.kube_rest import ApiTimeout, ApiUnreachable, KubeRest, UndecodableResponse, decode_json
+from tests.unit.fake_apiserver import FakeApiServer, serve
+
+#: As deep as kube-apiserver stores opaque parameters: 10 KiB of `[` and `]` inside `{"a": …}`.
+DEEP = b'{"a":' + b"[" * 5117 + b"]" * 5117 + b"}"
+
+
+@pytest.fixture
+def api_server() -> Iterator[tuple[FakeApiServer, str]]:
+    with serve() as running:
+        yield running
+
+
+def rest_for(host: str, budget: float = 10) -> KubeRest:
+    return KubeRest.bounded(client.ApiClient(client.Configuration(host=host)), budget=budget)
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (DEEP, "nested deeper than the JSON decoder's limit"),
+        (b'{"a": ' + b"9" * 5000 + b"}", "Exceeds the limit (4300 digits)"),
+        (b'{"a": "\xff"}', "not valid UTF-8"),
+        (b'{"a": ', "not valid JSON"),
+    ],
+)
+def test_decode_raises_only_the_documented_error(data: bytes, problem: str) -> None:
+    with pytest.raises(UndecodableResponse) as raised:
+        decode_json(data)
+    assert problem in raised.value.reason
+    assert raised.value.status == 200
+
+
+def test_decode_keeps_what_python_can_hold() -> None:
+    assert decode_json(b'{"a": 1e999, "b": -0.0, "c": "\\ud800", "d": ' + b"9" * 4000 + b"}") == {
+        "a": float("inf"),
+        "b": -0.0,
+        "c": "\ud800",
+        "d": int("9" * 4000),
+    }
+
+
+def test_requests_raise_undecodable_response(api_server: tuple[FakeApiServer, str]) -> None:
+    api, host = api_server
+    api.objects["/deep"] = DEEP
+    api.objects["/list"] = b"[1]"
+    with pytest.raises(UndecodableResponse, match="nested deeper"):
+        rest_for(host).get("/deep")
+    with pytest.raises(UndecodableResponse, match="not a JSON object"):
+        rest_for(host).get("/list")
+
+
+def test_a_watch_event_that_cannot_be_decoded_ends_the_watch_with_the_documented_error(
+    api_server: tuple[FakeApiServer, str],
+) -> None:
+    api, host = api_server
+    api.objects["/things"] = b'{"type":"ADDED","object":{"a":1}}\n{"type":"ADDED","object":' + DEEP + b"}\n"
+    events = rest_for(host).watch("/things", timeout_seconds=5)
+    assert next(events) == {"type": "ADDED", "object": {"a": 1}}
+    with pytest.raises(UndecodableResponse, match="nested deeper"):
+        next(events)
+
+
+def test_bounded_requests_report_a_timeout(api_server: tuple[FakeApiServer, str]) -> None:
+    api, host = api_server
+    api.objects["/x"] = b"{}"
+    api.hang.add("/x")
+    with pytest.raises(ApiTimeout, match=r"did not answer \(waited 0.5 s per attempt\)") as raised:
+        rest_for(host, budget=1).get("/x")
+    assert raised.value.status == 0
+    with api.lock:  # two attempts of 0.5 s, no more
+        assert sum(1 for e in api.log if e == ("start", "GET", "/x")) == 2
+
+
+def test_a_refused_connection_is_unreachable_not_a_timeout() -> None:
+    with serve() as (_, host):
+        pass  # stopped: nothing listens on its port any more
+    with pytest.raises(ApiUnreachable, match="cannot reach the API server") as raised:
+        rest_for(host).get("/x")
+    assert not isinstance(raised.value, ApiTimeout)
