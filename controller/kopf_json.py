@@ -6,9 +6,10 @@ kopf parses API answers with the standard `json` module in three places (kopf 1.
 A claim nested a few thousand levels deep makes each raise `RecursionError`: the watch dies, the operator
 exits, and does so again after every restart. `install()` replaces the `json` name of those two kopf
 modules, and `api.get`, with versions that decode through `api.bounded_json` (subtrees deeper than
-`MAX_DEPTH` and unconvertible integers become `Skipped` markers; the rest, metadata included, is kept), and
-reports every object that had parts skipped: a warning log line and
-`fracgpu_controller_objects_skipped_total{resource,reason}`.
+`MAX_DEPTH` and unconvertible integers become `Skipped` markers; the rest, metadata included, is kept);
+bytes that are not UTF-8 (stored and served as sent) are read as U+FFFD, in the watch stream too (kopf's
+`iter_jsonlines` is wrapped: kopf decodes each line as UTF-8 itself). Every such object is reported: a warning
+log line and `fracgpu_controller_objects_skipped_total{resource,reason}`.
 
 These are kopf internals: tests/unit/test_kopf_json.py fails when kopf's decoding sites change, so an
 upgrade cannot silently undo this.
@@ -16,7 +17,7 @@ upgrade cannot silently undo this.
 
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 import aiohttp
@@ -28,6 +29,7 @@ from controller import metrics
 
 log = logging.getLogger(__name__)
 
+REASON_NOT_UTF8 = "not-utf8"
 SHOWN_PARTS = 5
 """Skipped parts named per object in a log line."""
 
@@ -72,12 +74,67 @@ def report(doc: Any) -> None:
         )
 
 
+def report_not_utf8(doc: Any) -> None:
+    """Log and count each object of `doc` that had bytes that are not UTF-8 (read as U+FFFD)."""
+    for kind, obj in _objects(doc):
+        if not _has_replacement(obj):
+            continue
+        meta = obj.get("metadata")
+        meta = meta if isinstance(meta, dict) else {}
+        metrics.OBJECTS_SKIPPED.labels(kind or "unknown", REASON_NOT_UTF8).inc()
+        log.warning(
+            "object has bytes that are not UTF-8; they are read as U+FFFD, the rest is handled",
+            extra={"object": f"{kind} {meta.get('namespace') or ''}/{meta.get('name') or ''}", "uid": meta.get("uid")},
+        )
+
+
+def _has_replacement(value: Any) -> bool:
+    """Whether U+FFFD occurs in a key or string of `value` (iterative: any depth)."""
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, str):
+            if "\ufffd" in node:
+                return True
+        elif isinstance(node, Mapping):
+            stack.extend(node.keys())
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    return False
+
+
+def _utf8(data: bytes | bytearray) -> tuple[bytes | bytearray, bool]:
+    """`data`, or its bytes that are not UTF-8 replaced by U+FFFD (the API server stores and serves them
+    as sent); whether anything was replaced."""
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return data.decode("utf-8", errors="replace").encode("utf-8"), True
+    return data, False
+
+
 def loads(text: str | bytes | bytearray, **_: Any) -> Any:
-    """`json.loads` for kopf: bounded depth, reported skips."""
+    """`json.loads` for kopf: bounded depth, bytes that are not UTF-8 read as U+FFFD, both reported."""
+    replaced = False
+    if isinstance(text, bytes | bytearray):
+        text, replaced = _utf8(text)
     value, skipped = bounded_json.decode(text)
     if skipped:
         report(value)
+    if replaced:
+        report_not_utf8(value)
     return value
+
+
+async def iter_jsonlines(content: aiohttp.StreamReader, chunk_size: int = 1024 * 1024) -> AsyncIterator[bytes]:
+    """kopf's `iter_jsonlines`, each line made valid UTF-8 first: kopf's watch stream decodes every line with
+    `line.decode('utf-8')` before `json.loads`, and one object with other bytes would end the watch."""
+    async for line in ORIGINAL_ITER_JSONLINES(content, chunk_size):
+        fixed, replaced = _utf8(line)
+        if replaced:
+            report_not_utf8(bounded_json.loads(fixed))
+        yield bytes(fixed)
 
 
 class BoundedJson:
@@ -106,6 +163,7 @@ async def get(
 
 
 ORIGINAL_GET = kopf_api.get
+ORIGINAL_ITER_JSONLINES = kopf_api.iter_jsonlines
 
 
 def install() -> None:
@@ -113,9 +171,12 @@ def install() -> None:
     kopf_api.json = BoundedJson  # type: ignore[attr-defined,assignment]
     kopf_webhooks.json = BoundedJson  # type: ignore[attr-defined,assignment]
     kopf_api.get = get
+    kopf_api.iter_jsonlines = iter_jsonlines
 
 
 def installed() -> bool:
     """Whether kopf decodes with `loads` now."""
     modules_json = (getattr(kopf_api, "json", None), getattr(kopf_webhooks, "json", None))
-    return modules_json == (BoundedJson, BoundedJson) and kopf_api.get is get
+    return (
+        modules_json == (BoundedJson, BoundedJson) and kopf_api.get is get and kopf_api.iter_jsonlines is iter_jsonlines
+    )

@@ -11,12 +11,15 @@ import ipaddress
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
+import aiohttp.web
 import kopf
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from api import bounded_json
+from controller import kopf_json
 from controller.webhook_config import Registration
 
 CERT_VALIDITY = datetime.timedelta(days=3650)
@@ -79,6 +82,20 @@ def self_signed_certificate(hostnames: Collection[str], password: str | None = N
     return cert.public_bytes(serialization.Encoding.PEM), key_pem
 
 
+class _Utf8Request:
+    """An aiohttp request whose `text()` is given: the rest is the request's own."""
+
+    def __init__(self, request: aiohttp.web.Request, text: str) -> None:
+        self._request = request
+        self._text = text
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._request, name)
+
+    async def text(self) -> str:
+        return self._text
+
+
 class WebhookServer(kopf.WebhookServer):
     """`kopf.WebhookServer` that builds its self-signed certificate with `cryptography`.
 
@@ -115,6 +132,20 @@ class WebhookServer(kopf.WebhookServer):
         if "caBundle" in config:
             out["caBundle"] = config["caBundle"]
         return out
+
+    @staticmethod
+    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        """kopf's `_serve`, with bytes that are not UTF-8 read as U+FFFD (and reported): kopf reads the body
+        with `request.text()`, which raises on them, and the API server sends a claim's bytes as stored, so
+        a claim of any driver would get an error answer instead of a review."""
+        body = await request.read()
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            text = body.decode("utf-8", errors="replace")
+            kopf_json.report_not_utf8(bounded_json.loads(text))
+        served: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, _Utf8Request(request, text))  # type: ignore[arg-type]
+        return served
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         registering: asyncio.Task[None] | None = None

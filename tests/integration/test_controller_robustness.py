@@ -57,18 +57,18 @@ def claim_text(name: str, device_class: str, driver: str, parameters: str | None
     return text[: -len("}}}")] + ',"config":' + config + "}}}"
 
 
-def post_raw(api_client: client.ApiClient, namespace: str, text: str) -> tuple[int, dict[str, Any]]:
-    """POST a claim as JSON text (the client would re-encode it); (status, answer)."""
+def post_raw(api_client: client.ApiClient, namespace: str, text: str | bytes) -> tuple[int, dict[str, Any]]:
+    """POST a claim as JSON text or bytes, exactly as given (the client would re-encode it); (status, answer)."""
     host = api_client.configuration.host
     answer = api_client.rest_client.pool_manager.request(
         "POST",
         f"{host}/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims",
-        body=text.encode(),
+        body=text.encode() if isinstance(text, str) else text,
         headers={"Content-Type": "application/json", "Accept": "application/json"},
     )
     try:
         decoded: dict[str, Any] = json.loads(answer.data)
-    except RecursionError:  # the created claim comes back as deep as it went in
+    except (RecursionError, UnicodeDecodeError):  # the created claim comes back as it went in
         decoded = {}
     return answer.status, decoded
 
@@ -136,8 +136,11 @@ def test_deep_claims_of_any_driver_neither_stop_the_controller_nor_other_claims(
     controller, node = setup
     core = client.CoreV1Api(api_client)
 
-    def create(name: str, device_class: str, driver: str, parameters: str | None) -> None:
-        status, answer = post_raw(api_client, namespace, claim_text(name, device_class, driver, parameters))
+    def create(name: str, device_class: str, driver: str, parameters: str | None, not_utf8: bool = False) -> None:
+        text = claim_text(name, device_class, driver, parameters)
+        # bytes that are not UTF-8: the API server stores and serves them as sent
+        body = text.encode().replace(b"NOT-UTF8", b"\xff") if not_utf8 else text
+        status, answer = post_raw(api_client, namespace, body)
         assert status == 201, answer.get("message", answer)
         core.create_namespaced_pod(namespace, kube.pod_with_claim(f"p-{name}", None, node, {"c": name}))
 
@@ -157,6 +160,7 @@ def test_deep_claims_of_any_driver_neither_stop_the_controller_nor_other_claims(
     create("deep-ours", DEVICE_CLASS_NAME, DRIVER_NAME, deep_parameters())
     create("deep-objects", DEVICE_CLASS_NAME, DRIVER_NAME, deep_object_parameters())
     create("good-1", DEVICE_CLASS_NAME, DRIVER_NAME, None)
+    create("bytes-other", OTHER_DRIVER, OTHER_DRIVER, '{"a":"NOT-UTF8"}', not_utf8=True)
     assert raw_claim(api_client, namespace, "deep-other").count("[") >= DEPTH, "the API server stored it whole"
 
     controller.start()
@@ -172,12 +176,15 @@ def test_deep_claims_of_any_driver_neither_stop_the_controller_nor_other_claims(
     assert not events(api_client, namespace, "deep-other", "UnreadableClaimParts"), "not ours: no Event"
     assert not events(api_client, namespace, "good-1", "UnreadableClaimParts")
     assert controller.metric(SKIPPED, resource="ResourceClaim", reason="deep") >= 3
+    assert controller.metric(SKIPPED, resource="ResourceClaim", reason="not-utf8") >= 1  # listed
     assert "deep-other" in controller.log_tail(400), "the skipped claim of another driver is logged"
 
     # while it runs: another driver's deep claim (not ours to judge) and a good claim
     create("deep-other-2", OTHER_DRIVER, OTHER_DRIVER, deep_parameters())
+    create("bytes-other-2", OTHER_DRIVER, OTHER_DRIVER, '{"a":"NOT-UTF8"}', not_utf8=True)
     create("good-2", DEVICE_CLASS_NAME, DRIVER_NAME, None)
     assert wait_written("good-2")[0]["memory"] == "10Gi"
+    assert controller.metric(SKIPPED, resource="ResourceClaim", reason="not-utf8") >= 2  # and watched
     # our webhook refuses a deep GpuConfig with a message (it answered 500 before, which failurePolicy
     # Ignore turned into an admission)
     status, answer = post_raw(

@@ -26,9 +26,11 @@ from prometheus_client import REGISTRY
 
 from api.bounded_json import Skipped
 from controller import kopf_json, metrics
+from controller.webhook import WebhookServer
 
 DEEP = "[" * 5000 + "]" * 5000
 CLAIM = '{"kind":"ResourceClaim","metadata":{"name":"deep","namespace":"ns","uid":"u1"},"spec":{"p":' + DEEP + "}}"
+NOT_UTF8 = b'{"kind":"ResourceClaim","metadata":{"name":"bytes","namespace":"ns","uid":"u3"},"spec":{"p":"\xff"}}'
 GOOD = '{"kind":"ResourceClaim","metadata":{"name":"good","namespace":"ns","uid":"u2"},"spec":{"p":[1]}}'
 
 # every place kopf decodes JSON (file, code); a new one must be checked and added to kopf_json
@@ -81,6 +83,7 @@ def patched(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kopf_api, "json", json)
     monkeypatch.setattr(kopf_webhooks, "json", json)
     monkeypatch.setattr(kopf_api, "get", kopf_json.ORIGINAL_GET)
+    monkeypatch.setattr(kopf_api, "iter_jsonlines", kopf_json.ORIGINAL_ITER_JSONLINES)
     kopf_json.install()
     assert kopf_json.installed()
 
@@ -90,6 +93,7 @@ def unpatched(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(kopf_api, "json", json)
     monkeypatch.setattr(kopf_webhooks, "json", json)
     monkeypatch.setattr(kopf_api, "get", kopf_json.ORIGINAL_GET)
+    monkeypatch.setattr(kopf_api, "iter_jsonlines", kopf_json.ORIGINAL_ITER_JSONLINES)
     assert not kopf_json.installed()
 
 
@@ -98,12 +102,13 @@ async def _api_server() -> AsyncGenerator[str, None]:
         if request.query.get("watch") == "true":
             out = aiohttp.web.StreamResponse(headers={"Content-Type": "application/json"})
             await out.prepare(request)
-            for obj in (CLAIM, GOOD):
-                await out.write(('{"type":"ADDED","object":' + obj + "}\n").encode())
+            for obj in (CLAIM.encode(), NOT_UTF8, GOOD.encode()):
+                await out.write(b'{"type":"ADDED","object":' + obj + b"}\n")
             await out.write_eof()
             return out
-        text = '{"kind":"ResourceClaimList","metadata":{"resourceVersion":"1"},"items":[' + CLAIM + "," + GOOD + "]}"
-        return aiohttp.web.Response(text=text, content_type="application/json")
+        body = b'{"kind":"ResourceClaimList","metadata":{"resourceVersion":"1"},"items":['
+        body += CLAIM.encode() + b"," + NOT_UTF8 + b"," + GOOD.encode() + b"]}"
+        return aiohttp.web.Response(body=body, content_type="application/json")
 
     app = aiohttp.web.Application()
     app.router.add_get("/claims", listing)
@@ -132,15 +137,24 @@ async def _list_and_watch() -> tuple[Any, list[Any]]:
     return listed, watched
 
 
-def _skipped(resource: str) -> float:
+def _skipped(resource: str, reason: str = "deep") -> float:
     return (
-        REGISTRY.get_sample_value(metrics.OBJECTS_SKIPPED._name + "_total", {"resource": resource, "reason": "deep"})
+        REGISTRY.get_sample_value(metrics.OBJECTS_SKIPPED._name + "_total", {"resource": resource, "reason": reason})
         or 0.0
     )
 
 
 def test_without_it_kopf_list_and_watch_die_on_a_deep_object(unpatched: None) -> None:
-    with pytest.raises(RecursionError):
+    with pytest.raises((RecursionError, UnicodeDecodeError)):
+        asyncio.run(_list_and_watch())
+
+
+def test_without_it_kopf_watch_dies_on_bytes_that_are_not_utf8(
+    unpatched: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(kopf_api, "json", kopf_json.BoundedJson)  # the deep object alone is handled
+    monkeypatch.setattr(kopf_api, "get", kopf_json.get)
+    with pytest.raises(UnicodeDecodeError):
         asyncio.run(_list_and_watch())
 
 
@@ -148,27 +162,33 @@ def test_kopf_lists_and_watches_deep_objects_with_the_deep_part_skipped_and_repo
     patched: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     before = _skipped("ResourceClaim")
+    before_bytes = _skipped("ResourceClaim", kopf_json.REASON_NOT_UTF8)
     with caplog.at_level(logging.WARNING, logger="controller.kopf_json"):
         listed, watched = asyncio.run(_list_and_watch())
-    deep, good = listed["items"]
+    deep, odd, good = listed["items"]
     assert deep["metadata"] == {"name": "deep", "namespace": "ns", "uid": "u1"}
     assert isinstance(deep["spec"]["p"][0][0], list)
+    assert odd["spec"] == {"p": "\ufffd"}
     assert good == json.loads(GOOD)
-    assert [e["object"]["metadata"]["name"] for e in watched] == ["deep", "good"]
-    assert watched[1]["object"] == json.loads(GOOD)
+    assert [e["object"]["metadata"]["name"] for e in watched] == ["deep", "bytes", "good"]
+    assert watched[1]["object"]["spec"] == {"p": "\ufffd"}
+    assert watched[2]["object"] == json.loads(GOOD)
     assert _skipped("ResourceClaim") == before + 2, "one per object read: the listed one and the watched one"
-    messages = [r for r in caplog.records if r.name == "controller.kopf_json"]
+    assert _skipped("ResourceClaim", kopf_json.REASON_NOT_UTF8) == before_bytes + 2
+    messages = [r for r in caplog.records if r.name == "controller.kopf_json" and "skipped" in r.__dict__]
     assert len(messages) == 2
     assert all(r.__dict__["object"] == "ResourceClaim ns/deep" for r in messages)
     assert "spec.p[0][0][0][0][0][0]... (90 more levels)" in messages[0].__dict__["skipped"]
 
 
-async def _admission(fn: Any) -> tuple[int, Any]:
-    server = kopf_webhooks.WebhookServer(addr="127.0.0.1", port=0, insecure=True)
+async def _admission(
+    fn: Any, obj: bytes = CLAIM.encode(), server_class: type = kopf_webhooks.WebhookServer
+) -> tuple[int, Any]:
+    server = server_class(addr="127.0.0.1", port=0, insecure=True)
     configs = cast(AsyncGenerator[kopf.WebhookClientConfig, None], server(fn))
     config = await configs.__anext__()
     review = (
-        '{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"r1","object":' + CLAIM + "}}"
+        b'{"apiVersion":"admission.k8s.io/v1","kind":"AdmissionReview","request":{"uid":"r1","object":' + obj + b"}}"
     )
     try:
         async with aiohttp.ClientSession() as session, session.post(f"{config['url']}/x", data=review) as answer:
@@ -212,3 +232,25 @@ def _walk(value: Any) -> Iterator[Any]:
             stack.extend(node)
         elif isinstance(node, dict):
             stack.extend(node.values())
+
+
+def test_our_webhook_server_reviews_a_claim_with_bytes_that_are_not_utf8(patched: None) -> None:
+    """The API server sends a claim's bytes as stored; kopf's own server answers 500 (`request.text()`
+    raises), ours hands the review to the handler with the bytes read as U+FFFD."""
+    seen: list[Any] = []
+
+    async def fn(data: Any, **_: Any) -> dict[str, Any]:
+        seen.append(data)
+        return {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "response": {"uid": "r1", "allowed": True},
+        }
+
+    status, _ = asyncio.run(_admission(fn, NOT_UTF8))
+    assert status == 500 and not seen
+    before = _skipped("ResourceClaim", kopf_json.REASON_NOT_UTF8)
+    status, answer = asyncio.run(_admission(fn, NOT_UTF8, WebhookServer))
+    assert status == 200 and answer["response"]["allowed"] is True
+    assert seen[0]["request"]["object"]["spec"] == {"p": "\ufffd"}
+    assert _skipped("ResourceClaim", kopf_json.REASON_NOT_UTF8) == before + 1
