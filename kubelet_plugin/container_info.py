@@ -149,7 +149,9 @@ def write_claim_files(directory: Path, files: list[InfoFile]) -> None:
                 continue
         except FileNotFoundError:
             pass
-        atomic_write(f.host_path, content, INFO_FILE_MODE)
+        # not durable: a power loss also loses the CDI specs (tmpfs), and after the reboot every claim's
+        # spec and files are written again; a crash of the plugin loses nothing written
+        atomic_write(f.host_path, content, INFO_FILE_MODE, durable=False)
     for existing in directory.iterdir():
         if existing.suffix == ".json" and existing.name not in wanted:
             existing.unlink()

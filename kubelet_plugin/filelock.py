@@ -69,13 +69,15 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: Path, data: bytes, mode: int) -> None:
+def atomic_write(path: Path, data: bytes, mode: int, *, durable: bool = True) -> None:
     """Replace ``path`` with ``data`` atomically: readers see the old or the new content, never a mix.
 
     Writes a temp file in the same directory whose name starts with ``.`` (so CDI runtimes, which load
-    only ``*.json``/``*.yaml``, and directory listings of our own files ignore it), flushes and fsyncs
-    it, sets ``mode``, renames it over ``path`` and fsyncs the directory. The parent directory is
-    created (0755) if missing. On any error the temp file is removed and the old file is left intact.
+    only ``*.json``/``*.yaml``, and directory listings of our own files ignore it), flushes it, sets
+    ``mode`` and renames it over ``path``; ``durable`` also fsyncs the file before and the directory after
+    the rename, so the new content survives a power loss (a process crash never loses written data). The
+    parent directory is created (0755) if missing. On any error the temp file is removed and the old file is
+    left intact.
     """
     directory = path.parent
     directory.mkdir(mode=0o755, parents=True, exist_ok=True)
@@ -86,13 +88,15 @@ def atomic_write(path: Path, data: bytes, mode: int) -> None:
             f.write(data)
             f.flush()
             os.fchmod(f.fileno(), mode)
-            os.fsync(f.fileno())
+            if durable:
+                os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
         raise
-    fsync_dir(directory)
+    if durable:
+        fsync_dir(directory)
 
 
 def remove_temp_files(directory: Path, name_prefix: str) -> list[Path]:

@@ -1,7 +1,9 @@
-"""Unit tests of the cross-process serialize lock (kubelet_plugin/filelock.py)."""
+"""Unit tests of the cross-process serialize lock and atomic writes (kubelet_plugin/filelock.py)."""
 
 from __future__ import annotations
 
+import os
+import stat
 import subprocess
 import sys
 import threading
@@ -10,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kubelet_plugin.filelock import serialize_lock, serialize_lock_path
+from kubelet_plugin.filelock import atomic_write, serialize_lock, serialize_lock_path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -82,3 +84,25 @@ def test_threads_are_serialised(tmp_path: Path) -> None:
     for t in threads:
         t.join(timeout=10)
     assert overlaps == 0
+
+
+@pytest.mark.parametrize(("durable", "fsyncs"), [(True, 2), (False, 0)])
+def test_atomic_write_fsyncs_only_when_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, durable: bool, fsyncs: int
+) -> None:
+    """Durable: the file and then its directory are fsynced; not durable: no fsync, the same atomic replace."""
+    calls: list[int] = []
+    real_fsync = os.fsync
+
+    def counting_fsync(fd: int) -> None:
+        calls.append(fd)
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", counting_fsync)
+    target = tmp_path / "f.json"
+    target.write_bytes(b"old")
+    atomic_write(target, b"new", 0o640, durable=durable)
+    assert target.read_bytes() == b"new"
+    assert stat.S_IMODE(target.stat().st_mode) == 0o640
+    assert len(calls) == fsyncs
+    assert [p.name for p in tmp_path.iterdir()] == ["f.json"]  # no temp file left
