@@ -6,6 +6,26 @@
 #
 # Our own tests assemble the same layout without Docker: `python -m e2e.image.build` (see e2e/image/).
 ARG PYTHON_IMAGE=python:3.11-slim
+# Same Debian release as the Python image: nvidia-ctk and nvidia-cdi-hook link glibc (cgo), and the hook runs
+# on the host, so it must not need a newer glibc than mainstream nodes have.
+ARG GO_IMAGE=golang:1.26-bookworm
+# Keep in step with e2e/cluster/versions.env (NVIDIA_CTK_VERSION), which the Docker-less build uses.
+ARG NVIDIA_CTK_VERSION=v1.20.2
+
+# NVIDIA Container Toolkit commands for the node plugin's driver edits (--driver-edits=toolkit): nvidia-ctk
+# generates the driver's CDI edits, nvidia-cdi-hook is copied to the host for the runtime to call. Link flags as
+# in the toolkit's Makefile (NVML symbols resolve at run time from the driver; only libc is needed).
+FROM ${GO_IMAGE} AS toolkit
+ARG NVIDIA_CTK_VERSION
+WORKDIR /src
+RUN go mod init fracgpu.dev/upstream/nvidia-container-toolkit \
+ && module=github.com/NVIDIA/nvidia-container-toolkit \
+ && printf '//go:build tools\n\npackage tools\n\nimport (\n\t_ "%s/cmd/nvidia-cdi-hook"\n\t_ "%s/cmd/nvidia-ctk"\n)\n' \
+      "$module" "$module" > tools.go \
+ && go get "$module@${NVIDIA_CTK_VERSION}" && go mod tidy \
+ && CGO_ENABLED=1 CGO_CFLAGS="-O2 -g -Wno-deprecated-declarations" go build -trimpath \
+      -ldflags "-s -w '-extldflags=-Wl,--export-dynamic -Wl,--unresolved-symbols=ignore-in-object-files -Wl,-z,lazy' -X $module/internal/info.version=${NVIDIA_CTK_VERSION#v}" \
+      -o /out/ "$module/cmd/nvidia-ctk" "$module/cmd/nvidia-cdi-hook"
 
 FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
@@ -30,6 +50,7 @@ LABEL org.opencontainers.image.title="fracgpu" \
       org.opencontainers.image.licenses="Apache-2.0"
 # Same base image as the builder, so the venv's python symlink (/usr/local/bin/python3) resolves.
 COPY --from=builder /opt/fracgpu /opt/fracgpu
+COPY --from=toolkit /out/nvidia-ctk /out/nvidia-cdi-hook /usr/bin/
 ENV PATH=/opt/fracgpu/bin:$PATH VIRTUAL_ENV=/opt/fracgpu PYTHONUNBUFFERED=1
 RUN groupadd --gid 65532 fracgpu \
  && useradd --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin fracgpu

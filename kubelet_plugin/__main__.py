@@ -9,9 +9,12 @@ import threading
 from kubernetes import client, config
 from prometheus_client import start_http_server
 
+from api.kube_rest import KubeRest
 from api.logs import configure_logging
 from kubelet_plugin.checkpoint import CheckpointStore
-from kubelet_plugin.discovery import DiscoveryError, discover_gpus
+from kubelet_plugin.discovery import DiscoveryError, discover_gpus, driver_version
+from kubelet_plugin.driver_edits import DriverEdits, GeneratorConfig
+from kubelet_plugin.events import post_node_event
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.preparer import Preparer
@@ -44,10 +47,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     api = kube_client()
     metrics = PluginMetrics()
-    preparer = Preparer(api, settings, gpus, CheckpointStore(settings.checkpoint_path), metrics)
+    stop = threading.Event()
+    driver_edits = None
+    if settings.driver_edits == "toolkit":
+        rest = KubeRest.bounded(api, settings.api_timeout_seconds)
+        driver_edits = DriverEdits(
+            GeneratorConfig.from_settings(settings),
+            settings.nvidia_cdi_hook_source,
+            driver_version,
+            interval=settings.driver_edits_retry_seconds,
+            on_failure=lambda message: post_node_event(rest, settings.node_name, "DriverEditsFailed", message),
+            on_attempt_failed=metrics.driver_edits_failures.inc,
+        )
+        driver_edits.refresh()  # before recover(): restored specs carry the edits too
+        threading.Thread(target=driver_edits.run, args=(stop,), name="driver-edits", daemon=True).start()
+    preparer = Preparer(
+        api, settings, gpus, CheckpointStore(settings.checkpoint_path), metrics, driver_edits=driver_edits
+    )
     preparer.recover()
 
-    stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     publisher = SlicePublisher(api, settings, gpus)

@@ -16,6 +16,7 @@ from api.quantity import MiB, to_bytes
 from kubelet_plugin import cdi
 from kubelet_plugin import container_info as info
 from kubelet_plugin.devicenodes import DeviceNodeError, HostDeviceNode, gpu_device_nodes
+from kubelet_plugin.driver_edits import VOID, library_problem
 from kubelet_plugin.model import GpuInfo, PreparedDevice
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.slices import usable_memory
@@ -96,14 +97,33 @@ def _config_for(result: dict[str, Any], configs: list[dict[str, Any]]) -> GpuCon
         raise PrepareError("invalid_config", f"invalid merged GpuConfig: {err}") from None
 
 
-def plan_claim(claim: dict[str, Any], settings: Settings, gpus: dict[str, GpuInfo]) -> ClaimPlan:
-    """Compute the CDI spec and kubelet answer for an allocated claim; raises PrepareError."""
+def plan_claim(
+    claim: dict[str, Any],
+    settings: Settings,
+    gpus: dict[str, GpuInfo],
+    driver_edits: cdi.ContainerEdits | None = None,
+) -> ClaimPlan:
+    """Compute the CDI spec and kubelet answer for an allocated claim; raises PrepareError.
+
+    With ``settings.driver_edits == "toolkit"``, ``driver_edits`` (the generated driver libraries, binaries and
+    hooks) become the spec-level edits and every device says ``NVIDIA_VISIBLE_DEVICES=void``; missing or
+    library-less edits are a PrepareError, never a spec without the driver. With ``none`` they are ignored.
+    """
     driver = settings.driver_name
+    toolkit = settings.driver_edits == "toolkit"
     uid: str = claim["metadata"]["uid"]
     allocation = claim["status"]["allocation"]["devices"]
     results = [r for r in allocation.get("results") or [] if r["driver"] == driver]
     if not results:
         return ClaimPlan(spec=None, devices=())
+    if toolkit:
+        problem = "no driver edits were given" if driver_edits is None else library_problem(driver_edits)
+        if problem is not None:
+            raise PrepareError(
+                "driver_edits",
+                f"driver edits are on (--driver-edits=toolkit) but {problem}; check the NVIDIA driver root "
+                f"{settings.toolkit_driver_root or settings.driver_root} (chart value driverRoot)",
+            )
     configs = [c for c in allocation.get("config") or [] if (c.get("opaque") or {}).get("driver") == driver]
     shares = []
     for result in results:
@@ -174,6 +194,7 @@ def plan_claim(claim: dict[str, Any], settings: Settings, gpus: dict[str, GpuInf
         kind=cdi.cdi_kind(driver),
         annotations={cdi.CLAIM_ANNOTATION: f"{claim_name.namespace}/{claim_name.name}"},
         devices=devices,
+        container_edits=driver_edits if toolkit else None,
     )
     return ClaimPlan(spec=spec, devices=tuple(answer), nodes=tuple(host_nodes), files=tuple(files), hami_core=hami_core)
 
@@ -233,11 +254,14 @@ def _edits(
     nodes: list[HostDeviceNode],
 ) -> cdi.ContainerEdits:
     """Edits for one device: constants, its own FRACGPU_DEV_<KEY>_* names, its request's file and (identical
-    across the request's devices, which always travel together) NVIDIA_VISIBLE_DEVICES and HAMi-core's env."""
+    across the request's devices, which always travel together) NVIDIA_VISIBLE_DEVICES (the request's UUIDs
+    with driver edits ``none``, ``void`` with ``toolkit``) and HAMi-core's env."""
     env = dict(CONSTANT_ENV)
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(s.gpu.uuid for s in group)
     env.update(info.device_env(device.env_prefix, device, request.claim, request.request))
     env.update(share.config.env)
+    if settings.driver_edits == "toolkit":  # the spec carries the driver: no nvidia runtime may inject it again
+        env["NVIDIA_VISIBLE_DEVICES"] = VOID.partition("=")[2]
     mounts = [
         cdi.Mount(host_path=str(file.host_path), container_path=file.container_path, options=info.mount_options())
     ]

@@ -13,7 +13,7 @@ import pynvml
 
 from kubelet_plugin.model import GpuInfo
 
-__all__ = ["DiscoveryError", "discover_gpus", "normalise_pci_bus_id"]
+__all__ = ["DiscoveryError", "discover_gpus", "driver_version", "normalise_pci_bus_id"]
 
 _log = logging.getLogger(__name__)
 
@@ -147,6 +147,18 @@ def discover_gpus() -> list[GpuInfo]:
         driver_version = _text(_nvml("driver version", pynvml.nvmlSystemGetDriverVersion))
         count = int(_nvml("device count", pynvml.nvmlDeviceGetCount))
         return [_gpu(index, driver_version) for index in range(count)]
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except pynvml.NVMLError as err:
+            _log.warning("nvmlShutdown failed: %s", err)
+
+
+def driver_version() -> str:
+    """The driver version NVML reports now (what driver edits are cached by); raises DiscoveryError."""
+    _nvml("initialisation (nvmlInit)", pynvml.nvmlInit)
+    try:
+        return _text(_nvml("driver version", pynvml.nvmlSystemGetDriverVersion))
     finally:
         try:
             pynvml.nvmlShutdown()

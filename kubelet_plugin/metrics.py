@@ -34,7 +34,7 @@ class PluginMetrics:
             "fracgpu_plugin_errors_total",
             "Per-claim errors by operation and type (claim_not_found, uid_mismatch, not_allocated, "
             "undecodable, api_timeout, api_error, lock_timeout, invalid_config, device_node_missing, "
-            "unknown_device, device_changed, status_update, internal).",
+            "unknown_device, device_changed, driver_edits, status_update, internal).",
             ["operation", "type"],
             registry=self.registry,
         )
@@ -49,6 +49,11 @@ class PluginMetrics:
         self.checkpoint_corruptions = Counter(
             "fracgpu_plugin_checkpoint_corruptions_total",
             "Unreadable checkpoints that were moved aside and rebuilt.",
+            registry=self.registry,
+        )
+        self.driver_edits_failures = Counter(
+            "fracgpu_plugin_driver_edits_failures_total",
+            "Failed generations of the driver edits (nvidia-ctk); while the last one failed, prepare fails.",
             registry=self.registry,
         )
         self.checkpoint_too_new = Gauge(

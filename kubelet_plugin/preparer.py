@@ -45,6 +45,7 @@ from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointSt
 from kubelet_plugin.claim_spec import PrepareError, hami_cache_dir, hami_preload_file, plan_claim
 from kubelet_plugin.claim_status import apply_ready, is_ready
 from kubelet_plugin.devicenodes import ensure_char_links
+from kubelet_plugin.driver_edits import DriverEdits, DriverEditsError
 from kubelet_plugin.events import post_node_event
 from kubelet_plugin.filelock import atomic_write, remove_temp_files, serialize_lock
 from kubelet_plugin.metrics import PluginMetrics
@@ -75,8 +76,13 @@ class Preparer:
         gpus: list[GpuInfo],
         store: CheckpointStore,
         metrics: PluginMetrics,
+        *,
+        driver_edits: DriverEdits | None = None,
     ) -> None:
+        """``driver_edits``: required with ``settings.driver_edits == "toolkit"``, read (never generated) per
+        prepare."""
         self._rest = KubeRest.bounded(api, settings.api_timeout_seconds)
+        self._driver_edits = driver_edits
         self._settings = settings
         self._gpus = {g.device_name: g for g in gpus}
         self._store = store
@@ -357,7 +363,7 @@ class Preparer:
                     f"{device.device_name} was GPU {device.uuid} when this claim was prepared and is now "
                     f"{now.uuid}: the node's GPUs changed; delete the pod so its claim is allocated again",
                 )
-        plan = plan_claim(claim, self._settings, self._gpus)
+        plan = plan_claim(claim, self._settings, self._gpus, self._current_driver_edits())
         if plan.spec is None:
             return ()
         uid = claim["metadata"]["uid"]
@@ -372,6 +378,21 @@ class Preparer:
             raise PrepareError("internal", f"cannot write CDI spec or info files for claim {uid}: {err}") from None
         ensure_char_links(self._settings.dev_char_dir, list(plan.nodes))
         return plan.devices
+
+    def _current_driver_edits(self) -> cdi.ContainerEdits | None:
+        """The driver edits for claim specs (None with ``--driver-edits=none``); raises PrepareError."""
+        if self._settings.driver_edits != "toolkit":
+            return None
+        if self._driver_edits is None:
+            raise PrepareError("driver_edits", "driver edits are on but this plugin was started without a generator")
+        try:
+            return self._driver_edits.current()
+        except DriverEditsError as err:
+            raise PrepareError(
+                "driver_edits",
+                f"the NVIDIA driver's libraries for the container could not be generated: {err}; the plugin "
+                f"retries every {self._settings.driver_edits_retry_seconds:g} s and the kubelet retries this claim",
+            ) from None
 
     def _prepare_hami_files(self, uid: str) -> None:
         preload = hami_preload_file(self._settings)

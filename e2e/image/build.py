@@ -2,7 +2,9 @@
 
 Two layers: the cached debootstrap base (rootfs.py) and an app layer holding /opt/fracgpu, a venv with our
 wheel and its dependencies installed inside a chroot of the base with no network (wheels are fetched on the
-host first, pinned to the versions of the environment running this build), plus the non-root user 65532.
+host first, pinned to the versions of the environment running this build), NVIDIA's `nvidia-ctk` and
+`nvidia-cdi-hook` in /usr/bin (built on the host by e2e/cluster/build-binaries.sh; the node plugin's driver
+edits run the one and install the other), plus the non-root user 65532.
 The OCI archive lands at `<out>/fracgpu-<tag>.oci.tar`, described by `<out>/image.json`.
 
 The tag is `<version>-<git short commit>` with `-dirty` when the work tree differs from the commit; every
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e.cluster import binaries
 from e2e.cluster.binaries import cache_dir
 from e2e.image import hosttools, oci, rootfs
 
@@ -85,6 +88,11 @@ class AppInputs:
     app_wheel: Path
     wheels: Path  # our dependencies' wheels, exactly the set to install
     constraints: Path
+    toolkit: dict[str, Path] = field(default_factory=dict)  # image /usr/bin name -> host binary
+
+
+IMAGE_TOOLKIT = ("nvidia-ctk", "nvidia-cdi-hook")
+"""NVIDIA Container Toolkit commands installed into the image's /usr/bin."""
 
 
 @dataclass(frozen=True)
@@ -115,7 +123,10 @@ class BuildResult:
             "config_digest": self.archive.config_digest,
             "layers": [layer.to_json() for layer in self.archive.layers],
             "base_cached": self.base_cached,
-            "inputs": {k: str(v) for k, v in vars(self.inputs).items()},
+            "inputs": {
+                k: {n: str(p) for n, p in v.items()} if isinstance(v, dict) else str(v)
+                for k, v in vars(self.inputs).items()
+            },
             "timings_s": self.timings,
         }
 
@@ -230,7 +241,7 @@ def prepare_inputs(out: Path, epoch: int) -> AppInputs:
     constraints = write_constraints(_mkdir(inputs) / "constraints.txt")
     wheel = build_app_wheel(inputs / "app", epoch)
     download_wheels(inputs / "wheels", constraints)
-    return AppInputs(wheel, inputs / "wheels", constraints)
+    return AppInputs(wheel, inputs / "wheels", constraints, binaries.ensure_built(*IMAGE_TOOLKIT))
 
 
 def _mkdir(path: Path) -> Path:
@@ -294,8 +305,14 @@ def build_app_layer(
                 f"{VENV}/lib",
             )
         _add_user(root)
+        for name, host_binary in inputs.toolkit.items():
+            target = root / "usr" / "bin" / name
+            shutil.copyfile(host_binary, target)
+            target.chmod(0o755)
+        toolkit = [f"usr/bin/{name}" for name in inputs.toolkit]
         with timer.step("pack app layer"):
-            layer = oci.write_layer(root, out, epoch=epoch, paths=["etc/passwd", "etc/group", VENV.lstrip("/")])
+            paths = ["etc/passwd", "etc/group", *toolkit, VENV.lstrip("/")]
+            layer = oci.write_layer(root, out, epoch=epoch, paths=paths)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return layer

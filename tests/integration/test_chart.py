@@ -52,6 +52,7 @@ CUSTOM: dict[str, Any] = {
     "memory": {"step": "1Gi", "reserve": "2Gi"},
     "enforcement": {"mode": "hami-core", "hamiCore": {"libraryPath": "/opt/hami/lib/libvgpu.so"}},
     "driverRoot": "/run/nvidia/driver",
+    "driverEdits": "toolkit",
     "nvml": {"libraryPath": "/run/nvidia/driver/usr/lib64"},
     "kubeletDir": "/data/kubelet",
     "cdiDir": "/etc/cdi",
@@ -172,6 +173,7 @@ def test_schema_and_checks_refuse_bad_values(tools: dict[str, Path], tmp_path: P
         ({"image": {"pullPolicy": "Sometimes"}}, ["/image/pullPolicy", "'IfNotPresent'"]),
         ({"kubernetesServicePort": 6443}, ["kubernetesServicePort is set but kubernetesServiceHost is not"]),
         ({"controller": {"metricsPort": 8080}}, ["must differ"]),
+        ({"driverEdits": "nvidia"}, ["/driverEdits", "'none', 'toolkit'"]),
     ]
     for values, expected in cases:
         proc = helm_template(tools["helm"], tmp_path, values)
@@ -238,6 +240,8 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     ):
         assert mounts[path] == (path, False)
     assert mounts["/opt/fracgpu/nvml-host"] == ("/usr/lib/x86_64-linux-gnu", True)
+    assert env["FRACGPU_DRIVER_EDITS"] == "none", "driver edits are off by default"
+    assert "/driver-root" not in mounts and "FRACGPU_TOOLKIT_DRIVER_ROOT" not in env
     (init,) = spec["initContainers"]
     assert init["securityContext"]["runAsNonRoot"] is True
     assert plugin["securityContext"]["privileged"] is True
@@ -248,6 +252,26 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     assert vap["spec"]["matchConditions"][0]["expression"] == f'request.userInfo.username == "{user}"'
     assert spec["serviceAccountName"] == "fg-fracgpu-kubelet-plugin"
     assert one(docs, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"] == vap["metadata"]["name"]
+
+
+@pytest.mark.parametrize(("driver_root", "propagation"), [("/", None), ("/run/nvidia/driver", "HostToContainer")])
+def test_toolkit_driver_edits_mount_the_driver_root(
+    tools: dict[str, Path], tmp_path: Path, driver_root: str, propagation: str | None
+) -> None:
+    docs = render(tools["helm"], tmp_path, {"driverEdits": "toolkit", "driverRoot": driver_root})
+    spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (plugin,) = spec["containers"]
+    env = env_of(plugin)
+    plugin_dir = "/var/lib/kubelet/plugins/gpu.fracgpu.dev"
+    assert env["FRACGPU_DRIVER_EDITS"] == "toolkit"
+    assert env["FRACGPU_TOOLKIT_DRIVER_ROOT"] == "/driver-root"
+    assert env["FRACGPU_HOST_DRIVER_ROOT"] == driver_root
+    assert env["FRACGPU_NVIDIA_CDI_HOOK_PATH"] == f"{plugin_dir}/nvidia-cdi-hook"
+    mounts = mounts_of(spec, plugin)
+    assert mounts["/driver-root"] == (driver_root, True)
+    assert mounts[plugin_dir] == (plugin_dir, False), "the hook's directory is writable and the host's"
+    (mount,) = [m for m in plugin["volumeMounts"] if m["mountPath"] == "/driver-root"]
+    assert mount.get("mountPropagation") == propagation
 
 
 def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Path) -> None:
@@ -285,6 +309,10 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
         "FRACGPU_KUBELET_DIR": "/data/kubelet",
         "FRACGPU_CDI_DIR": "/etc/cdi",
         "FRACGPU_DRIVER_ROOT": "/run/nvidia/driver",
+        "FRACGPU_DRIVER_EDITS": "toolkit",
+        "FRACGPU_TOOLKIT_DRIVER_ROOT": "/driver-root",
+        "FRACGPU_HOST_DRIVER_ROOT": "/run/nvidia/driver",
+        "FRACGPU_NVIDIA_CDI_HOOK_PATH": "/data/kubelet/plugins/gpu.example.test/nvidia-cdi-hook",
         "FRACGPU_MEMORY_STEP": "1Gi",
         "FRACGPU_MEMORY_RESERVE": "2Gi",
         "FRACGPU_ENFORCEMENT": "hami-core",

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from e2e.cluster import binaries
 from e2e.cluster.containerd import Containerd
 from e2e.image import build, oci
 
@@ -105,6 +106,14 @@ def test_command_help_runs_in_the_image(containerd: Containerd, imported: str, c
     code, output = run(containerd, imported, command, "--help")
     assert code == 0, output
     assert f"usage: {command}" in output
+
+
+@pytest.mark.parametrize("command", ["nvidia-ctk", "nvidia-cdi-hook"])
+def test_nvidia_toolkit_runs_in_the_image(containerd: Containerd, imported: str, command: str) -> None:
+    """The node plugin's driver edits run nvidia-ctk and install nvidia-cdi-hook from /usr/bin."""
+    code, output = run(containerd, imported, f"/usr/bin/{command}", "--version")
+    assert code == 0, output
+    assert binaries.version_of(command).removeprefix("v") in output
 
 
 def test_default_command_is_controller_help(containerd: Containerd, imported: str) -> None:

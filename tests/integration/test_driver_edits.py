@@ -1,0 +1,186 @@
+"""Driver edits (``--driver-edits=toolkit``) with the real nvidia-ctk against the faithful fake driver root.
+
+Needs root (mknod'd device nodes). The recorded fixture the unit tests use is regenerated here and compared,
+so it cannot drift from what the pinned nvidia-ctk prints: regenerate it with
+``python -m tests.integration.test_driver_edits`` (as root) after a toolkit upgrade.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+from kubernetes.dynamic import DynamicClient
+
+from e2e import mocknvml
+from e2e.cluster import binaries
+from e2e.cluster.controlplane import ControlPlane
+from e2e.mocknvml import PROFILES, make_driver_root, read_profile
+from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make_faithful_driver_root
+from e2e.nodeplugin import DRIVER, NodePluginProcess
+from kubelet_plugin import cdi
+from kubelet_plugin.driver_edits import (
+    DriverEditsError,
+    GeneratorConfig,
+    generate_argv,
+    generate_driver_edits,
+    transform_argv,
+)
+from tests.integration import kube
+
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mknod'd device nodes"),
+]
+
+PROFILE = PROFILES / "gpu80x2.profile"
+FIXTURE = Path(__file__).resolve().parents[1] / "unit" / "fixtures" / "nvidia-ctk-management.json"
+FIXTURE_ROOT = Path("/driver-root")
+"""The fixture's driver root: the generator's output with the real root rewritten to this by nvidia-ctk."""
+FIXTURE_HOOK = Path(f"/var/lib/kubelet/plugins/{DRIVER}/nvidia-cdi-hook")
+CONTAINER_LIBDIR = "/" + LIBDIR
+
+
+@pytest.fixture(scope="module")
+def toolkit() -> dict[str, Path]:
+    return binaries.ensure_built("nvidia-ctk", "nvidia-cdi-hook")
+
+
+@pytest.fixture(scope="module")
+def driver() -> Iterator[DriverInstall]:
+    base = Path(tempfile.mkdtemp(prefix="fracgpu-edits-", dir="/tmp"))
+    base.chmod(0o755)
+    try:
+        yield make_faithful_driver_root(base / "root", PROFILE, base / "build")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def recorded_spec(nvidia_ctk: Path, root: Path, work: Path) -> dict[str, Any]:
+    """What the plugin's generate command prints for `root`, with `root` rewritten to /driver-root."""
+    config = GeneratorConfig(nvidia_ctk, root, FIXTURE_ROOT, FIXTURE_HOOK, f"k8s.{DRIVER}")
+    generated, moved = work / "generated.json", work / "moved.json"
+    for argv in (generate_argv(config, generated), transform_argv(config, generated, moved)):
+        subprocess.run(argv, capture_output=True, check=True, timeout=60)
+    spec: dict[str, Any] = json.loads(moved.read_text())
+    return spec
+
+
+def test_the_recorded_fixture_is_what_nvidia_ctk_prints(
+    toolkit: dict[str, Path], driver: DriverInstall, tmp_path: Path
+) -> None:
+    assert recorded_spec(toolkit["nvidia-ctk"], driver.root, tmp_path) == json.loads(FIXTURE.read_text()), (
+        "the recorded nvidia-ctk output drifted: regenerate it (see the module docstring)"
+    )
+
+
+def test_generated_edits_point_to_the_host_driver_root(toolkit: dict[str, Path], driver: DriverInstall) -> None:
+    host_root = Path("/run/nvidia/driver")
+    hook = Path("/var/lib/kubelet/plugins/x/nvidia-cdi-hook")
+    edits = generate_driver_edits(GeneratorConfig(toolkit["nvidia-ctk"], driver.root, host_root, hook, "k8s.x"))
+    mounts = {m.container_path: m.host_path for m in edits.mounts}
+    ver = driver.version
+    for lib in (f"libcuda.so.{ver}", f"libnvidia-ml.so.{ver}"):
+        assert mounts[f"{CONTAINER_LIBDIR}/{lib}"] == f"{host_root}/{LIBDIR}/{lib}"
+    assert mounts["/usr/bin/nvidia-smi"] == f"{host_root}/usr/bin/nvidia-smi"
+    assert not [p for p in mounts.values() if p.startswith(str(driver.root))]
+    assert {h.path for h in edits.hooks} == {str(hook)}
+    assert edits.device_nodes == []
+    assert [e for e in edits.env if e.startswith("NVIDIA_VISIBLE_DEVICES=")] == ["NVIDIA_VISIBLE_DEVICES=void"]
+
+
+def test_a_root_without_libraries_is_an_error_naming_the_cause(toolkit: dict[str, Path], tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    make_driver_root(root, PROFILE)  # device nodes only: no driver installed
+    config = GeneratorConfig(toolkit["nvidia-ctk"], root, root, tmp_path / "hook", "k8s.x")
+    with pytest.raises(DriverEditsError) as raised:
+        generate_driver_edits(config)
+    message = str(raised.value)
+    assert str(root) in message
+    assert "libcuda" in message or "exited with" in message, message
+
+
+def test_plugin_with_toolkit_edits_writes_self_contained_claim_specs(
+    toolkit: dict[str, Path], control_plane: ControlPlane, api_client: client.ApiClient, dyn: DynamicClient
+) -> None:
+    """The real plugin process, --driver-edits=toolkit, on the faithful root: a prepared claim's spec carries
+    the driver's libraries and hooks, void, and only its GPU's device nodes."""
+    node = kube.unique("editsnode")
+    kube.create_fake_node(api_client, node)
+    kube.ensure_device_class(dyn, DRIVER, DRIVER)
+    workdir = Path(tempfile.mkdtemp(prefix="fgde-", dir="/tmp"))  # short: unix socket paths
+    workdir.chmod(0o755)
+    namespace = kube.unique("edits")
+    client.CoreV1Api(api_client).create_namespace({"metadata": {"name": namespace}})
+    process = NodePluginProcess(
+        workdir,
+        node,
+        control_plane.kubeconfig,
+        PROFILE,
+        mocknvml.build(workdir / "nvml"),
+        "--driver-edits=toolkit",
+        f"--nvidia-ctk={toolkit['nvidia-ctk']}",
+        f"--nvidia-cdi-hook-source={toolkit['nvidia-cdi-hook']}",
+    )
+    driver = install_driver(process.driver_root, PROFILE, workdir / "build")
+    kubelet = process.start()
+    try:
+        kube.wait_for(lambda: kube.exists(lambda: client.CoreV1Api(api_client).read_namespace(namespace)), 30)
+        kube.wait_for(
+            lambda: kube.exists(
+                lambda: client.CoreV1Api(api_client).read_namespaced_service_account("default", namespace)
+            ),
+            30,
+        )
+        (claim,) = kube.allocate_claims(api_client, dyn, namespace, node, device_class=DRIVER, memories=["10Gi"])
+        uid = claim["metadata"]["uid"]
+        response = kubelet.prepare([(namespace, uid, claim["metadata"]["name"])])
+        assert response.claims[uid].error == "", process.log()
+        text = cdi.spec_path(process.cdi_dir, DRIVER, uid).read_text()
+        spec = cdi.Spec.model_validate_json(text)  # valid CDI by our model
+        hook = process.kubelet_dir / "plugins" / DRIVER / "nvidia-cdi-hook"
+        assert hook.read_bytes() == toolkit["nvidia-cdi-hook"].read_bytes()
+        assert hook.stat().st_mode & 0o777 == 0o755
+        edits = spec.container_edits
+        assert edits is not None
+        mounts = {m.container_path: m.host_path for m in edits.mounts}
+        for lib in (f"libcuda.so.{driver.version}", f"libnvidia-ml.so.{driver.version}"):
+            assert mounts[f"{CONTAINER_LIBDIR}/{lib}"] == str(driver.libdir / lib)
+        names = {h.args[1]: h for h in edits.hooks}
+        assert {"create-symlinks", "update-ldcache"} <= set(names)
+        assert {h.path for h in edits.hooks} == {str(hook)}
+        assert "NVIDIA_VISIBLE_DEVICES=void" in edits.env
+        assert edits.device_nodes == []
+        (device,) = spec.devices
+        assert "NVIDIA_VISIBLE_DEVICES=void" in device.container_edits.env
+        (result,) = claim["status"]["allocation"]["devices"]["results"]
+        minor = int(read_profile(PROFILE)[f"gpu.{result['device'].removeprefix('gpu-')}.minor"])
+        others = {f"/dev/nvidia{m}" for m in (0, 1) if m != minor}
+        paths = {n.path for n in device.container_edits.device_nodes}
+        assert f"/dev/nvidia{minor}" in paths
+        assert not paths & others
+        assert json.loads(text)["cdiVersion"] == cdi.minimum_version(spec)
+        kubelet.unprepare([(namespace, uid, claim["metadata"]["name"])])
+    finally:
+        kubelet.close()
+        process.stop()
+        client.CoreV1Api(api_client).delete_namespace(namespace)
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":  # regenerate the fixture (as root)
+    with tempfile.TemporaryDirectory(prefix="fracgpu-edits-", dir="/tmp") as tmp:
+        base = Path(tmp)
+        base.chmod(0o755)
+        install = make_faithful_driver_root(base / "root", PROFILE, base / "build")
+        ctk = binaries.ensure_built("nvidia-ctk")["nvidia-ctk"]
+        spec = recorded_spec(ctk, install.root, base)
+    FIXTURE.write_text(json.dumps(spec, indent=2) + "\n")
+    sys.stdout.write(f"wrote {FIXTURE}\n")
