@@ -5,6 +5,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 
 from kubernetes import client, config
 from prometheus_client import start_http_server
@@ -19,7 +20,7 @@ from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.publisher import SlicePublisher
-from kubelet_plugin.settings import parse_settings
+from kubelet_plugin.settings import Settings, parse_settings
 
 log = logging.getLogger("fracgpu.kubelet_plugin")
 
@@ -30,6 +31,21 @@ def kube_client() -> client.ApiClient:
         config.load_incluster_config()
         return client.ApiClient()
     return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+
+
+def make_driver_edits(
+    settings: Settings, rest: KubeRest, metrics: PluginMetrics, version: Callable[[], str] = driver_version
+) -> DriverEdits:
+    """The driver-edits cache of this node: a failure is a ``DriverEditsFailed`` Node Event (once per failure)
+    and counted in ``fracgpu_plugin_driver_edits_failures_total`` (every failed attempt)."""
+    return DriverEdits(
+        GeneratorConfig.from_settings(settings),
+        settings.nvidia_cdi_hook_source,
+        version,
+        interval=settings.driver_edits_retry_seconds,
+        on_failure=lambda message: post_node_event(rest, settings.node_name, "DriverEditsFailed", message),
+        on_attempt_failed=metrics.driver_edits_failures.inc,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,15 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     driver_edits = None
     if settings.driver_edits == "toolkit":
-        rest = KubeRest.bounded(api, settings.api_timeout_seconds)
-        driver_edits = DriverEdits(
-            GeneratorConfig.from_settings(settings),
-            settings.nvidia_cdi_hook_source,
-            driver_version,
-            interval=settings.driver_edits_retry_seconds,
-            on_failure=lambda message: post_node_event(rest, settings.node_name, "DriverEditsFailed", message),
-            on_attempt_failed=metrics.driver_edits_failures.inc,
-        )
+        driver_edits = make_driver_edits(settings, KubeRest.bounded(api, settings.api_timeout_seconds), metrics)
         driver_edits.refresh()  # before recover(): restored specs carry the edits too
         threading.Thread(target=driver_edits.run, args=(stop,), name="driver-edits", daemon=True).start()
     preparer = Preparer(

@@ -168,7 +168,8 @@ def _run(argv: list[str], what: str) -> None:
     except (OSError, subprocess.TimeoutExpired) as err:
         raise DriverEditsError(f"{what} failed: {err}") from None
     if done.returncode != 0:
-        stderr = done.stderr.strip()[-_STDERR_TAIL:] or "(no output)"
+        errors = [line for line in done.stderr.splitlines() if "level=error" in line]  # not its warnings
+        stderr = ("\n".join(errors) or done.stderr.strip())[-_STDERR_TAIL:] or "(no output)"
         raise DriverEditsError(f"{what} exited with {done.returncode}: {stderr}")
 
 

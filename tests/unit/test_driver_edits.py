@@ -23,6 +23,7 @@ from kubernetes import client
 from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin import cdi
+from kubelet_plugin.__main__ import make_driver_edits
 from kubelet_plugin.checkpoint import CheckpointStore
 from kubelet_plugin.claim_spec import PrepareError, plan_claim
 from kubelet_plugin.driver_edits import (
@@ -193,11 +194,13 @@ def test_generate_transforms_host_paths_and_keeps_container_paths(tmp_path: Path
 
 
 def test_a_failing_generator_is_an_error_with_its_message(tmp_path: Path) -> None:
-    ctk, _ = fake_ctk(tmp_path, fail="failed to locate driver libraries: not found")
+    stderr = 'time=t level=warning msg="Failed to load ldcache"\ntime=t level=error msg="failed to locate libcuda"\n'
+    ctk, _ = fake_ctk(tmp_path, fail=stderr)
     with pytest.raises(DriverEditsError) as raised:
         generate_driver_edits(config(ctk, tmp_path))
     assert "exited with 1" in str(raised.value)
-    assert "failed to locate driver libraries: not found" in str(raised.value)
+    assert 'level=error msg="failed to locate libcuda"' in str(raised.value)
+    assert "ldcache" not in str(raised.value), "its warnings are left out"
 
 
 def test_a_generator_without_libraries_is_an_error(tmp_path: Path) -> None:
@@ -440,6 +443,27 @@ def test_prepare_fails_per_claim_when_generation_failed_and_keeps_what_was_prepa
         )
         == 2
     )
+
+
+@needs_root
+def test_a_failed_generation_is_one_node_event_and_counted_per_attempt(
+    tmp_path: Path, driver_root: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = FakeApi()
+    monkeypatch.setattr(KubeRest, "create", fake.create)
+    ctk, _ = fake_ctk(tmp_path, fail="nvidia-ctk: no driver here")
+    source = tmp_path / "hook-src"
+    source.write_bytes(b"hook")
+    settings = toolkit_settings(tmp_path, driver_root, nvidia_ctk=ctk, nvidia_cdi_hook_source=source)
+    metrics = PluginMetrics()
+    edits = make_driver_edits(settings, KubeRest(client.ApiClient()), metrics, lambda: VERSION)
+    edits.refresh()
+    edits.refresh()
+    (event,) = fake.events
+    body = event["body"]
+    assert (body["reason"], body["type"], body["involvedObject"]["name"]) == ("DriverEditsFailed", "Warning", NODE)
+    assert "nvidia-ctk: no driver here" in body["message"]
+    assert metrics.registry.get_sample_value("fracgpu_plugin_driver_edits_failures_total") == 2
 
 
 def test_settings_flags(tmp_path: Path) -> None:
