@@ -235,7 +235,12 @@ class DriverEdits:
         try:
             version = self._driver_version()
         except Exception as err:  # e.g. NVML unavailable right now: keep what we have, retry later
-            log.warning("cannot read the driver version; driver edits kept", extra={"error": str(err)})
+            with self._lock:
+                have = self._edits is not None and self._error is None
+            if have:
+                log.warning("cannot read the driver version; driver edits kept", extra={"error": str(err)})
+            else:
+                self._failed(f"cannot read the driver version through NVML: {err}")
             return
         with self._lock:
             if self._error is None and version == self._version:

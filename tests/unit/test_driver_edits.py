@@ -308,6 +308,24 @@ def test_cache_generates_once_per_driver_version(tmp_path: Path) -> None:
     assert failures == []
 
 
+def test_an_unreadable_driver_version_keeps_good_edits_and_fails_without_them(tmp_path: Path) -> None:
+    generator = Generator()
+
+    def broken() -> str:
+        raise RuntimeError("NVML: driver not loaded")
+
+    edits, failures, _ = cache(tmp_path, generator, ["580.65.06"])
+    edits.refresh()
+    object.__setattr__(edits, "_driver_version", broken)
+    edits.refresh()
+    assert edits.current() == fixture_edits()
+    fresh = DriverEdits(GeneratorConfig(Path("/x"), tmp_path, tmp_path, tmp_path / "h", "k8s.x"), tmp_path, broken)
+    fresh.refresh()
+    with pytest.raises(DriverEditsError, match="cannot read the driver version through NVML: NVML: driver not loaded"):
+        fresh.current()
+    assert failures == [] and generator.calls == 1
+
+
 def test_cache_failure_is_reported_once_retried_and_recovers(tmp_path: Path) -> None:
     generator, version = Generator(), ["580.65.06"]
     edits, failures, attempts = cache(tmp_path, generator, version)
