@@ -75,7 +75,7 @@ def up(state_dir: Path) -> None:
     for pod in ("share-a", "share-b", "whole"):
         seen = w.report(cluster, NAMESPACE, pod)
         print(
-            f"  {pod:8} NVIDIA_VISIBLE_DEVICES={seen.env.get('NVIDIA_VISIBLE_DEVICES', '')[:12]}… "
+            f"  {pod:8} NVIDIA_VISIBLE_DEVICES={seen.env.get('NVIDIA_VISIBLE_DEVICES', '')} "
             f"/run/fracgpu: {seen.grants()} /dev: {' '.join(sorted(seen.nodes))}"
         )
     print(f"\n  too-big  Pending: {verdict}")

@@ -1,7 +1,9 @@
 """Installs fracgpu into a SingleNodeCluster the way users do: our image imported, `helm install` of the chart.
 
 Simulated GPUs: the mock libnvidia-ml.so.1 and its profile in a host directory the chart mounts
-(`nvml.libraryPath`), and mknod-made device nodes under a fake driver root (`driverRoot`).
+(`nvml.libraryPath`) for the plugin, and a faithful fake driver installation (`driverRoot`: mknod-made device
+nodes, the driver's libraries with the profile compiled in, nvidia-smi) that `driverEdits: toolkit` puts into
+every claim's containers. A glibc workload image with the CUDA probe is imported for the tests of that.
 """
 
 import json
@@ -14,6 +16,8 @@ from e2e import mocknvml
 from e2e.cluster import binaries
 from e2e.cluster.node import SingleNodeCluster
 from e2e.image.build import build_image
+from e2e.image.glibc import build_glibc_workload
+from e2e.mocknvml.driver_root import DriverInstall, make_faithful_driver_root
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "fracgpu"
@@ -30,6 +34,8 @@ class Installation:
     driver_root: Path
     nvml_dir: Path
     image: str
+    driver: DriverInstall  # the fake driver under driver_root
+    workload_image: str  # glibc image with the CUDA probe
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """helm against the cluster."""
@@ -37,19 +43,22 @@ class Installation:
         return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=300)
 
 
-def simulated_gpus(root: Path) -> tuple[Path, Path]:
-    """Build the mock NVML library next to its profile under `root/nvml`; device nodes under `root/driver`."""
+def simulated_gpus(root: Path) -> tuple[DriverInstall, Path]:
+    """The mock NVML library next to its profile under `root/nvml`; the faithful driver root `root/driver`."""
     nvml_dir = mocknvml.build(root / "nvml")
     (nvml_dir / PROFILE.name).write_text(PROFILE.read_text())
-    driver_root = mocknvml.make_driver_root(root / "driver", PROFILE)
-    return driver_root, nvml_dir
+    driver = make_faithful_driver_root(root / "driver", PROFILE, root / "driver-build")
+    return driver, nvml_dir
 
 
 def install(cluster: SingleNodeCluster, *, image_out: Path, timeout: float = 300) -> Installation:
     """Build and import the image, make simulated GPUs, helm-install the chart, wait until it serves."""
     image = build_image(image_out)
     cluster.import_image(image.archive.path)
-    driver_root, nvml_dir = simulated_gpus(cluster.short_dir / "gpus")
+    driver, nvml_dir = simulated_gpus(cluster.short_dir / "gpus")
+    driver_root = driver.root
+    workload = build_glibc_workload(image_out / "workload", driver.cuda_probe)
+    cluster.import_image(workload.path)
     repository, tag = image.name.rsplit(":", 1)
     host = cluster.netns.address
     values = {
@@ -59,6 +68,8 @@ def install(cluster: SingleNodeCluster, *, image_out: Path, timeout: float = 300
         "kubeletDir": str(cluster.kubelet_dir),
         "cdiDir": str(cluster.cdi_dir),
         "driverRoot": str(driver_root),
+        # hooks at <kubeletDir>/plugins/<driver>/nvidia-cdi-hook, a host path: the runtime runs them there
+        "driverEdits": "toolkit",
         "nvml": {"libraryPath": str(nvml_dir)},
         "logging": {"format": "text"},
         "controller": {"hostNetwork": True, "webhook": {"host": host}},
@@ -67,7 +78,7 @@ def install(cluster: SingleNodeCluster, *, image_out: Path, timeout: float = 300
             "extraEnv": [{"name": "FRACGPU_MOCK_NVML_PROFILE", "value": f"/opt/fracgpu/nvml-host/{PROFILE.name}"}],
         },
     }
-    installation = Installation(cluster, driver_root, nvml_dir, image.name)
+    installation = Installation(cluster, driver_root, nvml_dir, image.name, driver, workload.name)
     values_file = cluster.state_dir / "fracgpu-values.json"
     values_file.write_text(json.dumps(values, indent=2))
     installation.helm(

@@ -76,7 +76,8 @@ def test_a_pod_sees_exactly_its_gpu_share(installation: Installation, ns: str) -
     seen = w.report(cluster, ns, "solo")
     claim = w.claim_of(cluster, ns, "solo")
     recorded = w.recorded_gpu(claim)
-    assert seen.env["NVIDIA_VISIBLE_DEVICES"] == recorded["uuid"]
+    assert seen.uuids() == {recorded["uuid"]}
+    assert seen.env["NVIDIA_VISIBLE_DEVICES"] == "void", "driverEdits: toolkit: no NVIDIA runtime may inject"
     assert _told(seen, claim) == _allocated(claim)
     assert [d[1] for d in _allocated(claim)] == [10240]
     minor = _minor(recorded["device"], installation)
@@ -108,7 +109,8 @@ def test_one_container_with_two_claims_is_told_both(installation: Installation, 
     ), "every FRACGPU_DEV_ variable belongs to a device of the files"
     assert not {"FRACGPU_MEMORY_LIMIT_MIB", "FRACGPU_CLAIM", "FRACGPU_SHARE_ID"} & set(both.env)
     assert both.env["FRACGPU_INFO_DIR"] == "/run/fracgpu" and both.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
-    assert both.env["NVIDIA_VISIBLE_DEVICES"] in uuids.values()  # documented: one request's GPUs, never another's
+    assert both.uuids() == set(uuids.values())
+    assert both.env["NVIDIA_VISIBLE_DEVICES"] == "void"
     minors = {c: _minor(w.recorded_gpu(claim)["device"], installation) for c, claim in claims.items()}
     assert {f"nvidia{m}" for m in minors.values()} <= set(both.nodes)
 
@@ -116,7 +118,7 @@ def test_one_container_with_two_claims_is_told_both(installation: Installation, 
     assert _told(one, claims["small"]) == _allocated(claims["small"])
     (prefix,) = one.device_vars()
     assert all(k.startswith(prefix) for k in one.env if k.startswith("FRACGPU_DEV_")), "only its own device's names"
-    assert one.env["NVIDIA_VISIBLE_DEVICES"] == uuids["small"]
+    assert one.uuids() == {uuids["small"]}
     assert f"nvidia{minors['big']}" not in one.nodes and f"nvidia{minors['small']}" in one.nodes
 
 
@@ -146,11 +148,11 @@ def test_a_claim_with_two_requests_tells_each_container_what_it_references(insta
         )
         assert every.device_vars()[device["envPrefix"]]["MEMORY_LIMIT_MIB"] == str(granted)
         assert f"nvidia{device['minor']}" in every.nodes
-    assert every.env["NVIDIA_VISIBLE_DEVICES"] in uuids.values()
+    assert every.uuids() == set(uuids.values())
 
     assert list(only_a.files) == [f"{uid}_a.json"]
     (device,) = only_a.files[f"{uid}_a.json"]["devices"]
-    assert only_a.env["NVIDIA_VISIBLE_DEVICES"] == device["uuid"] == uuids[results["a"]["device"]]
+    assert only_a.uuids() == {device["uuid"]} == {uuids[results["a"]["device"]]}
     assert list(only_a.device_vars()) == [device["envPrefix"]]
     assert len([k for k in only_a.env if k.startswith("FRACGPU_DEV_")]) == 5
     other = every.files[f"{uid}_b.json"]["devices"][0]["minor"]
@@ -180,10 +182,10 @@ def test_shares_pack_onto_gpus_and_the_ledger_shows_them(installation: Installat
     gpu = {p: w.recorded_gpu(w.claim_of(cluster, ns, p)) for p in ("a", "b", "c")}
     seen = {p: w.report(cluster, ns, p) for p in ("a", "b", "c")}
     assert gpu["a"]["uuid"] == gpu["b"]["uuid"] != gpu["c"]["uuid"], "two 40Gi shares fill one 80Gi GPU"
-    assert seen["a"].env["NVIDIA_VISIBLE_DEVICES"] == seen["b"].env["NVIDIA_VISIBLE_DEVICES"] == gpu["a"]["uuid"]
+    assert seen["a"].uuids() == seen["b"].uuids() == {gpu["a"]["uuid"]}
     share_ids = [d["SHARE_ID"] for p in ("a", "b") for d in seen[p].device_vars().values()]
     assert len(share_ids) == 2 and share_ids[0] != share_ids[1]
-    assert seen["c"].env["NVIDIA_VISIBLE_DEVICES"] == gpu["c"]["uuid"]
+    assert seen["c"].uuids() == {gpu["c"]["uuid"]}
 
     deadline = time.monotonic() + 60
     condition: dict[str, str] = {}
@@ -214,8 +216,8 @@ def test_two_containers_of_one_pod_share_one_claim(installation: Installation, n
     w.apply(cluster, ns, w.claim_template("share-8gi", "8Gi"), w.gpu_pod("duo", "share-8gi", containers=2))
     w.wait_running(cluster, ns, ["duo"])
     first, second = (w.report(cluster, ns, "duo", c) for c in ("app0", "app1"))
-    assert first.env["NVIDIA_VISIBLE_DEVICES"] == second.env["NVIDIA_VISIBLE_DEVICES"]
-    assert first.env["NVIDIA_VISIBLE_DEVICES"].startswith("GPU-")
+    assert first.uuids() == second.uuids() and len(first.uuids()) == 1
+    assert next(iter(first.uuids())).startswith("GPU-")
     assert first.nodes == second.nodes
     assert first.files == second.files and len(first.files) == 1
 
@@ -248,6 +250,32 @@ def test_deleting_pods_unprepares_and_frees_the_ledger(installation: Installatio
     assert all(s["allocatedMemory"] == "0" and s["shares"] == 0 for s in _ledger(installation).values()), _ledger(
         installation
     )
+
+
+def test_a_glibc_container_runs_cuda_on_its_share(installation: Installation, ns: str) -> None:
+    """driverEdits: toolkit against the node's faithful driver root: a Debian image without any driver file
+    gets libcuda and libnvidia-ml on its loader cache and nvidia-smi, and sees (the mocks enumerate only
+    the GPUs whose device node the process can open) exactly its claim's GPU."""
+    cluster = installation.cluster
+    w.apply(
+        cluster,
+        ns,
+        w.claim_template("share-40gi", "40Gi"),
+        w.cuda_pod("cuda", "share-40gi", installation.workload_image),
+    )
+    w.wait_running(cluster, ns, ["cuda"])
+    seen = w.cuda_report(cluster, ns, "cuda")
+    uuid = w.recorded_gpu(w.claim_of(cluster, ns, "cuda"))["uuid"]
+    resolved = dict(line.split(" ", 1) for line in seen.get("LDCONFIG", []))
+    assert sorted(resolved) == ["libcuda.so.1", "libnvidia-ml.so.1"], seen
+    for name, path in resolved.items():  # the driver's LIBDIR; /lib is /usr/lib in Debian (merged /usr)
+        assert path in (f"/usr/lib/x86_64-linux-gnu/{name}", f"/lib/x86_64-linux-gnu/{name}"), seen
+    assert seen.get("SMI") == [f"GPU 0: NVIDIA H100 80GB HBM3 (UUID: {uuid})"], seen
+    (probe_line,) = seen["PROBE"]
+    probe = json.loads(probe_line)
+    assert probe["device_count"] == 1 and [d["uuid"] for d in probe["devices"]] == [uuid], probe
+    assert probe["devices"][0]["total_mib"] == 81920 and probe["devices"][0]["free_mib"] > 0, probe
+    assert seen["ENV"] == ["NVIDIA_VISIBLE_DEVICES=void"]
 
 
 def test_kubelet_restart_leaves_running_pods_alone(installation: Installation, ns: str) -> None:

@@ -25,6 +25,15 @@ echo END
 sleep 100000
 """
 OPENED = ("ok", "No such device or address")  # past the permission and device-cgroup checks
+# What a glibc container gets of the driver (driverEdits: toolkit): tagged lines `cuda_report` parses.
+CUDA_REPORT = r"""
+ldconfig -p | sed -n 's/^[[:space:]]*\(libcuda\.so\.1\|libnvidia-ml\.so\.1\) .*=> /LDCONFIG \1 /p'
+nvidia-smi -L 2>&1 | sed 's/^/SMI /'
+echo "PROBE $(cuda-probe 2>&1 | tr '\n' ' ')"
+echo "ENV NVIDIA_VISIBLE_DEVICES=${NVIDIA_VISIBLE_DEVICES-}"
+echo END
+sleep 100000
+"""
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,10 @@ class Seen:
         """FRACGPU_DEV_<KEY>_* variables grouped by the envPrefix the files name."""
         prefixes = [d["envPrefix"] for f in self.files.values() for d in f["devices"]]
         return {p: {k.removeprefix(p): v for k, v in self.env.items() if k.startswith(p)} for p in prefixes}
+
+    def uuids(self) -> set[str]:
+        """The UUIDs of the FRACGPU_DEV_<KEY>_UUID variables of the files' devices."""
+        return {v["UUID"] for v in self.device_vars().values()}
 
     def grants(self) -> str:
         """`<uuid>=<MiB>` per GPU share, from the files."""
@@ -111,11 +124,38 @@ def gpu_pod(name: str, template: str, containers: int = 1, run_as_user: int | No
     return pod(name, {"gpu": template}, {c: ["gpu"] for c in names}, run_as_user=run_as_user)
 
 
+def cuda_pod(name: str, template: str, image: str) -> dict[str, Any]:
+    """A pod whose one container, of the glibc `image`, prints CUDA_REPORT about its claim `gpu`."""
+    return pod(name, {"gpu": template}, {"app": ["gpu"]}, image=image, script=CUDA_REPORT)
+
+
+def cuda_report(cluster: SingleNodeCluster, namespace: str, pod: str, timeout: float = 30) -> dict[str, list[str]]:
+    """The CUDA_REPORT lines of the pod's container by tag (LDCONFIG, SMI, PROBE, ENV)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        out = cluster.kubectl("logs", "-n", namespace, pod, "-c", "app", check=False).stdout
+        if "\nEND" in f"\n{out}":
+            tagged: dict[str, list[str]] = {}
+            for line in out.splitlines():
+                tag, _, rest = line.partition(" ")
+                tagged.setdefault(tag, []).append(rest)
+            return tagged
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{namespace}/{pod} printed no complete CUDA report in {timeout}s:\n{out}")
+        time.sleep(0.5)
+
+
 def pod(
-    name: str, claims: dict[str, str], containers: dict[str, list[str]], run_as_user: int | None = None
+    name: str,
+    claims: dict[str, str],
+    containers: dict[str, list[str]],
+    run_as_user: int | None = None,
+    *,
+    image: str = BUSYBOX_IMAGE,
+    script: str = REPORT,
 ) -> dict[str, Any]:
-    """A pod with claims (pod claim name -> template) and busybox containers (name -> the claims it uses,
-    each `claim` or `claim/request`)."""
+    """A pod with claims (pod claim name -> template) and containers of `image` running `script` (name -> the
+    claims it uses, each `claim` or `claim/request`)."""
     spec: dict[str, Any] = {
         "hostNetwork": True,
         "automountServiceAccountToken": False,
@@ -125,9 +165,9 @@ def pod(
         "containers": [
             {
                 "name": container,
-                "image": BUSYBOX_IMAGE,
+                "image": image,
                 "imagePullPolicy": "Never",
-                "command": ["sh", "-c", REPORT],
+                "command": ["sh", "-c", script],
                 "resources": {"claims": [_claim_ref(c) for c in used]},
             }
             for container, used in containers.items()
