@@ -40,7 +40,7 @@ from kubelet_plugin.driver_edits import (
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.settings import Settings, parse_settings
-from tests.unit.test_preparer import GPUS, NODE, NODES, UID_A, UID_B, UUID0, FakeApi, make_claim, ref
+from tests.unit.test_preparer import GPUS, NODE, UID_A, UID_B, UUID0, FakeApi, make_claim, make_host_root, ref
 
 FIXTURE = Path(__file__).parent / "fixtures" / "nvidia-ctk-management.json"
 FIXTURE_ROOT = "/driver-root"
@@ -359,11 +359,7 @@ def test_cache_failure_is_reported_once_retried_and_recovers(tmp_path: Path) -> 
 
 @pytest.fixture
 def driver_root(tmp_path: Path) -> Path:
-    root = tmp_path / "host"
-    (root / "dev").mkdir(parents=True)
-    for name, (major, minor) in NODES.items():
-        os.mknod(root / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
-    return root
+    return make_host_root(tmp_path)
 
 
 def toolkit_settings(tmp_path: Path, root: Path, **extra: Any) -> Settings:

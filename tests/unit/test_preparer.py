@@ -140,12 +140,19 @@ def fake(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
     return f
 
 
+def make_host_root(tmp_path: Path) -> Path:
+    """`<tmp>/host` with the NODES as character devices under `dev/` (existing ones kept); needs root."""
+    root = tmp_path / "host"
+    (root / "dev").mkdir(parents=True, exist_ok=True)
+    for name, (major, minor) in NODES.items():
+        if not (root / "dev" / name).exists():
+            os.mknod(root / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+    return root
+
+
 @pytest.fixture
 def settings(tmp_path: Path) -> Settings:
-    root = tmp_path / "host"
-    (root / "dev").mkdir(parents=True)
-    for name, (major, minor) in NODES.items():
-        os.mknod(root / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+    root = make_host_root(tmp_path)
     return Settings(
         node_name=NODE,
         kubelet_dir=tmp_path / "kubelet",

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import stat
 import subprocess
 import sys
 import threading
@@ -27,7 +26,7 @@ from kubelet_plugin.model import ClaimRef
 from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.settings import KUBELET_CALL_TIMEOUT_S, Settings
 from tests.unit.fake_apiserver import FakeApiServer, serve
-from tests.unit.test_preparer import GPUS, NODE, NODES, NS, SHARE_B, UID_A, UID_B, make_claim, ref
+from tests.unit.test_preparer import GPUS, NODE, NS, SHARE_B, UID_A, UID_B, make_claim, make_host_root, ref
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
 
@@ -64,11 +63,7 @@ def add(api: FakeApiServer, claim: dict[str, Any], parameters: bytes | None = No
 
 
 def node_settings(tmp_path: Path, **overrides: Any) -> Settings:
-    root = tmp_path / "host"
-    (root / "dev").mkdir(parents=True, exist_ok=True)
-    for name, (major, minor) in NODES.items():
-        if not (root / "dev" / name).exists():
-            os.mknod(root / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
+    root = make_host_root(tmp_path)
     return Settings(
         node_name=NODE,
         kubelet_dir=tmp_path / "kubelet",
