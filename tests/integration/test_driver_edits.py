@@ -185,7 +185,7 @@ def _break(case: str, driver: DriverInstall, workdir: Path) -> tuple[list[str], 
         return [], ['failed to locate \\"libcuda.so.\\"', str(driver.root), "driverRoot"]
     if case == "generator exits non-zero":
         fake = workdir / "failing-nvidia-ctk"
-        fake.write_text('#!/bin/sh\necho \'level=error msg="driver root is not readable"\' >&2\nexit 3\n')
+        fake.write_text("#!/bin/sh\necho 'level=error msg=\"driver root is not readable\"' >&2\nexit 3\n")
         fake.chmod(0o755)
         return [f"--nvidia-ctk={fake}"], ["exited with 3", "driver root is not readable", "driverRoot"]
     assert case == "hook path not writable"
@@ -197,11 +197,14 @@ def _break(case: str, driver: DriverInstall, workdir: Path) -> tuple[list[str], 
     ]
 
 
-@pytest.mark.parametrize("case", ["driver root without libraries", "generator exits non-zero", "hook path not writable"])
+@pytest.mark.parametrize(
+    "case", ["driver root without libraries", "generator exits non-zero", "hook path not writable"]
+)
 def test_a_broken_toolkit_setup_fails_new_claims_and_keeps_prepared_ones(
     case: str,
     toolkit: dict[str, Path],
     control_plane: ControlPlane,
+    *,
     api_client: client.ApiClient,
     dyn: DynamicClient,
     namespace: str,
