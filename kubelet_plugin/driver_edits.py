@@ -158,7 +158,7 @@ def install_hook(source: Path, dest: Path) -> bool:
     return True
 
 
-def _run(argv: list[str], what: str) -> None:
+def _run(argv: list[str], what: str, fix: str) -> None:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=GENERATOR_TIMEOUT_S, check=False)
     except FileNotFoundError:
@@ -166,11 +166,11 @@ def _run(argv: list[str], what: str) -> None:
             f"{argv[0]} not found; it is part of the plugin image (set --nvidia-ctk to where it is)"
         ) from None
     except (OSError, subprocess.TimeoutExpired) as err:
-        raise DriverEditsError(f"{what} failed: {err}") from None
+        raise DriverEditsError(f"{what} failed: {err}; {fix}") from None
     if done.returncode != 0:
         errors = [line for line in done.stderr.splitlines() if "level=error" in line]  # not its warnings
         stderr = ("\n".join(errors) or done.stderr.strip())[-_STDERR_TAIL:] or "(no output)"
-        raise DriverEditsError(f"{what} exited with {done.returncode}: {stderr}")
+        raise DriverEditsError(f"{what} exited with {done.returncode}: {stderr}; {fix}")
 
 
 def generate_driver_edits(config: GeneratorConfig) -> cdi.ContainerEdits:
@@ -180,8 +180,17 @@ def generate_driver_edits(config: GeneratorConfig) -> cdi.ContainerEdits:
     """
     with tempfile.TemporaryDirectory(prefix="fracgpu-driver-edits-") as tmp:
         generated, moved = Path(tmp) / "driver.json", Path(tmp) / "host.json"
-        _run(generate_argv(config, generated), f"nvidia-ctk cdi generate on driver root {config.mounted_root}")
-        _run(transform_argv(config, generated, moved), "nvidia-ctk cdi transform root")
+        _run(
+            generate_argv(config, generated),
+            f"nvidia-ctk cdi generate on driver root {config.mounted_root}",
+            "check that the NVIDIA driver is installed under that root (the chart's driverRoot: / for a driver on "
+            "the host, /run/nvidia/driver for the GPU Operator's driver container)",
+        )
+        _run(
+            transform_argv(config, generated, moved),
+            "nvidia-ctk cdi transform root",
+            f"check that --host-driver-root ({config.host_root}) is an absolute path",
+        )
         edits = parse_driver_edits(moved.read_text())
     problem = library_problem(edits)
     if problem is not None:

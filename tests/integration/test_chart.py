@@ -240,8 +240,8 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     ):
         assert mounts[path] == (path, False)
     assert mounts["/opt/fracgpu/nvml-host"] == ("/usr/lib/x86_64-linux-gnu", True)
-    assert env["FRACGPU_DRIVER_EDITS"] == "none", "driver edits are off by default"
-    assert "/driver-root" not in mounts and "FRACGPU_TOOLKIT_DRIVER_ROOT" not in env
+    assert env["FRACGPU_DRIVER_EDITS"] == "toolkit", "claim specs carry the driver by default"
+    assert mounts["/driver-root"] == ("/", True) and env["FRACGPU_TOOLKIT_DRIVER_ROOT"] == "/driver-root"
     (init,) = spec["initContainers"]
     assert init["securityContext"]["runAsNonRoot"] is True
     assert plugin["securityContext"]["privileged"] is True
@@ -252,6 +252,15 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     assert vap["spec"]["matchConditions"][0]["expression"] == f'request.userInfo.username == "{user}"'
     assert spec["serviceAccountName"] == "fg-fracgpu-kubelet-plugin"
     assert one(docs, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"] == vap["metadata"]["name"]
+
+
+def test_driver_edits_none_mounts_no_driver_root(tools: dict[str, Path], tmp_path: Path) -> None:
+    docs = render(tools["helm"], tmp_path, {"driverEdits": "none"})
+    spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    (plugin,) = spec["containers"]
+    env = env_of(plugin)
+    assert env["FRACGPU_DRIVER_EDITS"] == "none"
+    assert "/driver-root" not in mounts_of(spec, plugin) and "FRACGPU_TOOLKIT_DRIVER_ROOT" not in env
 
 
 @pytest.mark.parametrize(("driver_root", "propagation"), [("/", None), ("/run/nvidia/driver", "HostToContainer")])

@@ -176,6 +176,90 @@ def test_plugin_with_toolkit_edits_writes_self_contained_claim_specs(
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _break(case: str, driver: DriverInstall, workdir: Path) -> tuple[list[str], list[str]]:
+    """Break the node's toolkit setup as `case` says: extra plugin flags, and fragments prepare's error must hold."""
+    if case == "driver root without libraries":
+        for lib in driver.libdir.iterdir():
+            if lib.name.startswith(("libcuda.so", "libnvidia-ml.so")):
+                lib.unlink()
+        return [], ['failed to locate \\"libcuda.so.\\"', str(driver.root), "driverRoot"]
+    if case == "generator exits non-zero":
+        fake = workdir / "failing-nvidia-ctk"
+        fake.write_text("#!/bin/sh\necho 'level=error msg=\"driver root is not readable\"' >&2\nexit 3\n")
+        fake.chmod(0o755)
+        return [f"--nvidia-ctk={fake}"], ["exited with 3", "driver root is not readable", "driverRoot"]
+    assert case == "hook path not writable"
+    blocker = workdir / "not-a-directory"
+    blocker.write_text("a file where the hook's directory should be\n")
+    return [f"--nvidia-cdi-hook-path={blocker}/nvidia-cdi-hook"], [
+        f"cannot install nvidia-cdi-hook at {blocker}/nvidia-cdi-hook",
+        "--nvidia-cdi-hook-path",
+    ]
+
+
+@pytest.mark.parametrize(
+    "case", ["driver root without libraries", "generator exits non-zero", "hook path not writable"]
+)
+def test_a_broken_toolkit_setup_fails_new_claims_and_keeps_prepared_ones(
+    case: str,
+    toolkit: dict[str, Path],
+    control_plane: ControlPlane,
+    *,
+    api_client: client.ApiClient,
+    dyn: DynamicClient,
+    namespace: str,
+) -> None:
+    """The real plugin: claim A prepared on a good setup; the setup broken and the plugin restarted; claim B
+    fails with what went wrong and what to fix, gets no spec, a DriverEditsFailed Node Event is posted;
+    A's spec is untouched and A unprepares."""
+    node = kube.unique("brokenedits")
+    kube.create_fake_node(api_client, node)
+    kube.ensure_device_class(dyn, DRIVER, DRIVER)
+    workdir = Path(tempfile.mkdtemp(prefix="fgbe-", dir="/tmp"))  # short: unix socket paths
+    workdir.chmod(0o755)
+    nvml = mocknvml.build(workdir / "nvml")
+    good = [
+        "--driver-edits=toolkit",
+        f"--nvidia-ctk={toolkit['nvidia-ctk']}",
+        f"--nvidia-cdi-hook-source={toolkit['nvidia-cdi-hook']}",
+    ]
+    process = NodePluginProcess(workdir, node, control_plane.kubeconfig, PROFILE, nvml, *good)
+    driver = install_driver(process.driver_root, PROFILE, workdir / "build")
+    kubelet = process.start()
+    try:
+        a, b = kube.allocate_claims(api_client, dyn, namespace, node, device_class=DRIVER, memories=["10Gi", "10Gi"])
+        ref_a = (namespace, a["metadata"]["uid"], a["metadata"]["name"])
+        ref_b = (namespace, b["metadata"]["uid"], b["metadata"]["name"])
+        assert kubelet.prepare([ref_a]).claims[ref_a[1]].error == "", process.log()
+        spec_a = cdi.spec_path(process.cdi_dir, DRIVER, ref_a[1])
+        before = spec_a.read_bytes()
+        kubelet.close()
+        process.stop()
+
+        flags, fragments = _break(case, driver, workdir)
+        process = NodePluginProcess(workdir, node, control_plane.kubeconfig, PROFILE, nvml, *good, *flags)
+        kubelet = process.start()
+        error = kubelet.prepare([ref_b]).claims[ref_b[1]].error
+        for fragment in fragments:
+            assert fragment in error, f"{fragment!r} not in {error!r}"
+        assert not cdi.spec_path(process.cdi_dir, DRIVER, ref_b[1]).exists(), "no library-less spec"
+        assert spec_a.read_bytes() == before, "the prepared claim's spec is untouched"
+
+        def node_event() -> dict[str, Any] | None:
+            events = client.CoreV1Api(api_client).list_namespaced_event("default").to_dict()["items"]
+            mine = [e for e in events if e["involved_object"]["name"] == node and e["reason"] == "DriverEditsFailed"]
+            return mine[0] if mine else None
+
+        event = kube.wait_for(node_event, 30, what="the DriverEditsFailed Node Event")
+        assert fragments[0] in event["message"]
+        assert kubelet.unprepare([ref_a]).claims[ref_a[1]].error == ""
+        assert not spec_a.exists()
+    finally:
+        kubelet.close()
+        process.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 if __name__ == "__main__":  # regenerate the fixture (as root)
     with tempfile.TemporaryDirectory(prefix="fracgpu-edits-", dir="/tmp") as tmp:
         base = Path(tmp)
