@@ -3,6 +3,8 @@
 import os
 import shutil
 import tempfile
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,11 +16,12 @@ from e2e.install import Installation, install, remove_dev_char_links
 
 @pytest.fixture(scope="session")
 def installation() -> Iterator[Installation]:
-    """A Ready node with containerd + kubelet in its own network namespace and fracgpu serving it."""
+    """A Ready node with containerd + kubelet in its own network namespace and fracgpu serving it; containerd's
+    default runtime is NVIDIA's (cdi mode, a node-level nvidia.com/gpu spec), RuntimeClass `runc` is plain runc."""
     if os.geteuid() != 0:
         pytest.skip("the e2e cluster needs root: network namespaces, mounts, mknod and runc")
     state_dir = Path(tempfile.mkdtemp(prefix="fracgpu-e2e-", dir="/tmp"))
-    cluster = SingleNodeCluster(state_dir)
+    cluster = SingleNodeCluster(state_dir, nvidia_runtime=True)
     cluster.start()
     installed: Installation | None = None
     try:
@@ -29,3 +32,17 @@ def installation() -> Iterator[Installation]:
         if installed is not None:
             remove_dev_char_links(installed.driver_root)
         shutil.rmtree(state_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def ns(installation: Installation) -> Iterator[str]:
+    """A fresh namespace (with its default ServiceAccount), deleted with everything in it afterwards."""
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    cluster = installation.cluster
+    cluster.kubectl("create", "namespace", name)
+    deadline = time.monotonic() + 30
+    while cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
+        assert time.monotonic() < deadline, "default ServiceAccount never appeared"
+        time.sleep(0.5)
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)

@@ -4,6 +4,8 @@ Simulated GPUs: the mock libnvidia-ml.so.1 and its profile in a host directory t
 (`nvml.libraryPath`) for the plugin, and a faithful fake driver installation (`driverRoot`: mknod-made device
 nodes, the driver's libraries with the profile compiled in, nvidia-smi) that `driverEdits: toolkit` puts into
 every claim's containers. A glibc workload image with the CUDA probe is imported for the tests of that.
+On a node whose default runtime is NVIDIA's, the node-level `nvidia.com/gpu` CDI spec of that driver root is
+generated into the node's CDI dir, as `nvidia-cdi-refresh` does on a real node.
 """
 
 import json
@@ -13,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from e2e import mocknvml
-from e2e.cluster import binaries
+from e2e.cluster import binaries, nvidia_runtime
 from e2e.cluster.node import SingleNodeCluster
 from e2e.image.build import build_image
 from e2e.image.glibc import build_glibc_workload
@@ -57,6 +59,8 @@ def install(cluster: SingleNodeCluster, *, image_out: Path, timeout: float = 300
     cluster.import_image(image.archive.path)
     driver, nvml_dir = simulated_gpus(cluster.short_dir / "gpus")
     driver_root = driver.root
+    if cluster.nvidia_runtime:
+        nvidia_runtime.write_node_spec(driver_root, cluster.cdi_dir)
     workload = build_glibc_workload(image_out / "workload", driver.cuda_probe)
     cluster.import_image(workload.path)
     repository, tag = image.name.rsplit(":", 1)

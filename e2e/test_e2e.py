@@ -3,8 +3,6 @@ container sees its GPU and only its GPU. Driver installed by `helm install`; sim
 
 import json
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -12,22 +10,10 @@ import pytest
 
 from api.quantity import MiB, to_bytes
 from e2e import workloads as w
+from e2e.cluster.node import RUNC
 from e2e.install import NAMESPACE, Installation
 
 pytestmark = pytest.mark.e2e
-
-
-@pytest.fixture
-def ns(installation: Installation) -> Iterator[str]:
-    name = f"e2e-{uuid.uuid4().hex[:6]}"
-    cluster = installation.cluster
-    cluster.kubectl("create", "namespace", name)
-    deadline = time.monotonic() + 30
-    while cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
-        assert time.monotonic() < deadline, "default ServiceAccount never appeared"
-        time.sleep(0.5)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
 
 
 def _minor(device: str, installation: Installation) -> int:
@@ -253,15 +239,16 @@ def test_deleting_pods_unprepares_and_frees_the_ledger(installation: Installatio
 
 
 def test_a_glibc_container_runs_cuda_on_its_share(installation: Installation, ns: str) -> None:
-    """driverEdits: toolkit against the node's faithful driver root: a Debian image without any driver file
-    gets libcuda and libnvidia-ml on its loader cache and nvidia-smi, and sees (the mocks enumerate only
-    the GPUs whose device node the process can open) exactly its claim's GPU."""
+    """driverEdits: toolkit against the node's faithful driver root, under plain runc (RuntimeClass `runc`: no
+    NVIDIA runtime): a Debian image without any driver file gets libcuda and libnvidia-ml on its loader cache
+    and nvidia-smi, and sees (the mocks enumerate only the GPUs whose device node the process can open)
+    exactly its claim's GPU."""
     cluster = installation.cluster
     w.apply(
         cluster,
         ns,
         w.claim_template("share-40gi", "40Gi"),
-        w.cuda_pod("cuda", "share-40gi", installation.workload_image),
+        w.on_runtime(w.cuda_pod("cuda", "share-40gi", installation.workload_image), RUNC),
     )
     w.wait_running(cluster, ns, ["cuda"])
     seen = w.cuda_report(cluster, ns, "cuda")

@@ -245,3 +245,8 @@ def recorded_gpu(claim: dict[str, Any]) -> dict[str, Any]:
     (entry,) = [d for d in claim["status"].get("devices", []) if d["driver"] == DEVICE_CLASS and d.get("data")]
     data: dict[str, Any] = entry["data"]
     return data
+
+
+def on_runtime(pod: dict[str, Any], runtime_class: str) -> dict[str, Any]:
+    """`pod` with `runtimeClassName: runtime_class` (a containerd handler of the node, e.g. node.RUNC)."""
+    return {**pod, "spec": {**pod["spec"], "runtimeClassName": runtime_class}}

@@ -6,7 +6,8 @@
     ctd.stop()                              # kills its containers, stops it, unmounts what it left
 
 The CRI plugin is configured for a kubelet (issue #6): CDI spec dirs, cgroupfs (no systemd here), a local
-sandbox image, CNI dirs; `ContainerdSettings.extra` deep-merges any further config. runc comes from Debian
+sandbox image, CNI dirs; `ContainerdSettings.extra` deep-merges any further config (e.g. another runtime handler),
+`ContainerdSettings.env` adds to containerd's environment (its shims and runtimes inherit it). runc comes from Debian
 (apt-get installs it when missing); containerd-shim-runc-v2 is built with containerd and ctr (build-binaries.sh).
 """
 
@@ -49,6 +50,7 @@ class ContainerdSettings:
     nri: bool = False  # NRI's socket (/var/run/nri/nri.sock) would be shared by every containerd on the host
     log_level: str = "info"
     extra: dict[str, Any] = field(default_factory=dict)  # deep-merged over the generated config
+    env: dict[str, str] = field(default_factory=dict)  # containerd's extra environment; shims and runtimes inherit it
 
 
 def _descendants(root: int) -> list[int]:
@@ -190,7 +192,8 @@ class Containerd:
             link.symlink_to(target)
         self.socket.unlink(missing_ok=True)
         self.config_path.write_text(tomli_w.dumps(self.config()))
-        env = {**os.environ, "PATH": f"{self.bin_dir}:{os.environ.get('PATH', os.defpath)}:/usr/sbin:/sbin"}
+        search = f"{self.bin_dir}:{os.environ.get('PATH', os.defpath)}:/usr/sbin:/sbin"
+        env = {**os.environ, **self.settings.env, "PATH": search}
         self.procs.start("containerd", [self.bin["containerd"], "--config", self.config_path], env=env)
         deadline = time.monotonic() + timeout
         while True:

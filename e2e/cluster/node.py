@@ -4,6 +4,11 @@ control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) + 
 kubelet, all inside `fracgpu-<slot>`; the host reaches the API server through a veth pair. Pods use
 `hostNetwork: true`, i.e. the namespace's network: there is no pod network and no default route, so no
 packet can leave the machine. Images are imported from local archives, never pulled.
+
+containerd's runtime handlers: `runc` (the default), or with `nvidia_runtime=True` NVIDIA's
+`nvidia-container-runtime` in `cdi` mode as the default and `runc` a second handler (nvidia_runtime.py).
+Each handler has a RuntimeClass of its name, so a pod can say `runtimeClassName: runc` to run without NVIDIA's
+runtime whatever the default.
 """
 
 import json
@@ -13,6 +18,7 @@ import time
 from pathlib import Path
 
 from e2e.cluster import binaries
+from e2e.cluster import nvidia_runtime as nvidia_runtime_module
 from e2e.cluster.containerd import Containerd, ContainerdSettings, kill_shims
 from e2e.cluster.controlplane import ControlPlane, write_kubeconfig
 from e2e.cluster.netns import Netns, free_slot
@@ -20,6 +26,8 @@ from e2e.cluster.processes import stop_recorded
 from e2e.image import small
 
 NODE_NAME = "fracgpu-node"
+RUNC = "runc"
+"""containerd's runc handler and its RuntimeClass: no NVIDIA runtime involved."""
 # containerd's CRI plugin reports the network ready once it has loaded a CNI config; this one names a
 # plugin that does not exist, so only hostNetwork pods can run: a pod asking for a pod network fails to
 # start instead of getting an address that could route anywhere.
@@ -33,8 +41,13 @@ NO_POD_NETWORK = {
 class SingleNodeCluster:
     """Everything under `state_dir` (logs, PKI, etcd, containerd) and `/run/fg<slot>` (short socket paths)."""
 
-    def __init__(self, state_dir: Path, *, detached: bool = False, node_name: str = NODE_NAME) -> None:
+    def __init__(
+        self, state_dir: Path, *, detached: bool = False, node_name: str = NODE_NAME, nvidia_runtime: bool = False
+    ) -> None:
         self.state_dir = state_dir.resolve()
+        self.nvidia_runtime = nvidia_runtime
+        self.runtime_classes = [RUNC, nvidia_runtime_module.HANDLER] if nvidia_runtime else [RUNC]
+        self.nvidia_runtime_dir = self.state_dir / "nvidia-container-runtime"  # its config and log
         self.netns = Netns(free_slot())
         self.node_name = node_name
         self.short_dir = Path(f"/run/fg{self.netns.slot}")
@@ -42,15 +55,21 @@ class SingleNodeCluster:
         self.cdi_dir = self.short_dir / "cdi"
         self.plane = ControlPlane(self.state_dir, netns=self.netns, detached=detached)
         self.procs = self.plane.procs
+        # Sandboxes get oom_score_adj -998, which needs CAP_SYS_RESOURCE; our machines' root lacks it, so
+        # clamp every score to containerd's own instead of failing each pod start.
+        cri: dict[str, object] = {"restrict_oom_score_adj": True}
+        env: dict[str, str] = {}
+        if nvidia_runtime:
+            cri |= nvidia_runtime_module.containerd_runtimes(binaries.binary(nvidia_runtime_module.BINARY))
+            env[nvidia_runtime_module.CONFIG_ENV] = str(self.nvidia_runtime_dir / "config.toml")
         self.containerd = Containerd(
             self.state_dir / "containerd",
             settings=ContainerdSettings(
                 cdi_spec_dirs=[str(self.cdi_dir)],
                 cni_conf_dir=str(self.state_dir / "cni"),
                 cni_bin_dirs=[str(self.state_dir / "cni-bin")],
-                # Sandboxes get oom_score_adj -998, which needs CAP_SYS_RESOURCE; our machines' root lacks
-                # it, so clamp every score to containerd's own instead of failing each pod start.
-                extra={"plugins": {"io.containerd.cri.v1.runtime": {"restrict_oom_score_adj": True}}},
+                extra={"plugins": {"io.containerd.cri.v1.runtime": cri}},
+                env=env,
             ),
             socket=self.short_dir / "containerd.sock",
             procs=self.procs,
@@ -79,15 +98,26 @@ class SingleNodeCluster:
         )
         try:
             self.plane.start(timeout)
+            if self.nvidia_runtime:
+                binaries.ensure_built(nvidia_runtime_module.BINARY)
+                nvidia_runtime_module.write_config(self.nvidia_runtime_dir, self.cdi_dir)
             self.containerd.start()
             images = self.state_dir / "images"
             for archive in (small.build_pause(images), small.build_busybox(images)):
                 self.import_image(archive.path)
             self._start_kubelet()
             self.wait_node_ready(timeout)
+            self._create_runtime_classes()
         except BaseException:
             self.stop()
             raise
+
+    def _create_runtime_classes(self) -> None:
+        classes = [
+            {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": h}, "handler": h}
+            for h in self.runtime_classes
+        ]
+        self.kubectl("apply", "-f", "-", input_=json.dumps({"apiVersion": "v1", "kind": "List", "items": classes}))
 
     def import_image(self, archive: Path) -> None:
         """Import an OCI archive into the node's containerd (CRI namespace `k8s.io`)."""
