@@ -19,6 +19,7 @@ The repository's own code is not in the bundle: it travels with the working tree
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -157,6 +158,12 @@ def build_cuda_probe(build_dir: Path) -> Path:
     return build_dir / "cuda-probe"
 
 
+def glibc_needed(binaries_: list[Path]) -> str:
+    """The newest ``GLIBC_x.y`` symbol version any of the (dynamically linked) binaries references."""
+    found = {tuple(int(n) for n in m) for b in binaries_ for m in re.findall(rb"GLIBC_(\d+)\.(\d+)", b.read_bytes())}
+    return ".".join(map(str, max(found))) if found else "0"
+
+
 def directory_size(path: Path) -> int:
     """Bytes of the regular files under ``path``."""
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
@@ -186,6 +193,7 @@ def build(out: Path, pythons: tuple[str, ...]) -> dict[str, object]:
         "nvidia_container_toolkit": versions["NVIDIA_CTK_VERSION"],
         "runc": versions["RUNC_VERSION"],
         "pythons": list(pythons),
+        "host_glibc": glibc_needed([tools[name] for name in binaries.TOOLKIT]),  # they run on the host
         "distributions": dists,
         "bytes": directory_size(out),  # everything but this file
     }

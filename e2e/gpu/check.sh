@@ -48,7 +48,12 @@ py=${FRACGPU_GPU_CHECK_PYTHON:-$(command -v python3 || true)}
 pyver=$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])') || fail "$py does not run"
 "$py" -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
   || fail "$py is Python $pyver; the check needs CPython >= 3.11 (set FRACGPU_GPU_CHECK_PYTHON to one)"
-say "bundle: $bundle, $(du -sh "$bundle" | cut -f1) ($(du -sb "$bundle" | cut -f1) bytes); python: $py ($pyver)"
+need=$(sed -n 's/.*"host_glibc": "\([0-9.]*\)".*/\1/p' "$bundle/manifest.json")
+have=$(getconf GNU_LIBC_VERSION 2>/dev/null | awk '{print $2}' || true)
+if [ -n "$need" ] && [ -n "$have" ] && [ "$(printf '%s\n' "$need" "$have" | sort -V | head -n1)" != "$need" ]; then
+  fail "the bundled NVIDIA tools run on this host and need glibc >= $need; it has $have: build the bundle on a machine whose glibc is not newer than $have"
+fi
+say "bundle: $bundle, $(du -sh "$bundle" | cut -f1) ($(du -sb "$bundle" | cut -f1) bytes); python: $py ($pyver); host glibc ${have:-unknown} (tools need ${need:-?})"
 
 if [ "$ldconfig" = 1 ]; then
   timeout 30 ldconfig || say "warning: ldconfig failed (exit $?); going on with the loader cache as it is"
