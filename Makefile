@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 export FRACGPU_CACHE ?= $(HOME)/.cache/fracgpu
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help venv lint typecheck unit integration e2e test demo-down binaries mock-nvml proto crds image cluster-up cluster-down demo bench clean
+.PHONY: help venv lint typecheck unit integration e2e test demo-down binaries mock-nvml proto crds image cluster-up cluster-down demo bench gpu-check-bundle gpu-check clean
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
@@ -70,6 +70,12 @@ bench: venv binaries ## benchmarks against a real control plane; prints medians/
 crds: venv ## regenerate api/crds/*.yaml from the pydantic models in api/ (and the chart's copy)
 	$(PY) -m api.crds
 	cp api/crds/*.yaml charts/fracgpu/crds/
+
+gpu-check-bundle: venv ## what the real-GPU check carries (toolkit, static runc, rootfs, wheels) into build/gpu-check
+	$(PY) -m e2e.gpu.bundle --out build/gpu-check
+
+gpu-check: ## run the real-GPU check here (root, NVIDIA driver and GPU; the bundle built): see README "Real-GPU check"
+	e2e/gpu/check.sh
 
 clean: ## remove the virtualenv and build outputs (the binary cache stays)
 	rm -rf $(VENV) build dist *.egg-info

@@ -39,6 +39,7 @@ def version_of(component: str) -> str:
         "ctr": pinned["CONTAINERD_VERSION"],
         "containerd-shim-runc-v2": pinned["CONTAINERD_VERSION"],
         "helm": pinned["HELM_VERSION"],
+        "runc": pinned["RUNC_VERSION"],
     }[component]
 
 

@@ -4,7 +4,7 @@
 #   e2e/cluster/build-binaries.sh [component ...]
 #
 # Components: kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd containerd ctr
-# containerd-shim-runc-v2 helm nvidia-ctk nvidia-cdi-hook nvidia-container-runtime
+# containerd-shim-runc-v2 helm nvidia-ctk nvidia-cdi-hook nvidia-container-runtime runc
 # (default: all). Each lands at $FRACGPU_CACHE/bin/<component>-<version>; present binaries are skipped.
 # Nothing is written into the repository; Go's module and build caches are the usual ones.
 set -euo pipefail
@@ -19,7 +19,7 @@ export CGO_ENABLED=${CGO_ENABLED:-1}
 
 kube=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl)
 toolkit=(nvidia-ctk nvidia-cdi-hook nvidia-container-runtime)
-all=("${kube[@]}" etcd containerd ctr containerd-shim-runc-v2 helm "${toolkit[@]}")
+all=("${kube[@]}" etcd containerd ctr containerd-shim-runc-v2 helm "${toolkit[@]}" runc)
 want=("$@"); [ ${#want[@]} -gt 0 ] || want=("${all[@]}")
 
 version_of() {
@@ -29,6 +29,7 @@ version_of() {
     containerd|ctr|containerd-shim-runc-v2) echo "$CONTAINERD_VERSION" ;;
     helm) echo "$HELM_VERSION" ;;
     nvidia-ctk|nvidia-cdi-hook|nvidia-container-runtime) echo "$NVIDIA_CTK_VERSION" ;;
+    runc) echo "$RUNC_VERSION" ;;
     *) echo "unknown component: $1 (known: ${all[*]})" >&2; exit 2 ;;
   esac
 }
@@ -179,6 +180,28 @@ GO
    && CGO_ENABLED=1 CGO_CFLAGS="${CGO_CFLAGS:--O2 -g} -Wno-deprecated-declarations" \
       go build -trimpath -ldflags "$ld" -o "$out/" "${pkgs[@]}")
   for c in "${todo[@]}"; do mv "$out/$c" "$bin/$c-$NVIDIA_CTK_VERSION"; log "built $bin/$c-$NVIDIA_CTK_VERSION"; done
+}
+
+# runc as a static executable (the real-GPU check carries it to machines whose libc and libseccomp are unknown).
+# cgo is required (nsenter); seccomp and libpathrs are left out (each needs a static C library), so the
+# container specs it runs must not ask for a seccomp profile.
+build_runc() {
+  [ -n "$(missing runc)" ] || return 0
+  local dir="$cache/src/runc-$RUNC_VERSION"
+  log "building runc $RUNC_VERSION (static)"
+  new_module "$dir" fracgpu.dev/upstream/runc
+  cat > "$dir/tools.go" <<'GO'
+//go:build tools
+
+package tools
+
+import _ "github.com/opencontainers/runc"
+GO
+  (cd "$dir" && go get github.com/opencontainers/runc@"$RUNC_VERSION" >/dev/null 2>&1 && go mod tidy >/dev/null 2>&1 || true
+   cd "$dir" && CGO_ENABLED=1 go build -trimpath -buildmode=pie -tags "urfave_cli_no_docs netgo osusergo" \
+     -ldflags "-s -w -X main.gitCommit=$RUNC_VERSION -linkmode external -extldflags -static-pie" \
+     -o "$bin/runc-$RUNC_VERSION" github.com/opencontainers/runc)
+  log "built $bin/runc-$RUNC_VERSION"
 }
 
 for c in "${want[@]}"; do version_of "$c" >/dev/null; done  # an unknown component stops here, naming the known ones
