@@ -129,11 +129,13 @@ def cuda_pod(name: str, template: str, image: str) -> dict[str, Any]:
     return pod(name, {"gpu": template}, {"app": ["gpu"]}, image=image, script=CUDA_REPORT)
 
 
-def cuda_report(cluster: SingleNodeCluster, namespace: str, pod: str, timeout: float = 30) -> dict[str, list[str]]:
-    """The CUDA_REPORT lines of the pod's container by tag (LDCONFIG, SMI, PROBE, ENV)."""
+def cuda_report(
+    cluster: SingleNodeCluster, namespace: str, pod: str, timeout: float = 30, container: str = "app"
+) -> dict[str, list[str]]:
+    """The lines a container printed up to `END` by tag (CUDA_REPORT: LDCONFIG, SMI, PROBE, ENV)."""
     deadline = time.monotonic() + timeout
     while True:
-        out = cluster.kubectl("logs", "-n", namespace, pod, "-c", "app", check=False).stdout
+        out = cluster.kubectl("logs", "-n", namespace, pod, "-c", container, check=False).stdout
         if "\nEND" in f"\n{out}":
             tagged: dict[str, list[str]] = {}
             for line in out.splitlines():
@@ -141,7 +143,7 @@ def cuda_report(cluster: SingleNodeCluster, namespace: str, pod: str, timeout: f
                 tagged.setdefault(tag, []).append(rest)
             return tagged
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{namespace}/{pod} printed no complete CUDA report in {timeout}s:\n{out}")
+            raise TimeoutError(f"{namespace}/{pod}/{container} printed no complete report in {timeout}s:\n{out}")
         time.sleep(0.5)
 
 

@@ -128,7 +128,7 @@ def _glibc_dir() -> Path:
 
 def build_rootfs(root: Path, cuda_probe: Path) -> None:
     """The container's root: busybox, the probe, glibc and what the toolkit's ldconfig hook expects."""
-    deb = small._busybox_deb(binaries.cache_dir() / "debs")
+    deb = small.busybox_deb(binaries.cache_dir() / "debs")
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run(["dpkg-deb", "-x", str(deb), tmp], check=True)
         (root / "bin").mkdir(parents=True)

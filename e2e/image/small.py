@@ -39,7 +39,8 @@ def build_pause(out_dir: Path) -> oci.ImageArchive:
     )
 
 
-def _busybox_deb(cache: Path) -> Path:
+def busybox_deb(cache: Path) -> Path:
+    """Debian's busybox-static package in `cache`, downloaded with apt-get the first time."""
     cache.mkdir(parents=True, exist_ok=True)
     debs = sorted(cache.glob("busybox-static_*.deb"))
     if debs:
@@ -55,7 +56,7 @@ def _busybox_deb(cache: Path) -> Path:
 
 def build_busybox(out_dir: Path) -> oci.ImageArchive:
     """Debian's busybox-static with a symlink per applet, as the workload image."""
-    deb = _busybox_deb(binaries.cache_dir() / "debs")
+    deb = busybox_deb(binaries.cache_dir() / "debs")
     with tempfile.TemporaryDirectory() as tmp:
         extracted, root = Path(tmp) / "deb", Path(tmp) / "rootfs"
         subprocess.run(["dpkg-deb", "-x", str(deb), str(extracted)], check=True)
