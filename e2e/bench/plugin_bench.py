@@ -3,9 +3,11 @@ and the plugin's RSS across many prepare/unprepare cycles.
 
     python -m e2e.bench.plugin_bench [--cycles 1000] [--out build/bench/plugin.json]
 
-Starts its own control plane (etcd, apiserver, controller-manager, scheduler), a fake Node with 8 simulated
-H100s, the plugin as a process, and claims allocated by the real scheduler; then calls the plugin like the
-kubelet does. Reports medians and percentiles of this one run; asserts nothing.
+Starts its own control plane (etcd, apiserver, controller-manager, scheduler) and two plugin processes, each on
+its own fake Node with 8 simulated H100s: one with ``--driver-edits=none``, one with ``--driver-edits=toolkit``
+on a faithful fake driver root (the real nvidia-ctk generates its edits once, at start; every claim spec then
+carries them). Claims are allocated by the real scheduler; the plugins are called like the kubelet does,
+alternating between the two cycle by cycle. Reports medians and percentiles of this one run; asserts nothing.
 """
 
 import argparse
@@ -13,6 +15,7 @@ import json
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,8 +24,10 @@ from kubernetes.dynamic import DynamicClient
 
 from e2e import mocknvml
 from e2e.bench.stats import summary_ms, table
+from e2e.cluster import binaries
 from e2e.cluster.controlplane import ControlPlane
 from e2e.kubelet_client import KubeletClient
+from e2e.mocknvml.driver_root import install_driver
 from e2e.nodeplugin import DRIVER, NodePluginProcess
 from tests.integration import kube
 
@@ -39,9 +44,10 @@ def _refs(claims: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     return [(c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"]) for c in claims]
 
 
-def _timed(call: Any) -> float:
+def _timed(call: Callable[[list[tuple[str, str, str]]], Any], refs: list[tuple[str, str, str]]) -> float:
+    """Seconds `call(refs)` took; RuntimeError when the plugin answered an error for any claim."""
     start = time.perf_counter()
-    response = call()
+    response = call(refs)
     elapsed = time.perf_counter() - start
     errors = [r.error for r in response.claims.values() if r.error]
     if errors:
@@ -49,62 +55,84 @@ def _timed(call: Any) -> float:
     return elapsed
 
 
+MODES = ("none", "toolkit")
+"""Driver edits: `none` (the plugin flag's default) and `toolkit` (the chart's default: specs carry the driver)."""
+
+
+def _start_plugin(
+    api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane, workdir: Path, mode: str
+) -> tuple[NodePluginProcess, KubeletClient, list[dict[str, Any]]]:
+    """A plugin on its own fake node with 8 simulated H100s, in driver-edits `mode`; 33 claims allocated there."""
+    node = f"bench-{mode}"
+    kube.create_fake_node(api, node)
+    profile = mocknvml.PROFILES / "h100x8.profile"
+    flags = ["--log-level=warning", f"--driver-edits={mode}"]
+    if mode == "toolkit":
+        tools = binaries.ensure_built("nvidia-ctk", "nvidia-cdi-hook")
+        flags += [f"--nvidia-ctk={tools['nvidia-ctk']}", f"--nvidia-cdi-hook-source={tools['nvidia-cdi-hook']}"]
+    plugin = NodePluginProcess(
+        workdir / mode, node, plane.kubeconfig, profile, mocknvml.build(workdir / "nvml"), *flags
+    )
+    if mode == "toolkit":
+        install_driver(plugin.driver_root, profile, workdir / "driver-build")
+    kubelet = plugin.start()
+    kube.wait_for(
+        lambda: client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node}").items, 30
+    )
+    claims = kube.allocate_claims(api, dyn, NAMESPACE, node, device_class=DRIVER, memories=["1Gi"] * 33, timeout=120)
+    return plugin, kubelet, claims
+
+
+NAMESPACE = "bench"
+
+
 def run(cycles: int, workdir: Path) -> dict[str, Any]:
-    """Run every measurement; return the report."""
+    """Run every measurement, both driver-edits modes interleaved cycle by cycle; return the report."""
     plane = ControlPlane(workdir / "cp")
     plane.start()
     try:
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
         dyn = DynamicClient(api)
-        node = "bench-node"
-        kube.create_fake_node(api, node)
         kube.ensure_device_class(dyn, DRIVER, DRIVER)
-        namespace = "bench"
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": namespace}})
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
         kube.wait_for(
-            lambda: kube.exists(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", namespace)),
+            lambda: kube.exists(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", NAMESPACE)),
             30,
         )
-        profile = mocknvml.PROFILES / "h100x8.profile"
-        plugin = NodePluginProcess(
-            workdir / "np", node, plane.kubeconfig, profile, mocknvml.build(workdir / "nvml"), "--log-level=warning"
-        )
-        kubelet: KubeletClient = plugin.start()
-        kube.wait_for(
-            lambda: client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node}").items, 30
-        )
-        claims = kube.allocate_claims(
-            api, dyn, namespace, node, device_class=DRIVER, memories=["1Gi"] * 33, timeout=120
-        )
-        single, batch = claims[:1], claims[1:]
-        pid = plugin.procs.procs["plugin"].pid
-
-        first = _timed(lambda: kubelet.prepare(_refs(single)))  # includes the Ready status write
-        kubelet.unprepare(_refs(single))
-        prepare_1: list[float] = []
-        unprepare_1: list[float] = []
-        rss: dict[str, float] = {}
+        started = {mode: _start_plugin(api, dyn, plane, workdir, mode) for mode in MODES}
+        samples: dict[str, dict[str, list[float]]] = {
+            mode: {"prepare 1 claim": [], "unprepare 1 claim": [], "prepare 32 claims": [], "unprepare 32 claims": []}
+            for mode in MODES
+        }
+        first: dict[str, float] = {}
+        rss: dict[str, dict[str, float]] = {mode: {} for mode in MODES}
+        for mode, (_, kubelet, claims) in started.items():
+            first[mode] = _timed(kubelet.prepare, _refs(claims[:1]))  # includes the Ready status write
+            kubelet.unprepare(_refs(claims[:1]))
         for i in range(cycles):
-            prepare_1.append(_timed(lambda: kubelet.prepare(_refs(single))))
-            unprepare_1.append(_timed(lambda: kubelet.unprepare(_refs(single))))
-            if i + 1 == 50 or (i + 1) % max(1, cycles // 5) == 0:
-                rss[f"after_{i + 1}_cycles_mib"] = rss_mib(pid)
-        prepare_32: list[float] = []
-        unprepare_32: list[float] = []
+            for mode, (plugin, kubelet, claims) in started.items():
+                single = _refs(claims[:1])
+                samples[mode]["prepare 1 claim"].append(_timed(kubelet.prepare, single))
+                samples[mode]["unprepare 1 claim"].append(_timed(kubelet.unprepare, single))
+                if i + 1 == 50 or (i + 1) % max(1, cycles // 5) == 0:
+                    rss[mode][f"after_{i + 1}_cycles_mib"] = rss_mib(plugin.procs.procs["plugin"].pid)
         for _ in range(30):
-            prepare_32.append(_timed(lambda: kubelet.prepare(_refs(batch))))
-            unprepare_32.append(_timed(lambda: kubelet.unprepare(_refs(batch))))
-        kubelet.close()
-        plugin.stop()
+            for mode, (_, kubelet, claims) in started.items():
+                batch = _refs(claims[1:])
+                samples[mode]["prepare 32 claims"].append(_timed(kubelet.prepare, batch))
+                samples[mode]["unprepare 32 claims"].append(_timed(kubelet.unprepare, batch))
+        for plugin, kubelet, _ in started.values():
+            kubelet.close()
+            plugin.stop()
         return {
-            "latency": {
-                "prepare 1 claim": summary_ms(prepare_1),
-                "unprepare 1 claim": summary_ms(unprepare_1),
-                "prepare 32 claims": summary_ms(prepare_32),
-                "unprepare 32 claims": summary_ms(unprepare_32),
+            "driver_edits": {
+                mode: {
+                    "latency": {name: summary_ms(values) for name, values in samples[mode].items()},
+                    "first_prepare_with_status_write_ms": round(first[mode] * 1000, 2),
+                    "rss": rss[mode],
+                }
+                for mode in MODES
             },
-            "first_prepare_with_status_write_ms": round(first * 1000, 2),
-            "rss": rss,
             "cycles": cycles,
         }
     finally:
@@ -123,10 +151,11 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    print("node plugin, NodePrepareResources over the socket, real kube-apiserver:")
-    print(table(report["latency"]))
-    print(f"first prepare (incl. Ready status write): {report['first_prepare_with_status_write_ms']} ms")
-    print("plugin RSS: " + ", ".join(f"{k.removesuffix('_mib')}={v} MiB" for k, v in report["rss"].items()))
+    for mode, part in report["driver_edits"].items():
+        print(f"node plugin, --driver-edits={mode}, NodePrepareResources over the socket, real kube-apiserver:")
+        print(table(part["latency"]))
+        print(f"first prepare (incl. Ready status write): {part['first_prepare_with_status_write_ms']} ms")
+        print("plugin RSS: " + ", ".join(f"{k.removesuffix('_mib')}={v} MiB" for k, v in part["rss"].items()))
     print(f"report: {args.out}")
 
 
