@@ -259,6 +259,7 @@ class UsageSampler:
         self._crossings = CrossingTracker()
         self._ledger = LedgerWriter(ledger_threshold_bytes, ledger_min_interval_s)
         self._last_problem: str | None = None
+        self._unreadable: set[int] = set()  # PIDs whose unreadable cgroup was logged
 
     def run(self, stop: threading.Event) -> None:
         """Sample at once, then every interval until ``stop`` is set; never raises."""
@@ -294,14 +295,18 @@ class UsageSampler:
             log.warning("NVML could not list a GPU's processes", extra={"gpu": gpu, "error": error})
         shares = [s for s in read_shares(self._plugin_data_dir) if s.gpu_uuid not in failed]
         pod_of_pid: dict[int, str | None] = {}
+        unreadable: set[int] = set()
         for pid in sorted({p.pid for p in processes}):
             try:
                 found = cgroups.pod_of_pid(self._proc_root, pid)
             except cgroups.CgroupUnreadableError as err:
                 self._metrics.unreadable_cgroups.inc()
-                log.warning("process on a GPU not attributed: its cgroup cannot be read", extra={"error": str(err)})
+                unreadable.add(pid)
+                if pid not in self._unreadable:  # once per process, not every interval
+                    log.warning("process on a GPU not attributed: its cgroup cannot be read", extra={"error": str(err)})
                 continue
             pod_of_pid[pid] = found.pod_uid if found else None
+        self._unreadable = unreadable
         pods = self._pods.get(shares, refresh=set())
         known = {uid for claim_pods in pods.values() for uid in claim_pods}
         missing_gpus = {p.gpu_uuid for p in processes if pod_of_pid.get(p.pid) and pod_of_pid[p.pid] not in known}

@@ -733,7 +733,10 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
         assert "only post Events about its own Node, ResourceClaims and Pods" in message
         refused(
             lambda: plugin_a.request(
-                "POST", f"/api/v1/namespaces/{ns}/events", dry, body=event({"kind": "Secret", "name": "s"})
+                "POST",
+                f"/api/v1/namespaces/{ns}/events",
+                dry,
+                body=event({"kind": "Secret", "namespace": ns, "name": "s"}),
             )
         )
         refused(lambda: plugin_a.get(f"/api/v1/namespaces/{ns}/secrets"))

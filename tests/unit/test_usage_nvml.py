@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+from e2e import mocknvml
+
 REPO = Path(__file__).resolve().parents[2]
 MOCK = REPO / "e2e" / "mocknvml"
 PROFILE = MOCK / "profiles" / "gpu80x2.profile"
@@ -65,38 +67,15 @@ print(json.dumps(out))
 """
 
 
-def _build(out: Path, *cflags: str) -> Path:
-    out.mkdir(parents=True, exist_ok=True)
-    subprocess.run(
-        [
-            "cc",
-            "-O2",
-            "-Wall",
-            "-Wextra",
-            "-Werror",
-            *cflags,
-            "-shared",
-            "-fPIC",
-            "-Wl,-soname,libnvidia-ml.so.1",
-            "-o",
-            str(out / "libnvidia-ml.so.1"),
-            str(MOCK / "mock_nvml.c"),
-            str(MOCK / "mock_profile.c"),
-            "-lpthread",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
-    return out
-
-
 @pytest.fixture(scope="session")
 def libs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     if shutil.which("cc") is None:
         pytest.skip("no C compiler (cc) on this machine: cannot build the mock NVML library")
     root = tmp_path_factory.mktemp("usage-nvml")
-    return {"with": _build(root / "with"), "without": _build(root / "without", "-DMOCK_NO_RUNNING_PROCESSES")}
+    return {
+        "with": mocknvml.build_nvml_variant(root / "with"),
+        "without": mocknvml.build_nvml_variant(root / "without", "-DMOCK_NO_RUNNING_PROCESSES"),
+    }
 
 
 def _run(lib: Path, script: str, control: Path | None) -> Any:
