@@ -439,3 +439,19 @@ def test_sampler_thread_survives_an_unexpected_error(tmp_path: Path, caplog: pyt
     assert h.sampler.sample_once() is None
     assert h.value("fracgpu_plugin_usage_sample_failures_total", reason="internal") == 2
     assert sum("GPU memory usage sample failed" in r.message for r in caplog.records) == 1, "logged once per problem"
+
+
+def test_the_dashboard_queries_only_metrics_the_plugin_exports() -> None:
+    import json
+    import re
+
+    dashboard = (Path(__file__).resolve().parents[2] / "charts" / "fracgpu" / "dashboards" / "fracgpu.json").read_text()
+    queried = set(re.findall(r"fracgpu_[a-z_]+", dashboard))
+    assert json.loads(dashboard)["panels"], "a dashboard with panels"
+    registry = CollectorRegistry()
+    metrics = UsageMetrics(registry)
+    metrics.publish(snap(GiB))
+    metrics.sample_failures.labels("nvml_query").inc()
+    metrics.ledger_writes.labels("ok").inc()
+    exported = {s.name for family in registry.collect() for s in family.samples}
+    assert queried and queried <= exported, queried - exported
