@@ -4,8 +4,8 @@ Mapping (the cheapest correct one). NVML names host PIDs per GPU; a PID's cgroup
 (``kubelet_plugin.cgroups``). The claims prepared on this node, with their grants and GPUs, are in the
 plugin's per-request info files; which pods use a claim is in the claim's ``status.reservedFor`` (the kubelet
 gives Prepare only the claim's UID, namespace and name, and does not call Prepare again when another pod
-starts using an already prepared claim), read by the sampler with one GET per claim and again only when a
-process on one of its GPUs belongs to no known pod. A process is attributed to the one claim that has a
+starts using an already prepared claim), read by the sampler with one GET per claim and again (at most every
+30 s) only when a process on one of its GPUs belongs to no known pod. A process is attributed to the one claim that has a
 share on the process's GPU and lists the process's pod. A process of no claim's pod (another driver's pod, a
 host process) counts only towards the GPU's used memory; a process whose pod holds two claims on the same GPU
 is not attributed at all (it cannot be told which one it uses): never a wrong claim.

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 FIELD_MANAGER = "fracgpu-kubelet-plugin"
 COMPONENT = "fracgpu-kubelet-plugin"
 OVER_GRANT_REASON = "OverMemoryGrant"
+POD_REFRESH_MIN_S = 30.0
 
 
 class SampleError(Exception):
@@ -255,7 +256,9 @@ class UsageSampler:
         self._interval = interval_s
         self._nvml = nvml or NvmlProcesses(gpus).sample
         self._clock = clock
-        self._pods = ClaimPods(rest, interval_s, clock)
+        # a process of a pod no claim lists (another driver's pod on the GPU, or a new pod of a shared claim)
+        # re-reads the claims on its GPU at most this often
+        self._pods = ClaimPods(rest, max(interval_s, POD_REFRESH_MIN_S), clock)
         self._crossings = CrossingTracker()
         self._ledger = LedgerWriter(ledger_threshold_bytes, ledger_min_interval_s)
         self._last_problem: str | None = None
