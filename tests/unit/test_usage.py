@@ -20,7 +20,8 @@ from kubelet_plugin.usage import (
     attribute,
 )
 from kubelet_plugin.usage_metrics import UsageMetrics
-from kubelet_plugin.usage_sampler import ClaimPods, SampleError, UsageSampler, read_shares, reserved_pods
+from kubelet_plugin.usage_nvml import SampleError
+from kubelet_plugin.usage_sampler import ClaimPods, UsageSampler, read_shares, reserved_pods
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -455,3 +456,17 @@ def test_the_dashboard_queries_only_metrics_the_plugin_exports() -> None:
     metrics.ledger_writes.labels("ok").inc()
     exported = {s.name for family in registry.collect() for s in family.samples}
     assert queried and queried <= exported, queried - exported
+
+
+def test_a_gpu_failing_every_sample_is_logged_once(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    h = Harness(tmp_path)
+    h.nvml_result = ([], {GPU0: "Unknown Error"})
+    for _ in range(3):
+        h.sampler.sample_once()
+    assert h.value("fracgpu_plugin_usage_sample_failures_total", reason="nvml_query") == 3, "counted every time"
+    assert sum("could not list a GPU's processes" in r.message for r in caplog.records) == 1
+    h.nvml_result = ([], {})
+    h.sampler.sample_once()
+    h.nvml_result = ([], {GPU0: "Unknown Error"})
+    h.sampler.sample_once()
+    assert sum("could not list a GPU's processes" in r.message for r in caplog.records) == 2, "again after recovery"

@@ -24,7 +24,7 @@ GPU1 = "GPU-1d492704-49c3-5be7-977e-269165e18e2c"
 SAMPLE = """
 import json
 from kubelet_plugin.discovery import discover_gpus
-from kubelet_plugin.usage_sampler import NvmlProcesses, SampleError
+from kubelet_plugin.usage_nvml import NvmlProcesses, SampleError
 nvml = NvmlProcesses(discover_gpus())
 out = []
 for _ in range(2):  # NVML stays initialised between samples
