@@ -66,6 +66,7 @@ image: venv ## container image as an OCI archive, without Docker (build/image/fr
 bench: venv binaries ## benchmarks against a real control plane; prints medians/percentiles, writes build/bench/
 	$(PY) -m e2e.bench.plugin_bench
 	$(PY) -m e2e.bench.controller_bench --out build/bench/controller.json
+	$(PY) -m e2e.bench.usage_bench --out build/bench/usage.json
 
 crds: venv ## regenerate api/crds/*.yaml from the pydantic models in api/ (and the chart's copy)
 	$(PY) -m api.crds

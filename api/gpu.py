@@ -1,6 +1,7 @@
 """The `GPU` ledger (`kubectl get gpus`) and the data the controller records in a claim's `status.devices`.
 
-Both are written only by the controller (field manager `fracgpu-controller`); the models here are the
+Both are written by the controller (field manager `fracgpu-controller`), except a GPU's `status.usage`, which
+only the node plugin of its node writes (`fracgpu-kubelet-plugin`); the models here are the
 wire shapes (camelCase), and `api/crds/gpus.fracgpu.dev.yaml` is generated from `Gpu`.
 """
 
@@ -53,8 +54,17 @@ class GpuShare(_Wire):
     )
 
 
+class GpuUsageStatus(_Wire):
+    """Memory in use on the GPU, sampled by the node plugin (field manager `fracgpu-kubelet-plugin`), which
+    owns `status.usage` and nothing else; the controller never writes or compares it."""
+
+    used_memory: str = Field(
+        alias="usedMemory", description="GPU memory used by all processes on the GPU (NVML), as a quantity"
+    )
+
+
 class GpuStatus(_Wire):
-    """The GPU and its current allocations, recomputed by the controller from ResourceSlices and claims."""
+    """The GPU and its allocations, recomputed by the controller from slices and claims; `usage`: the node plugin's."""
 
     node: str
     index: int | None = Field(None, description="NVML index of the GPU on its node")
@@ -65,6 +75,9 @@ class GpuStatus(_Wire):
     free_memory: str = Field(alias="freeMemory", description="totalMemory minus allocatedMemory (at least 0)")
     shares: int = Field(ge=0, description="number of allocations on this GPU")
     claims: list[GpuShare] = Field(default_factory=list, description="the allocations, sorted by claim")
+    usage: GpuUsageStatus | None = Field(
+        None, description="memory in use, written by the node plugin when it samples usage (--usage-interval)"
+    )
 
 
 class Gpu(_Wire):
@@ -79,6 +92,7 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
     {"name": "Model", "type": "string", "jsonPath": ".status.model"},
     {"name": "Total", "type": "string", "jsonPath": ".status.totalMemory"},
     {"name": "Allocated", "type": "string", "jsonPath": ".status.allocatedMemory"},
+    {"name": "Used", "type": "string", "jsonPath": ".status.usage.usedMemory"},
     {"name": "Free", "type": "string", "jsonPath": ".status.freeMemory"},
     {"name": "Shares", "type": "integer", "jsonPath": ".status.shares"},
     {"name": "Index", "type": "integer", "jsonPath": ".status.index", "priority": 1},

@@ -116,8 +116,14 @@ def _normalized(value: Any) -> Any:
     return value
 
 
+#: Status fields the node plugin owns (its own field manager): never desired here, so never compared.
+PLUGIN_STATUS_FIELDS = frozenset({"usage"})
+
+
 def plan_ledger(desired: Mapping[str, GpuObject], existing: Mapping[str, ExistingGpu], driver: str) -> LedgerPlan:
-    """Compare desired objects with existing ones of `driver`; other drivers' objects are left alone."""
+    """Compare desired objects with existing ones of `driver`; other drivers' objects are left alone. The
+    plugin's status fields (`PLUGIN_STATUS_FIELDS`) are left out of the comparison, so a usage write never
+    makes the controller apply the status again (its apply, of its own fields only, leaves them as they are)."""
     identity: list[GpuObject] = []
     status: list[GpuObject] = []
     for name, want in sorted(desired.items()):
@@ -128,7 +134,8 @@ def plan_ledger(desired: Mapping[str, GpuObject], existing: Mapping[str, Existin
             or _normalized(have.spec) != _normalized(want.spec)
         ):
             identity.append(want)
-        if have is None or _normalized(have.status or {}) != _normalized(want.status):
+        have_status = {k: v for k, v in (have.status or {}).items() if k not in PLUGIN_STATUS_FIELDS} if have else {}
+        if have is None or _normalized(have_status) != _normalized(want.status):
             status.append(want)
     delete = tuple(
         sorted(name for name, have in existing.items() if name not in desired and have.spec.get("driver") == driver)

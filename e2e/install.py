@@ -25,6 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "fracgpu"
 PROFILE = mocknvml.PROFILES / "sim80gi-x2.profile"
 RELEASE = "fracgpu"
+USAGE_CONTROL = "processes"  # the mock NVML's per-process control file, in the NVML directory
+USAGE_INTERVAL_S = 2
 NAMESPACE = "fracgpu-system"
 
 
@@ -38,6 +40,11 @@ class Installation:
     image: str
     driver: DriverInstall  # the fake driver under driver_root
     workload_image: str  # glibc image with the CUDA probe
+
+    @property
+    def usage_control(self) -> Path:
+        """The host file whose `<GPU UUID> <pid> <bytes>` lines the plugin's mock NVML reports as processes."""
+        return self.nvml_dir / USAGE_CONTROL
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """helm against the cluster."""
@@ -79,7 +86,12 @@ def install(cluster: SingleNodeCluster, *, image_out: Path, timeout: float = 300
         "controller": {"hostNetwork": True, "webhook": {"host": host}},
         "kubeletPlugin": {
             "hostNetwork": True,
-            "extraEnv": [{"name": "FRACGPU_MOCK_NVML_PROFILE", "value": f"/opt/fracgpu/nvml-host/{PROFILE.name}"}],
+            "extraEnv": [
+                {"name": "FRACGPU_MOCK_NVML_PROFILE", "value": f"/opt/fracgpu/nvml-host/{PROFILE.name}"},
+                # the processes the mock NVML reports: written by e2e/test_usage.py (Installation.usage_control)
+                {"name": "FRACGPU_MOCK_NVML_PROCESSES", "value": f"/opt/fracgpu/nvml-host/{USAGE_CONTROL}"},
+            ],
+            "usage": {"interval": USAGE_INTERVAL_S, "ledgerInterval": USAGE_INTERVAL_S},
         },
     }
     installation = Installation(cluster, driver_root, nvml_dir, image.name, driver, workload.name)

@@ -19,8 +19,16 @@ class NodePluginProcess:
     """`python -m kubelet_plugin` for `node` with kubelet/CDI/driver-root/dev-char dirs under `workdir`."""
 
     def __init__(
-        self, workdir: Path, node: str, kubeconfig: Path, profile: Path, nvml_dir: Path, *extra_args: str
+        self,
+        workdir: Path,
+        node: str,
+        kubeconfig: Path,
+        profile: Path,
+        nvml_dir: Path,
+        *extra_args: str,
+        env: dict[str, str] | None = None,
     ) -> None:
+        """``env``: more environment for the plugin (e.g. the mock NVML's per-process control file)."""
         self.workdir = workdir
         self.node = node
         self.kubelet_dir = workdir / "kubelet"
@@ -34,6 +42,7 @@ class NodePluginProcess:
             "KUBECONFIG": str(kubeconfig),
             "LD_LIBRARY_PATH": str(nvml_dir),
             "FRACGPU_MOCK_NVML_PROFILE": str(profile),
+            **(env or {}),
         }
         self._args = extra_args
         mocknvml.make_driver_root(self.driver_root, profile)

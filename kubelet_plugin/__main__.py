@@ -18,9 +18,12 @@ from kubelet_plugin.driver_edits import DriverEdits, GeneratorConfig
 from kubelet_plugin.events import post_node_event
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.metrics import PluginMetrics
+from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.publisher import SlicePublisher
 from kubelet_plugin.settings import Settings, parse_settings
+from kubelet_plugin.usage_metrics import UsageMetrics
+from kubelet_plugin.usage_sampler import UsageSampler
 
 log = logging.getLogger("fracgpu.kubelet_plugin")
 
@@ -46,6 +49,26 @@ def make_driver_edits(
         on_failure=lambda message: post_node_event(rest, settings.node_name, "DriverEditsFailed", message),
         on_attempt_failed=metrics.driver_edits_failures.inc,
     )
+
+
+def start_usage_sampler(
+    settings: Settings, api: client.ApiClient, gpus: list[GpuInfo], metrics: PluginMetrics, stop: threading.Event
+) -> None:
+    """With ``--usage-interval`` > 0, sample GPU memory use in a thread of its own (see usage_sampler)."""
+    if not settings.usage_interval_seconds:
+        return
+    sampler = UsageSampler(
+        node=settings.node_name,
+        gpus=gpus,
+        plugin_data_dir=settings.plugin_data_dir,
+        proc_root=settings.proc_root,
+        rest=KubeRest.bounded(api, settings.api_timeout_seconds),
+        metrics=UsageMetrics(metrics.registry),
+        interval_s=settings.usage_interval_seconds,
+        ledger_min_interval_s=settings.usage_ledger_interval_seconds,
+        ledger_threshold_bytes=settings.memory_step_bytes,
+    )
+    threading.Thread(target=sampler.run, args=(stop,), name="usage-sampler", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -88,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         health_interval=settings.health_interval_seconds,
     )
     server.start()
+    start_usage_sampler(settings, api, gpus, metrics, stop)
     if settings.metrics_port:  # after the sockets exist: the chart's readiness probe is this endpoint
         start_http_server(settings.metrics_port, settings.metrics_address, registry=metrics.registry)
     log.info(

@@ -63,6 +63,11 @@ class Settings(BaseModel):
     )
     metrics_address: str = "0.0.0.0"
     metrics_port: int = Field(8080, ge=0, le=65535, description="0 disables the metrics server")
+    usage_interval_seconds: float = Field(0.0, ge=0, description="GPU memory use sample interval; 0 = off")
+    usage_ledger_interval_seconds: float = Field(
+        30.0, gt=0, description="at most one write of a GPU's used memory to its ledger object per this interval"
+    )
+    proc_root: Path = Field(Path("/proc"), description="the host's /proc (process cgroups of the usage sampler)")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
 
@@ -201,6 +206,23 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         help="seconds a prepare/unprepare waits for the node-wide lock (FRACGPU_NODE_LOCK_TIMEOUT)",
     )
     add(
+        "--usage-interval",
+        type=float,
+        default=_env("FRACGPU_USAGE_INTERVAL", "0"),
+        help="seconds between samples of GPU memory use per claim (NVML per process); 0 = off (FRACGPU_USAGE_INTERVAL)",
+    )
+    add(
+        "--usage-ledger-interval",
+        type=float,
+        default=_env("FRACGPU_USAGE_LEDGER_INTERVAL", "30"),
+        help="seconds between two writes of one GPU's used memory to its GPU object (FRACGPU_USAGE_LEDGER_INTERVAL)",
+    )
+    add(
+        "--proc-root",
+        default=_env("FRACGPU_PROC_ROOT", "/proc"),
+        help="the host's /proc, where the usage sampler reads process cgroups (FRACGPU_PROC_ROOT)",
+    )
+    add(
         "--log-level",
         choices=["debug", "info", "warning", "error"],
         default=_env("FRACGPU_LOG_LEVEL", "info"),
@@ -237,6 +259,9 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
             metrics_port=args.metrics_port,
             api_timeout_seconds=args.api_timeout,
             node_lock_timeout_seconds=args.node_lock_timeout,
+            usage_interval_seconds=args.usage_interval,
+            usage_ledger_interval_seconds=args.usage_ledger_interval,
+            proc_root=Path(args.proc_root),
             log_level=args.log_level,
             log_format=args.log_format,
         )

@@ -57,3 +57,15 @@ def make_driver_root(root: Path, profile: Path) -> Path:
     _mknod(dev / "nvidia-uvm", uvm_major, 0)
     _mknod(dev / "nvidia-uvm-tools", uvm_major, 1)
     return root
+
+
+def build_nvml_variant(outdir: Path, *cflags: str) -> Path:
+    """Compile only the mock libnvidia-ml.so.1 into `outdir` with extra C flags (e.g.
+    `-DMOCK_NO_RUNNING_PROCESSES`: a driver without the per-process calls); return `outdir`."""
+    outdir.mkdir(parents=True, exist_ok=True)
+    sources = [str(HERE / "mock_nvml.c"), str(HERE / "mock_profile.c")]
+    argv = ["cc", "-O2", "-Wall", "-Wextra", "-Werror", *cflags, "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1"]
+    subprocess.run(
+        [*argv, "-o", str(outdir / "libnvidia-ml.so.1"), *sources, "-lpthread"], check=True, capture_output=True
+    )
+    return outdir

@@ -372,3 +372,143 @@ mock_return nvmlDeviceGetCudaComputeCapability(mock_handle device, int *major, i
     }
     return ret;
 }
+
+/* ==== per-process GPU memory (nvmlDeviceGetComputeRunningProcesses*) ====================================
+ *
+ * The processes of each GPU come from the control file named by FRACGPU_MOCK_NVML_PROCESSES, re-read on
+ * every call so that tests can change it while a caller samples. One entry per line, '#' comments and blank
+ * lines ignored:
+ *
+ *   <GPU UUID> <pid> <used bytes>      a process with a context on that GPU using that much memory
+ *   <GPU UUID> error <NVML code>       the call fails for that GPU with that return code (e.g. 999)
+ *
+ * Only the GPUs the caller can open have handles (see mock_profile.h), so lines of other GPUs are never
+ * reported. No variable, or no file: no processes. A malformed line is skipped with one stderr line.
+ * Structs: nvmlProcessInfo_v1_t (legacy symbol) and nvmlProcessInfo_v2_t (= _v3's nvmlProcessInfo_t), as in
+ * NVIDIA's nvml.h. Semantics: infos may be NULL; *infoCount smaller than the number of processes ->
+ * NVML_ERROR_INSUFFICIENT_SIZE with *infoCount set to that number; none running -> NVML_SUCCESS, 0.
+ * Built with -DMOCK_NO_RUNNING_PROCESSES the library has none of these symbols (a driver without the call).
+ */
+#ifndef MOCK_NO_RUNNING_PROCESSES
+
+#include <stdlib.h>
+
+#define MOCK_PROCESSES_ENV "FRACGPU_MOCK_NVML_PROCESSES"
+#define MOCK_MAX_PROCESSES 1024
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long used_gpu_memory;
+} mock_process_v1; /* nvmlProcessInfo_v1_t */
+
+typedef struct {
+    unsigned int pid;
+    unsigned long long used_gpu_memory;
+    unsigned int gpu_instance_id;     /* 0xFFFFFFFF: not MIG */
+    unsigned int compute_instance_id; /* 0xFFFFFFFF: not MIG */
+} mock_process_v2; /* nvmlProcessInfo_v2_t, nvmlProcessInfo_t */
+
+/* Reads the control file's processes of `uuid` into pids/used (at most MOCK_MAX_PROCESSES); returns the
+ * number found, or sets *error to the code of an `error` line for this GPU. */
+static unsigned int read_processes(const char *uuid, unsigned int *pids, unsigned long long *used, int *error) {
+    const char *path = getenv(MOCK_PROCESSES_ENV);
+    unsigned int n = 0;
+    *error = MOCK_SUCCESS;
+    if (path == NULL || *path == '\0') {
+        return 0;
+    }
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return 0;
+    }
+    char line[MOCK_LINE_SIZE];
+    while (fgets(line, sizeof(line), f) != NULL) {
+        char gpu[MOCK_UUID_SIZE], what[32];
+        unsigned long long value;
+        const char *p = line;
+        while (*p == ' ' || *p == '\t') {
+            p++;
+        }
+        if (*p == '#' || *p == '\n' || *p == '\0') {
+            continue;
+        }
+        if (sscanf(p, "%95s %31s %llu", gpu, what, &value) != 3) {
+            fprintf(stderr, "fracgpu mock NVML: %s: skipping malformed line: %s", path, line);
+            continue;
+        }
+        if (strcmp(gpu, uuid) != 0) {
+            continue;
+        }
+        if (strcmp(what, "error") == 0) {
+            *error = (int)value;
+            break;
+        }
+        char *end;
+        unsigned long pid = strtoul(what, &end, 10);
+        if (*end != '\0' || pid == 0 || pid > 0xffffffffUL) {
+            fprintf(stderr, "fracgpu mock NVML: %s: skipping line with a bad pid: %s", path, line);
+            continue;
+        }
+        if (n < MOCK_MAX_PROCESSES) {
+            pids[n] = (unsigned int)pid;
+            used[n] = value;
+            n++;
+        }
+    }
+    fclose(f);
+    return n;
+}
+
+/* The common part of the versioned calls: the count check, then one v1 or v2 struct per process. */
+static mock_return running_processes(mock_handle device, unsigned int *count, void *infos, int v2) {
+    static unsigned int pids[MOCK_MAX_PROCESSES];
+    static unsigned long long used[MOCK_MAX_PROCESSES];
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    mock_return ret = check_device(device, count);
+    if (ret != MOCK_SUCCESS) {
+        return ret;
+    }
+    pthread_mutex_lock(&lock);
+    int error;
+    unsigned int n = read_processes(device->uuid, pids, used, &error);
+    if (error != MOCK_SUCCESS) {
+        ret = error;
+    } else if (*count < n) {
+        *count = n;
+        ret = MOCK_ERROR_INSUFFICIENT_SIZE;
+    } else if (n > 0 && infos == NULL) {
+        ret = MOCK_ERROR_INVALID_ARGUMENT;
+    } else {
+        for (unsigned int i = 0; i < n; i++) {
+            if (v2) {
+                mock_process_v2 *out = (mock_process_v2 *)infos + i;
+                out->pid = pids[i];
+                out->used_gpu_memory = used[i];
+                out->gpu_instance_id = 0xFFFFFFFFu;
+                out->compute_instance_id = 0xFFFFFFFFu;
+            } else {
+                mock_process_v1 *out = (mock_process_v1 *)infos + i;
+                out->pid = pids[i];
+                out->used_gpu_memory = used[i];
+            }
+        }
+        *count = n;
+    }
+    pthread_mutex_unlock(&lock);
+    return ret;
+}
+
+mock_return nvmlDeviceGetComputeRunningProcesses_v3(mock_handle device, unsigned int *count, mock_process_v2 *infos) {
+    return running_processes(device, count, infos, 1);
+}
+
+mock_return nvmlDeviceGetComputeRunningProcesses_v2(mock_handle device, unsigned int *count, mock_process_v2 *infos) {
+    return running_processes(device, count, infos, 1);
+}
+
+mock_return nvmlDeviceGetComputeRunningProcesses(mock_handle device, unsigned int *count, mock_process_v1 *infos) {
+    return running_processes(device, count, infos, 0);
+}
+
+#endif /* MOCK_NO_RUNNING_PROCESSES */
+/* ==== end of per-process GPU memory ===================================================================== */

@@ -8,6 +8,7 @@ it into a cluster with a kubelet.
 import asyncio
 import base64
 import json
+import re
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
+from api.gpu import GpuStatus
 from api.kube_rest import SLICES, KubeRest, claim_path
 from controller.admission import review_claim_spec
 from controller.rbac import cluster_role_rules
@@ -68,6 +70,7 @@ CUSTOM: dict[str, Any] = {
         "metricsPort": 9102,
         "nodeSelector": {"nvidia.com/gpu.present": None, "example.test/gpu": "yes"},
         "extraEnv": [{"name": "FRACGPU_MOCK_NVML_PROFILE", "value": "/opt/fracgpu/nvml-host/gpu80x2.profile"}],
+        "usage": {"interval": 2.5, "ledgerInterval": 60},
     },
 }
 # Everything optional switched off.
@@ -174,6 +177,11 @@ def test_schema_and_checks_refuse_bad_values(tools: dict[str, Path], tmp_path: P
         ({"kubernetesServicePort": 6443}, ["kubernetesServicePort is set but kubernetesServiceHost is not"]),
         ({"controller": {"metricsPort": 8080}}, ["must differ"]),
         ({"driverEdits": "nvidia"}, ["/driverEdits", "'none', 'toolkit'"]),
+        ({"kubeletPlugin": {"usage": {"interval": -1}}}, ["/kubeletPlugin/usage/interval"]),
+        ({"kubeletPlugin": {"usage": {"ledgerInterval": 0}}}, ["/kubeletPlugin/usage/ledgerInterval"]),
+        ({"monitoring": {"podMonitor": {"interval": 30}}}, ["/monitoring/podMonitor/interval", "want string"]),
+        ({"monitoring": {"serviceMonitor": {"interval": "often"}}}, ["/monitoring/serviceMonitor/interval"]),
+        ({"monitoring": {"grafanaDashboard": {"enable": True}}}, ["additional properties 'enable' not allowed"]),
     ]
     for values, expected in cases:
         proc = helm_template(tools["helm"], tmp_path, values)
@@ -247,11 +255,76 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     assert plugin["securityContext"]["privileged"] is True
 
     # the admission policy matches exactly the plugin's service account
-    vap = one(docs, "ValidatingAdmissionPolicy")
     user = "system:serviceaccount:gpus:fg-fracgpu-kubelet-plugin"
-    assert vap["spec"]["matchConditions"][0]["expression"] == f'request.userInfo.username == "{user}"'
+    for suffix in ("-resourceslices", "-gpus", "-events"):
+        vap = one(docs, "ValidatingAdmissionPolicy", suffix)
+        assert vap["spec"]["matchConditions"][0]["expression"] == f'request.userInfo.username == "{user}"'
+        assert one(docs, "ValidatingAdmissionPolicyBinding", suffix)["spec"]["policyName"] == vap["metadata"]["name"]
     assert spec["serviceAccountName"] == "fg-fracgpu-kubelet-plugin"
-    assert one(docs, "ValidatingAdmissionPolicyBinding")["spec"]["policyName"] == vap["metadata"]["name"]
+
+    # usage sampling is on: host PIDs, the interval in the env, no monitoring objects unless asked for
+    assert spec["hostPID"] is True
+    assert (env["FRACGPU_USAGE_INTERVAL"], env["FRACGPU_USAGE_LEDGER_INTERVAL"]) == ("15", "30")
+    assert not [d for d in docs if d["kind"] in ("PodMonitor", "ServiceMonitor", "ConfigMap")]
+
+
+def test_usage_sampling_off_drops_host_pids_and_its_rights(tools: dict[str, Path], tmp_path: Path) -> None:
+    docs = render(tools["helm"], tmp_path, {"kubeletPlugin": {"usage": {"interval": 0}}})
+    spec = one(docs, "DaemonSet")["spec"]["template"]["spec"]
+    assert "hostPID" not in spec
+    assert env_of(spec["containers"][0])["FRACGPU_USAGE_INTERVAL"] == "0"
+    rules = one(docs, "ClusterRole", "-kubelet-plugin")["rules"]
+    assert not [r for r in rules if "gpus/status" in r["resources"] or "events" in r["resources"]]
+    on = one(render(tools["helm"], tmp_path, {}), "ClusterRole", "-kubelet-plugin")["rules"]
+    assert {"apiGroups": ["fracgpu.dev"], "resources": ["gpus/status"], "verbs": ["patch"]} in on
+    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in on
+
+
+def test_monitoring_objects_and_dashboard(tools: dict[str, Path], tmp_path: Path) -> None:
+    values = {
+        "monitoring": {
+            "podMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}},
+            "serviceMonitor": {"enabled": True, "labels": {"release": "prom"}},
+            "grafanaDashboard": {"enabled": True, "namespace": "grafana"},
+        }
+    }
+    docs = render(tools["helm"], tmp_path, values, namespace="gpus")
+    pods = one(docs, "PodMonitor")
+    assert pods["metadata"]["labels"]["release"] == "prom"
+    assert pods["spec"]["podMetricsEndpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "15s"}]
+    selected = pods["spec"]["selector"]["matchLabels"]
+    for workload in (one(docs, "DaemonSet"), one(docs, "Deployment")):  # both components, by their pod labels
+        template = workload["spec"]["template"]
+        assert selected.items() <= template["metadata"]["labels"].items()
+        (ctr,) = template["spec"]["containers"]
+        assert "metrics" in [p["name"] for p in ctr["ports"]]
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["spec"]["endpoints"] == [{"port": "metrics", "path": "/metrics", "interval": "30s"}]
+    services = [one(docs, "Service", f"-{c}-metrics") for c in ("kubelet-plugin", "controller")]
+    for service, port in zip(services, (8082, 8081), strict=True):
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+        assert service["spec"]["ports"] == [
+            {"name": "metrics", "port": port, "targetPort": "metrics", "protocol": "TCP"}
+        ]
+        assert service["spec"]["clusterIP"] == "None"
+    plugin_pods = one(docs, "DaemonSet")["spec"]["template"]["metadata"]["labels"]
+    assert services[0]["spec"]["selector"].items() <= plugin_pods.items()
+    dashboard = one(docs, "ConfigMap", "-dashboard")
+    assert dashboard["metadata"]["namespace"] == "grafana"
+    assert dashboard["metadata"]["labels"]["grafana_dashboard"] == "1"
+    shipped = json.loads((CHART / "dashboards" / "fracgpu.json").read_text())
+    assert json.loads(dashboard["data"]["fracgpu.json"]) == shipped
+    # with a metrics port off, that component gets no metrics Service
+    off = render(tools["helm"], tmp_path, {**values, "controller": {"metricsPort": 0}}, namespace="gpus")
+    assert not [d for d in off if d["kind"] == "Service" and d["metadata"]["name"].endswith("-controller-metrics")]
+
+
+def test_gpu_policy_protects_exactly_the_controllers_status_fields(tools: dict[str, Path], tmp_path: Path) -> None:
+    vap = one(render(tools["helm"], tmp_path, {}), "ValidatingAdmissionPolicy", "-gpus")
+    expression = vap["spec"]["validations"][2]["expression"]
+    guarded = set(re.findall(r"!has\(object\.status\.(\w+)\)", expression))
+    owned = {f.alias or n for n, f in GpuStatus.model_fields.items()} - {"usage"}
+    assert guarded == owned
 
 
 def test_driver_edits_none_mounts_no_driver_root(tools: dict[str, Path], tmp_path: Path) -> None:
@@ -314,6 +387,8 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
     assert spec["nodeSelector"] == {"example.test/gpu": "yes"}
     env = env_of(plugin)
     assert {k: env[k] for k in env if k.startswith(("FRACGPU_", "KUBERNETES_"))} == {
+        "FRACGPU_USAGE_INTERVAL": "2.5",
+        "FRACGPU_USAGE_LEDGER_INTERVAL": "60",
         "FRACGPU_DRIVER_NAME": "gpu.example.test",
         "FRACGPU_KUBELET_DIR": "/data/kubelet",
         "FRACGPU_CDI_DIR": "/etc/cdi",
@@ -639,9 +714,40 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
         plugin_a.get(f"/api/v1/nodes/{node_a}")
         refused(lambda: plugin_a.get("/api/v1/nodes"))
         refused(lambda: plugin_a.request("PATCH", f"/api/v1/nodes/{node_a}", body={}, content_type=MERGE))
-        event = {"metadata": {"generateName": "chart-test-"}, "involvedObject": {"kind": "Node", "name": node_a}}
-        plugin_a.request("POST", "/api/v1/namespaces/default/events", dry, body=event)
-        refused(lambda: plugin_a.request("POST", f"/api/v1/namespaces/{ns}/events", dry, body=event))
+
+        def event(about: dict[str, str], reporter: str = node_a) -> dict[str, Any]:
+            return {
+                "metadata": {"generateName": "chart-test-"},
+                "involvedObject": about,
+                "reportingInstance": reporter,
+                "source": {"component": "fracgpu-kubelet-plugin", "host": reporter},
+            }
+
+        node_event = event({"kind": "Node", "name": node_a})
+        plugin_a.request("POST", "/api/v1/namespaces/default/events", dry, body=node_event)
+        # usage sampling: Events on claims and pods in their namespaces, reported from its own node only
+        claim_event = event({"kind": "ResourceClaim", "namespace": ns, "name": "c"})
+        plugin_a.request("POST", f"/api/v1/namespaces/{ns}/events", dry, body=claim_event)
+        message = refused(
+            lambda: plugin_a.request(
+                "POST", f"/api/v1/namespaces/{ns}/events", dry, body=event(claim_event["involvedObject"], node_b)
+            )
+        )
+        assert f"node '{node_a}' may only post Events it reports from its own node" in message
+        message = refused(
+            lambda: plugin_a.request(
+                "POST", "/api/v1/namespaces/default/events", dry, body=event({"kind": "Node", "name": node_b})
+            )
+        )
+        assert "only post Events about its own Node, ResourceClaims and Pods" in message
+        refused(
+            lambda: plugin_a.request(
+                "POST",
+                f"/api/v1/namespaces/{ns}/events",
+                dry,
+                body=event({"kind": "Secret", "namespace": ns, "name": "s"}),
+            )
+        )
         refused(lambda: plugin_a.get(f"/api/v1/namespaces/{ns}/secrets"))
         refused(lambda: plugin_a.request("POST", f"/api/v1/namespaces/{ns}/pods", dry, body={}))
 
@@ -703,13 +809,58 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
         apply_entry(controller, own, "fracgpu-controller")
         assert "resourceclaims/driver" in refused(lambda: apply_entry(controller, foreign, "fracgpu-controller"), 422)
         kube.apply_crd(api_client, yaml.safe_load((CHART / "crds" / "gpus.fracgpu.dev.yaml").read_text()))
-        gpu = {
+        gpu: dict[str, Any] = {
             "apiVersion": "fracgpu.dev/v1alpha1",
             "kind": "GPU",
             "metadata": {"name": kube.unique("gpu")},
             "spec": {"driver": driver, "pool": node_a, "device": "gpu-0", "node": node_a},
         }
         controller.request("POST", "/apis/fracgpu.dev/v1alpha1/gpus", dry, body=gpu)
+        # the plugin writes status.usage of its own node's GPU objects, once the controller wrote their status
+        gpus = "/apis/fracgpu.dev/v1alpha1/gpus"
+        ledger: dict[str, str] = {}
+        for n in (node_a, node_b):
+            name = kube.unique("gpu")
+            body = {**gpu, "metadata": {"name": name}, "spec": {**gpu["spec"], "pool": n, "node": n}}
+            controller.request("POST", gpus, body=body)
+            status = {"node": n, "totalMemory": "80Gi", "allocatedMemory": "10Gi", "freeMemory": "70Gi", "shares": 1}
+            controller.apply(f"{gpus}/{name}/status", {**body, "status": status}, "fracgpu-controller")
+            ledger[n] = name
+
+        def apply_usage(rest: KubeRest, node: str, extra: dict[str, Any] | None = None) -> dict[str, Any]:
+            body = {
+                "apiVersion": "fracgpu.dev/v1alpha1",
+                "kind": "GPU",
+                "metadata": {"name": ledger[node]},
+                "status": {"usage": {"usedMemory": "3Gi"}, **(extra or {})},
+            }
+            return rest.apply(f"{gpus}/{ledger[node]}/status", body, "fracgpu-kubelet-plugin")
+
+        def gpu_policy_active() -> bool:
+            try:
+                apply_usage(plugin_a, node_b)
+            except ApiException as err:
+                assert err.status == 403, err.body
+                return True
+            return False
+
+        kube.wait_for(gpu_policy_active, 30, what="the GPU admission policy in force")
+        written = apply_usage(plugin_a, node_a)
+        assert written["status"]["usage"] == {"usedMemory": "3Gi"} and written["status"]["allocatedMemory"] == "10Gi"
+        message = refused(lambda: apply_usage(plugin_a, node_b))
+        assert f"node '{node_a}' may only write GPU objects of its own node, not of node '{node_b}'" in message
+        message = refused(lambda: apply_usage(plugin_a, node_a, {"allocatedMemory": "0"}))
+        assert "may only write status.usage of a GPU object" in message
+        refused(lambda: plugin_a.request("POST", gpus, dry, body=gpu))
+        refused(lambda: plugin_a.request("DELETE", f"{gpus}/{ledger[node_a]}", dry))
+        refused(lambda: plugin_a.get(f"{gpus}/{ledger[node_a]}"))
+        # the controller's next status apply (of its fields only) keeps the plugin's
+        status = {"node": node_a, "totalMemory": "80Gi", "allocatedMemory": "20Gi", "freeMemory": "60Gi", "shares": 2}
+        body = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GPU", "metadata": {"name": ledger[node_a]}}
+        after = controller.apply(f"{gpus}/{ledger[node_a]}/status", {**body, "status": status}, "fracgpu-controller")
+        assert after["status"]["usage"] == {"usedMemory": "3Gi"} and after["status"]["shares"] == 2
+        for name in ledger.values():
+            admin.delete(f"{gpus}/{name}")
         # ... and nothing it does not need
         refused(lambda: create_slice(controller, slice_a, dry))
         refused(lambda: controller.request("DELETE", claim_path(ns, claim["metadata"]["name"]), dry))

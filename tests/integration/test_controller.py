@@ -840,12 +840,13 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
     )
     # `kubectl get gpus` reads like `kubectl inspect gpushare`: one row per GPU with its memory split
     table = _kubectl(control_plane, "get", "gpus", "-l", f"{NODE_LABEL}={node}").splitlines()
-    assert table[0].split() == ["NAME", "NODE", "MODEL", "TOTAL", "ALLOCATED", "FREE", "SHARES", "AGE"]
+    assert table[0].split() == ["NAME", "NODE", "MODEL", "TOTAL", "ALLOCATED", "USED", "FREE", "SHARES", "AGE"]
     rows = {line.split()[0]: line.split() for line in table[1:]}
     assert set(rows) == set(ledger)
     for name, g in ledger.items():
         st = g["status"]
         assert rows[name][1] == node and " ".join(rows[name][2:6]) == "NVIDIA H100 80GB HBM3"
+        # USED is blank: no node plugin samples these simulated GPUs
         assert rows[name][6:10] == [st["totalMemory"], st["allocatedMemory"], st["freeMemory"], str(st["shares"])]
 
     for i in range(10, 50):

@@ -115,6 +115,19 @@ def test_plan_updates_only_changed_status_and_ignores_empty_vs_missing_lists() -
     assert [o.name for o in plan.apply_status] == [f"{NODE}-gpu-0"]
 
 
+def test_the_plugins_usage_field_never_makes_the_controller_write() -> None:
+    want = ledger(claim("c1", results=[result("a", "gpu-0", "10Gi", "s-1")]))
+    stored = {
+        n: existing(o).model_copy(update={"status": {**o.status, "usage": {"usedMemory": "3Gi"}}})
+        for n, o in want.items()
+    }
+    assert plan_ledger(want, stored, DRIVER_NAME).empty
+    name = f"{NODE}-gpu-0"
+    stale = {**stored, name: stored[name].model_copy(update={"status": {**(stored[name].status or {}), "shares": 0}})}
+    (obj,) = plan_ledger(want, stale, DRIVER_NAME).apply_status
+    assert "usage" not in status_body(obj)["status"], "the controller's apply leaves the plugin's field alone"
+
+
 def test_plan_deletes_objects_of_vanished_devices_but_not_other_drivers_objects() -> None:
     want = ledger(count=1)
     stored = {n: existing(o) for n, o in ledger(count=2).items()}

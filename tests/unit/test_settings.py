@@ -40,6 +40,18 @@ def test_api_and_lock_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
     assert (settings.api_timeout_seconds, settings.node_lock_timeout_seconds) == (4.5, 15.0)
 
 
+def test_usage_sampling_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "node-a")
+    defaults = parse_settings([])
+    assert (defaults.usage_interval_seconds, defaults.usage_ledger_interval_seconds) == (0.0, 30.0), "off by default"
+    assert defaults.proc_root == Path("/proc")
+    monkeypatch.setenv("FRACGPU_USAGE_INTERVAL", "15")
+    monkeypatch.setenv("FRACGPU_PROC_ROOT", "/host/proc")
+    settings = parse_settings(["--usage-ledger-interval", "5"])
+    assert (settings.usage_interval_seconds, settings.usage_ledger_interval_seconds) == (15.0, 5.0)
+    assert settings.proc_root == Path("/host/proc")
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -49,6 +61,14 @@ def test_api_and_lock_timeouts(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--node-name", "n", "--enforcement", "strict"], "invalid choice: 'strict'"),
         (["--node-name", "n", "--api-timeout", "0"], "api_timeout_seconds: Input should be greater than 0"),
         (["--node-name", "n", "--api-timeout", "ten"], "invalid float value: 'ten'"),
+        (
+            ["--node-name", "n", "--usage-interval", "-1"],
+            "usage_interval_seconds: Input should be greater than or equal to 0",
+        ),
+        (
+            ["--node-name", "n", "--usage-ledger-interval", "0"],
+            "usage_ledger_interval_seconds: Input should be greater than 0",
+        ),
         (
             ["--node-name", "n", "--api-timeout", "35"],
             "API timeout plus node lock timeout must be at most 40 s (the kubelet gives a prepare call 45 s), "
