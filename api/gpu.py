@@ -110,3 +110,15 @@ class AllocatedGpuData(_Wire):
         """The JSON object stored in `data` (camelCase, unset fields omitted)."""
         out: dict[str, object] = self.model_dump(by_alias=True, exclude_none=True, mode="json")
         return out
+
+
+ENFORCEMENT_CONDITION: Final = "MemoryEnforcement"
+"""Condition the node plugin sets on each of its `status.devices` entries: the memory-enforcement tier it put
+into the CDI spec (status True unless the tier is `none`), by reason."""
+ENFORCEMENT_REASONS: Final[dict[str, str]] = {"none": "None", "hami-core": "HamiCore", "nvml": "Nvml"}
+"""Tier -> condition reason (reasons must be CamelCase)."""
+
+
+def tier_of_reason(reason: object) -> str | None:
+    """The tier an `ENFORCEMENT_CONDITION` reason stands for, or None for an unknown reason."""
+    return next((tier for tier, r in ENFORCEMENT_REASONS.items() if r == reason), None)

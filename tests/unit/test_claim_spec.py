@@ -187,6 +187,7 @@ def test_env_of_one_share(settings: Settings) -> None:
         "MEMORY_LIMIT_MIB": "10240",
         "CLAIM": "team-a/my-claim",
         "REQUEST": "gpu",
+        "ENFORCEMENT": "none",
         "SHARE_ID": SHARE_A,
     }
     assert (
@@ -627,8 +628,9 @@ def test_hami_core_missing_library(root: Path, tmp_path: Path) -> None:
     settings = make_settings(root, enforcement="hami-core", hami_core_library=missing)
     with pytest.raises(PrepareError) as err:
         plan_claim(claim([result()]), settings, GPUS)
-    assert err.value.kind == "hami_core_missing"
+    assert err.value.kind == "enforcement_unavailable"
     assert str(missing) in str(err.value)
+    assert "this node's enforcement mode is 'hami-core'" in str(err.value)
 
 
 def test_only_the_info_file_without_enforcement(settings: Settings) -> None:
