@@ -372,3 +372,13 @@ mock_return nvmlDeviceGetCudaComputeCapability(mock_handle device, int *major, i
     }
     return ret;
 }
+
+/* ---- for mock_nvml_limits.c (nvmlDeviceSetMemoryLimits_v1): the state, read under the library's checks ---- */
+
+MOCK_HIDDEN mock_return mock_nvml_check_device(const mock_device *device, const void *out) {
+    return check_device((mock_handle)device, out);
+}
+
+MOCK_HIDDEN const char *mock_nvml_limits_record(void) {
+    return g_state.memory_limits_record;
+}
