@@ -51,6 +51,9 @@ class GpuShare(_Wire):
         alias="adminAccess",
         description="true for an admin-access allocation: it reserves no memory (not counted in allocatedMemory)",
     )
+    enforcement: str | None = Field(
+        None, description="memory-enforcement tier the node plugin applied to this share (none, hami-core, nvml)"
+    )
 
 
 class GpuStatus(_Wire):
@@ -60,6 +63,9 @@ class GpuStatus(_Wire):
     index: int | None = Field(None, description="NVML index of the GPU on its node")
     uuid: str = Field("", description="GPU UUID")
     model: str = Field("", description="product name")
+    enforcement: str | None = Field(
+        None, description="the strongest memory-enforcement tier the GPU offers (device attribute memoryEnforcement)"
+    )
     total_memory: str = Field(alias="totalMemory", description="memory offered for sharing, as a quantity")
     allocated_memory: str = Field(alias="allocatedMemory", description="sum of the granted memory of all shares")
     free_memory: str = Field(alias="freeMemory", description="totalMemory minus allocatedMemory (at least 0)")
@@ -81,8 +87,10 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
     {"name": "Allocated", "type": "string", "jsonPath": ".status.allocatedMemory"},
     {"name": "Free", "type": "string", "jsonPath": ".status.freeMemory"},
     {"name": "Shares", "type": "integer", "jsonPath": ".status.shares"},
+    {"name": "Enforcement", "type": "string", "jsonPath": ".status.enforcement"},
     {"name": "Index", "type": "integer", "jsonPath": ".status.index", "priority": 1},
     {"name": "UUID", "type": "string", "jsonPath": ".status.uuid", "priority": 1},
+    {"name": "Share-Enforcement", "type": "string", "jsonPath": ".status.claims[*].enforcement", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
 
@@ -105,6 +113,11 @@ class AllocatedGpuData(_Wire):
     memory: str = Field(description="granted memory (the allocation's consumedCapacity), as a quantity")
     memory_total: str = Field(alias="memoryTotal", description="memory the GPU offers, as a quantity")
     admin_access: bool | None = Field(None, alias="adminAccess", description="true for an admin-access result")
+    enforcement: str | None = Field(
+        None,
+        description="memory-enforcement tier the node plugin applied (condition MemoryEnforcement); absent "
+        "until the claim is prepared",
+    )
 
     def to_data(self) -> dict[str, object]:
         """The JSON object stored in `data` (camelCase, unset fields omitted)."""

@@ -82,6 +82,7 @@ def desired_ledger(
                     share_id=share.share_id or "",
                     memory=format_bytes(granted),
                     admin_access=True if share.admin_access else None,
+                    enforcement=claim.status_enforcement.get(share.entry_key),
                 )
             )
         status = GpuStatus(
@@ -89,6 +90,7 @@ def desired_ledger(
             index=device.index,
             uuid=device.uuid or "",
             model=device.product_name or "",
+            enforcement=device.memory_enforcement,
             total_memory=format_bytes(device.memory_total),
             allocated_memory=format_bytes(allocated),
             free_memory=format_bytes(max(0, device.memory_total - allocated)),
