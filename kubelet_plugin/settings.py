@@ -86,6 +86,15 @@ class Settings(BaseModel):
             )
         return self
 
+    @model_validator(mode="after")
+    def _nvml_needs_driver_edits(self) -> "Settings":
+        if self.enforcement == "nvml" and self.driver_edits != "toolkit":
+            raise ValueError(
+                "--enforcement=nvml needs --driver-edits=toolkit: the plugin installs NVIDIA's nvidia-cdi-hook, "
+                "which applies the limit, with the driver edits (chart: driverEdits: toolkit)"
+            )
+        return self
+
     @property
     def plugin_data_dir(self) -> Path:
         """`<kubelet dir>/plugins/<driver>`: DRA socket, checkpoint, lock."""
