@@ -277,6 +277,7 @@ def test_plugin_on_this_cgroup_v1_node_offers_no_nvml(
     workdir = Path(tempfile.mkdtemp(prefix="fgnv-", dir="/tmp"))  # short: unix socket paths
     workdir.chmod(0o755)
     namespace = kube.unique("nvml")
+    enforced = f"enforced-{namespace}"
     core = client.CoreV1Api(api_client)
     core.create_namespace({"metadata": {"name": namespace}})
     process = NodePluginProcess(
@@ -336,10 +337,45 @@ def test_plugin_on_this_cgroup_v1_node_offers_no_nvml(
         assert "no cgroup v2 unified hierarchy at /sys/fs/cgroup" in error, error
         assert not cdi.spec_path(process.cdi_dir, DRIVER, uid).exists()
         kubelet.unprepare([(namespace, plain["metadata"]["uid"], plain["metadata"]["name"])])
+
+        # the chart's DeviceClass of enforced GPUs: no GPU here enforces, so the real scheduler leaves the pod
+        # Pending and says why
+        expression = (
+            f'"memoryEnforcement" in device.attributes["{DRIVER}"] && '
+            f'device.attributes["{DRIVER}"].memoryEnforcement != "none"'
+        )
+        kube.resource(dyn, "resource.k8s.io/v1", "DeviceClass").create(
+            body={
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "DeviceClass",
+                "metadata": {"name": enforced},
+                "spec": {
+                    "selectors": [
+                        {"cel": {"expression": f'device.driver == "{DRIVER}"'}},
+                        {"cel": {"expression": expression}},
+                    ]
+                },
+            }
+        )
+        pod = kube.unique("pod")
+        templates = kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaimTemplate")
+        templates.create(namespace=namespace, body=kube.claim_template(pod, enforced, "4Gi"))
+        core.create_namespaced_pod(namespace, kube.pod_with_claim(pod, pod, node_name))
+
+        def unschedulable() -> str | None:
+            conditions = core.read_namespaced_pod(pod, namespace).status.conditions or []
+            return next((c.message for c in conditions if c.type == "PodScheduled" and c.status == "False"), None)
+
+        reason = kube.wait_for(unschedulable, 60, what="the enforced pod's PodScheduled=False")
+        assert "cannot allocate all claims" in reason, reason
+        assert core.read_namespaced_pod(pod, namespace).status.phase == "Pending"
     finally:
         kubelet.close()
         process.stop()
         core.delete_namespace(namespace)
+        resource_api = client.ResourceV1Api(api_client)
+        if kube.exists(lambda: resource_api.read_device_class(enforced)):
+            resource_api.delete_device_class(enforced)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
