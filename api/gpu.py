@@ -71,6 +71,11 @@ class GpuStatus(_Wire):
     free_memory: str = Field(alias="freeMemory", description="totalMemory minus allocatedMemory (at least 0)")
     shares: int = Field(ge=0, description="number of allocations on this GPU")
     claims: list[GpuShare] = Field(default_factory=list, description="the allocations, sorted by claim")
+    share_enforcement: str = Field(
+        "",
+        alias="shareEnforcement",
+        description="tiers applied to the shares, strongest first, as tier=count (unreported: not yet prepared)",
+    )
 
 
 class Gpu(_Wire):
@@ -90,7 +95,7 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
     {"name": "Enforcement", "type": "string", "jsonPath": ".status.enforcement"},
     {"name": "Index", "type": "integer", "jsonPath": ".status.index", "priority": 1},
     {"name": "UUID", "type": "string", "jsonPath": ".status.uuid", "priority": 1},
-    {"name": "Share-Enforcement", "type": "string", "jsonPath": ".status.claims[*].enforcement", "priority": 1},
+    {"name": "Share-Enforcement", "type": "string", "jsonPath": ".status.shareEnforcement", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
 

@@ -55,6 +55,7 @@ def test_one_object_per_device_with_totals_shares_and_claims() -> None:
         "freeMemory": "45Gi",
         "shares": 3,
         "enforcement": "none",  # the device's memoryEnforcement attribute
+        "shareEnforcement": "unreported=3",  # no node plugin has prepared them
     }
     assert g0.status["claims"] == [
         {"namespace": "aa", "name": "c0", "request": "gpu", "shareID": "s-3", "memory": "5Gi"},
@@ -168,3 +169,4 @@ def test_gpu_and_share_enforcement_come_from_the_attribute_and_the_plugins_condi
     status = out[f"{NODE}-gpu-0"].status
     assert status["enforcement"] == "nvml"
     assert [(c["shareID"], c.get("enforcement")) for c in status["claims"]] == [("s-1", "nvml"), ("s-2", None)]
+    assert status["shareEnforcement"] == "nvml=1,unreported=1"
