@@ -694,6 +694,23 @@ def test_admission_warns_when_hami_core_is_asked_and_no_gpu_offers_it(
     )
 
 
+def test_admission_warns_when_nvml_is_asked_and_no_gpu_offers_it(
+    controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    nvml = _claim_body("nvml", [_request("gpu", "1Gi")], _gpu_config(enforcement="nvml"))
+    warning = _create_warnings(api_client, namespace, nvml, dry_run=True)
+    assert "request 'gpu' asks for enforcement 'nvml', but no published GPU offers it" in warning, warning
+    # a node plugin on a cgroup-v2 node with an r615+ driver publishes memoryEnforcement: nvml, and the warning goes
+    node = kube.create_fake_node(api_client, kube.unique("nvmlnode"))
+    kube.publish_gpus(dyn, node, DRIVER_NAME, kube.simulated_gpus(node["metadata"]["name"], 1), enforcement="nvml")
+    _wait(
+        controller,
+        lambda: "no published GPU offers it" not in _create_warnings(api_client, namespace, nvml, dry_run=True),
+        20,
+        "no nvml warning once a GPU offers it",
+    )
+
+
 # ----- events and the ledger following slices -----------------------------------------------------------
 
 
