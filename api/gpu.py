@@ -52,6 +52,9 @@ class GpuShare(_Wire):
         alias="adminAccess",
         description="true for an admin-access allocation: it reserves no memory (not counted in allocatedMemory)",
     )
+    enforcement: str | None = Field(
+        None, description="memory-enforcement tier the node plugin applied to this share (none, hami-core, nvml)"
+    )
 
 
 class GpuUsageStatus(_Wire):
@@ -70,11 +73,19 @@ class GpuStatus(_Wire):
     index: int | None = Field(None, description="NVML index of the GPU on its node")
     uuid: str = Field("", description="GPU UUID")
     model: str = Field("", description="product name")
+    enforcement: str | None = Field(
+        None, description="the strongest memory-enforcement tier the GPU offers (device attribute memoryEnforcement)"
+    )
     total_memory: str = Field(alias="totalMemory", description="memory offered for sharing, as a quantity")
     allocated_memory: str = Field(alias="allocatedMemory", description="sum of the granted memory of all shares")
     free_memory: str = Field(alias="freeMemory", description="totalMemory minus allocatedMemory (at least 0)")
     shares: int = Field(ge=0, description="number of allocations on this GPU")
     claims: list[GpuShare] = Field(default_factory=list, description="the allocations, sorted by claim")
+    share_enforcement: str = Field(
+        "",
+        alias="shareEnforcement",
+        description="tiers applied to the shares, strongest first, as tier=count (unreported: not yet prepared)",
+    )
     usage: GpuUsageStatus | None = Field(
         None, description="memory in use, written by the node plugin when it samples usage (--usage-interval)"
     )
@@ -95,8 +106,10 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
     {"name": "Used", "type": "string", "jsonPath": ".status.usage.usedMemory"},
     {"name": "Free", "type": "string", "jsonPath": ".status.freeMemory"},
     {"name": "Shares", "type": "integer", "jsonPath": ".status.shares"},
+    {"name": "Enforcement", "type": "string", "jsonPath": ".status.enforcement"},
     {"name": "Index", "type": "integer", "jsonPath": ".status.index", "priority": 1},
     {"name": "UUID", "type": "string", "jsonPath": ".status.uuid", "priority": 1},
+    {"name": "Share-Enforcement", "type": "string", "jsonPath": ".status.shareEnforcement", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
 
@@ -119,8 +132,25 @@ class AllocatedGpuData(_Wire):
     memory: str = Field(description="granted memory (the allocation's consumedCapacity), as a quantity")
     memory_total: str = Field(alias="memoryTotal", description="memory the GPU offers, as a quantity")
     admin_access: bool | None = Field(None, alias="adminAccess", description="true for an admin-access result")
+    enforcement: str | None = Field(
+        None,
+        description="memory-enforcement tier the node plugin applied (condition MemoryEnforcement); absent "
+        "until the claim is prepared",
+    )
 
     def to_data(self) -> dict[str, object]:
         """The JSON object stored in `data` (camelCase, unset fields omitted)."""
         out: dict[str, object] = self.model_dump(by_alias=True, exclude_none=True, mode="json")
         return out
+
+
+ENFORCEMENT_CONDITION: Final = "MemoryEnforcement"
+"""Condition the node plugin sets on each of its `status.devices` entries: the memory-enforcement tier it put
+into the CDI spec (status True unless the tier is `none`), by reason."""
+ENFORCEMENT_REASONS: Final[dict[str, str]] = {"none": "None", "hami-core": "HamiCore", "nvml": "Nvml"}
+"""Tier -> condition reason (reasons must be CamelCase)."""
+
+
+def tier_of_reason(reason: object) -> str | None:
+    """The tier an `ENFORCEMENT_CONDITION` reason stands for, or None for an unknown reason."""
+    return next((tier for tier, r in ENFORCEMENT_REASONS.items() if r == reason), None)

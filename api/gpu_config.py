@@ -20,8 +20,8 @@ from pydantic_core import ErrorDetails
 from api import bounded_json
 from api.names import CONFIG_API_VERSION, CONFIG_KIND
 
-Enforcement = Literal["none", "hami-core"]
-ENFORCEMENT_MODES: tuple[str, ...] = ("none", "hami-core")
+Enforcement = Literal["none", "hami-core", "nvml"]
+ENFORCEMENT_MODES: tuple[str, ...] = ("none", "hami-core", "nvml")
 
 MAX_ENV_ENTRIES = 32
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -62,7 +62,7 @@ class GpuConfig(BaseModel):
     kind: Literal["GpuConfig"] = CONFIG_KIND
     enforcement: Enforcement | None = Field(
         default=None,
-        description="hami-core turns enforcement on for this claim; none never turns off a node's hami-core",
+        description="raises this claim's memory enforcement to hami-core or nvml; never lowers the node's floor",
     )
     compute_limit_percent: int | None = Field(
         default=None, ge=1, le=100, alias="computeLimitPercent", description="HAMi-core CUDA_DEVICE_SM_LIMIT"

@@ -6,7 +6,7 @@ decode one by one but merge into an invalid one for some request (merged as the 
 api/config_merge.py, with our DeviceClass's configs first), capacity requests other than `memory`, and memory
 amounts that are not positive whole numbers of bytes. Each problem names its field path, as `kubectl` users
 write it, and what is allowed. Warned: requests larger than any published GPU, and `enforcement: hami-core`
-while no published GPU offers it.
+or `nvml` while no published GPU offers it.
 """
 
 import functools
@@ -87,7 +87,7 @@ def _config_problems(problems: tuple[str, ...], path: str) -> list[str]:
 
 
 def _merged_problems(
-    entries: list[ConfigEntry], path: str, request: str, hami_core_offered: bool | None
+    entries: list[ConfigEntry], path: str, request: str, hami_core_offered: bool | None, nvml_offered: bool | None
 ) -> tuple[list[str], list[str]]:
     """Problems and warnings of the merged GpuConfig of one request (entries that do not decode alone are
     reported where they are, not here)."""
@@ -107,6 +107,12 @@ def _merged_problems(
         return [], [
             f"{path}: request {request!r} asks for enforcement 'hami-core', but no published GPU offers it (no node "
             "plugin found the HAMi-core library): the claim's pod fails to start on any node until one does"
+        ]
+    if merged.enforcement == "nvml" and nvml_offered is False:
+        return [], [
+            f"{path}: request {request!r} asks for enforcement 'nvml', but no published GPU offers it (attribute "
+            "memoryEnforcement; nvml needs cgroup v2, a driver with nvmlDeviceSetMemoryLimits_v1 and driverEdits: "
+            "toolkit): the claim's pod fails to start on any node until one does"
         ]
     return [], []
 
@@ -135,14 +141,15 @@ def review_claim_spec(
     largest: int | None,
     class_configs: Sequence[object] = (),
     hami_core_offered: bool | None = None,
+    nvml_offered: bool | None = None,
 ) -> Review:
     """Review a ResourceClaimSpec found at field path `prefix` (`spec` or `spec.spec` for templates).
 
     `largest` is the largest memory request any published GPU admits (None when none is published);
     requests above it pass with a warning, since a larger GPU may join later. `class_configs` are the
     `opaque.parameters` of our DeviceClass's configs for `driver` (merged before the claim's);
-    `hami_core_offered` whether some published GPU offers HAMi-core (None when none is published). Never raises: a spec that is
-    not shaped like a ResourceClaimSpec is refused.
+    `hami_core_offered` / `nvml_offered` whether some published GPU offers HAMi-core / nvml enforcement (None
+    when none is published). Never raises: a spec that is not shaped like a ResourceClaimSpec is refused.
     """
     devices = (spec or {}).get("devices") or {}
     problems: list[str] = []
@@ -177,7 +184,7 @@ def review_claim_spec(
                 p, w = _review_request(exact, path, request, driver, largest)
                 problems += p
                 warnings += w
-                p, w = _merged_problems(entries, path, request, hami_core_offered)
+                p, w = _merged_problems(entries, path, request, hami_core_offered, nvml_offered)
                 problems += p
                 warnings += [x for x in w if x not in warnings]
     return Review(problems=(*problems, *decode_problems), warnings=tuple(warnings))

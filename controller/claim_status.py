@@ -29,8 +29,9 @@ class StatusPlan(BaseModel):
     """True when some entry's `data` differs from what the claim holds: a write is needed."""
 
 
-def share_data(share: Share, device: DeviceRecord) -> dict[str, object]:
-    """The `data` of the entry of `share`, allocated from `device` (admin access: memory "0", adminAccess)."""
+def share_data(share: Share, device: DeviceRecord, enforcement: str | None = None) -> dict[str, object]:
+    """The `data` of the entry of `share`, allocated from `device` (admin access: memory "0", adminAccess);
+    `enforcement`: the tier the node plugin reported for it (its `MemoryEnforcement` condition)."""
     granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
     return AllocatedGpuData(
         gpu=gpu_object_name(device.node, device.device),
@@ -43,6 +44,7 @@ def share_data(share: Share, device: DeviceRecord) -> dict[str, object]:
         memory=format_bytes(granted),
         memory_total=format_bytes(device.memory_total),
         admin_access=True if share.admin_access else None,
+        enforcement=enforcement,
     ).to_data()
 
 
@@ -62,7 +64,7 @@ def plan_status(claim: ClaimView, lookup: Callable[[DeviceKey], DeviceRecord | N
             missing.append(share)
             data = existing
         else:
-            data = share_data(share, device)
+            data = share_data(share, device, claim.status_enforcement.get(share.entry_key))
             changed = changed or data != existing
         if data is None:
             continue

@@ -77,6 +77,7 @@ def _review(controller: Controller, spec: Any, prefix: str) -> Review:
         largest=controller.largest_request(),
         class_configs=device_class.configs if device_class else (),
         hami_core_offered=controller.hami_core_offered(),
+        nvml_offered=controller.nvml_offered(),
     )
 
 

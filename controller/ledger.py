@@ -4,6 +4,7 @@ Nothing is accumulated over time: the desired objects follow from the current sl
 so a restarted controller converges to the same ledger.
 """
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -82,6 +83,7 @@ def desired_ledger(
                     share_id=share.share_id or "",
                     memory=format_bytes(granted),
                     admin_access=True if share.admin_access else None,
+                    enforcement=claim.status_enforcement.get(share.entry_key),
                 )
             )
         status = GpuStatus(
@@ -89,11 +91,13 @@ def desired_ledger(
             index=device.index,
             uuid=device.uuid or "",
             model=device.product_name or "",
+            enforcement=device.memory_enforcement,
             total_memory=format_bytes(device.memory_total),
             allocated_memory=format_bytes(allocated),
             free_memory=format_bytes(max(0, device.memory_total - allocated)),
             shares=len(claims_on),
             claims=claims_on,
+            share_enforcement=share_enforcement(claims_on),
         )
         name = gpu_object_name(device.node, device.device)
         out[name] = GpuObject(
@@ -105,6 +109,17 @@ def desired_ledger(
             status=status.model_dump(by_alias=True, exclude_none=True, mode="json"),
         )
     return out
+
+
+_TIER_ORDER = ("nvml", "hami-core", "none")
+
+
+def share_enforcement(shares: Iterable[GpuShare]) -> str:
+    """`nvml=2,none=1`: how many shares got each tier, strongest first; `unreported` for shares whose node
+    plugin has not reported a tier yet."""
+    counts = Counter(s.enforcement or "unreported" for s in shares)
+    order = [*_TIER_ORDER, *sorted(set(counts) - set(_TIER_ORDER))]
+    return ",".join(f"{tier}={counts[tier]}" for tier in order if counts[tier])
 
 
 def _normalized(value: Any) -> Any:

@@ -12,6 +12,7 @@ from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ConfigDict
 
 from api.bounded_json import short_path, skipped_parts
+from api.gpu import ENFORCEMENT_CONDITION, tier_of_reason
 from api.names import MEMORY_CAPACITY
 
 P = ParamSpec("P")
@@ -41,6 +42,9 @@ class DeviceRecord(BaseModel):
     domain); `version` attributes are left out (selectors.py does not evaluate them)."""
     hami_core: bool = False
     """The node plugin offers HAMi-core enforcement on this device (attribute `hamiCore`)."""
+    memory_enforcement: str | None = None
+    """The strongest memory-enforcement tier the device offers (attribute `memoryEnforcement`; None: not
+    published, an older plugin)."""
 
     @property
     def key(self) -> DeviceKey:
@@ -120,6 +124,8 @@ class ClaimView(BaseModel):
     memory_requests: tuple[tuple[MemoryRequest, ...], ...] = ()
     """Per request of our class: its alternatives (one for `exactly`, several for `firstAvailable`)."""
     status_data: dict[tuple[str, str, str], Any] = {}
+    status_enforcement: dict[tuple[str, str, str], str] = {}
+    """The tier the node plugin reports it applied (condition `MemoryEnforcement`), by entry key."""
     """Existing `data` of our driver's status.devices entries, by entry key (None when absent)."""
     skipped: tuple[str, ...] = ()
     """Field paths (shortened) of parts the decoder skipped (`api.bounded_json`: nested too deep, integers too
@@ -210,6 +216,7 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
                 max_request=min(total, max_request) if max_request is not None else total,
                 attributes=_cel_attributes(attributes, driver),
                 hami_core=_attribute(attributes, "hamiCore", driver, "bool") is True,
+                memory_enforcement=_attribute(attributes, "memoryEnforcement", driver, "string"),
             )
         )
     return SliceView(name=str(body["metadata"]["name"]), pool=pool_name, generation=generation, devices=tuple(devices))
@@ -318,6 +325,15 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
         for d in status.get("devices") or []
         if d.get("driver") == driver
     }
+    status_enforcement = {
+        (str(d["pool"]), str(d["device"]), str(d.get("shareID") or "")): tier
+        for d in status.get("devices") or []
+        if d.get("driver") == driver
+        for c in d.get("conditions") or []
+        if isinstance(c, Mapping)
+        and c.get("type") == ENFORCEMENT_CONDITION
+        and (tier := tier_of_reason(c.get("reason"))) is not None
+    }
     return ClaimView(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -327,5 +343,6 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
         shares=shares,
         memory_requests=tuple(memory_requests),
         status_data=status_data,
+        status_enforcement=status_enforcement,
         skipped=tuple(f"{short_path(path)}: {marker.strip('<>')}" for path, marker in skipped_parts(body)),
     )

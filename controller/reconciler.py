@@ -87,6 +87,7 @@ class Controller:
         self._devices: dict[DeviceKey, DeviceRecord] | None = None
         self._largest: int | None = None  # largest max_request of self._devices
         self._hami_core = False  # some device of self._devices offers HAMi-core
+        self._nvml = False  # some device of self._devices offers nvml enforcement
         self._known: set[ClaimKey] = set()  # claims that were in the index at their last event
         self._queue: asyncio.Queue[ClaimKey] = asyncio.Queue()
         self._queued: set[ClaimKey] = set()
@@ -208,6 +209,7 @@ class Controller:
             self._devices = devices
             self._largest = max((d.max_request for d in devices.values()), default=None)
             self._hami_core = any(d.hami_core for d in devices.values())
+            self._nvml = any(d.memory_enforcement == "nvml" for d in devices.values())
         return devices
 
     def devices(self) -> dict[DeviceKey, DeviceRecord]:
@@ -225,6 +227,12 @@ class Controller:
         if self._devices is None:
             self._refresh_devices()
         return self._hami_core if self._devices else None
+
+    def nvml_offered(self) -> bool | None:
+        """Whether some published GPU offers nvml enforcement; None when no GPU is published (cached)."""
+        if self._devices is None:
+            self._refresh_devices()
+        return self._nvml if self._devices else None
 
     def device_class(self) -> DeviceClassView | None:
         """Our DeviceClass as the cluster has it; None when it is not (or not yet) seen."""

@@ -50,8 +50,10 @@ def _told(seen: w.Seen, claim: dict[str, Any]) -> list[tuple[str, int, str | Non
             "MEMORY_LIMIT_MIB": str(device["memoryMiB"]),
             "CLAIM": f"{claim['metadata']['namespace']}/{name}",
             "REQUEST": file["request"],
+            "ENFORCEMENT": device["enforcement"],
             "SHARE_ID": device["shareID"],
         }
+        assert device["enforcement"] == "none", "this cgroup-v1 node without HAMi-core enforces nothing"
     return sorted((d["uuid"], d["memoryMiB"], d["shareID"], d["device"]) for d in file["devices"])
 
 
@@ -91,7 +93,7 @@ def test_one_container_with_two_claims_is_told_both(installation: Installation, 
     assert sorted(k for k in both.env if k.startswith("FRACGPU_DEV_")) == sorted(
         f"{prefix}{suffix}"
         for prefix in both.device_vars()
-        for suffix in ("UUID", "MEMORY_LIMIT_MIB", "CLAIM", "REQUEST", "SHARE_ID")
+        for suffix in ("UUID", "MEMORY_LIMIT_MIB", "CLAIM", "REQUEST", "ENFORCEMENT", "SHARE_ID")
     ), "every FRACGPU_DEV_ variable belongs to a device of the files"
     assert not {"FRACGPU_MEMORY_LIMIT_MIB", "FRACGPU_CLAIM", "FRACGPU_SHARE_ID"} & set(both.env)
     assert both.env["FRACGPU_INFO_DIR"] == "/run/fracgpu" and both.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
@@ -140,7 +142,7 @@ def test_a_claim_with_two_requests_tells_each_container_what_it_references(insta
     (device,) = only_a.files[f"{uid}_a.json"]["devices"]
     assert only_a.uuids() == {device["uuid"]} == {uuids[results["a"]["device"]]}
     assert list(only_a.device_vars()) == [device["envPrefix"]]
-    assert len([k for k in only_a.env if k.startswith("FRACGPU_DEV_")]) == 5
+    assert len([k for k in only_a.env if k.startswith("FRACGPU_DEV_")]) == 6
     other = every.files[f"{uid}_b.json"]["devices"][0]["minor"]
     assert f"nvidia{other}" not in only_a.nodes and f"nvidia{device['minor']}" in only_a.nodes
 
@@ -309,3 +311,38 @@ def test_a_claim_with_a_bad_config_is_refused_at_admission(installation: Install
     result = installation.cluster.kubectl("apply", "-n", ns, "-f", "-", input_=json.dumps(bad), check=False)
     assert result.returncode != 0
     assert "computeLimitPercent" in result.stderr and "between 1 and 100" in result.stderr, result.stderr
+
+
+def test_this_cgroup_v1_node_enforces_nothing_says_so_and_refuses_nvml(installation: Installation, ns: str) -> None:
+    """Hybrid cgroup v1, no HAMi-core: GPUs publish memoryEnforcement none, a pod runs with tier none reported in
+    its claim's status and env and no NVIDIA hook in its spec, and a claim demanding nvml gets a clear error."""
+    cluster = installation.cluster
+    slices = w.get(cluster, "resourceslices")["items"]
+    tiers = {d["attributes"]["memoryEnforcement"]["string"] for s in slices for d in s["spec"]["devices"]}
+    assert tiers == {"none"}
+    nvml = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig", "enforcement": "nvml"}
+    w.apply(
+        cluster,
+        ns,
+        w.claim_template("plain-2gi", "2Gi"),
+        w.gpu_pod("plain", "plain-2gi"),
+        w.claim_template("nvml-2gi", "2Gi", nvml),
+        w.gpu_pod("strict", "nvml-2gi"),
+    )
+    w.wait_running(cluster, ns, ["plain"])
+    seen = w.report(cluster, ns, "plain")
+    assert [v["ENFORCEMENT"] for v in seen.device_vars().values()] == ["none"]
+    assert "NVIDIA_GPU_MEMORY_LIMIT" not in seen.env
+    deadline = time.monotonic() + 60
+    while w.recorded_gpu(w.claim_of(cluster, ns, "plain")).get("enforcement") != "none":
+        assert time.monotonic() < deadline, w.claim_of(cluster, ns, "plain")["status"]
+        time.sleep(1)
+    deadline = time.monotonic() + 120
+    message = ""
+    while "asks for enforcement 'nvml'" not in message:
+        assert time.monotonic() < deadline, f"no prepare error for the nvml claim; events: {message[-2000:]}"
+        time.sleep(2)
+        events = w.get(cluster, "events", "-n", ns, "--field-selector=involvedObject.name=strict")["items"]
+        message = "\n".join(e.get("message", "") for e in events)
+    assert "no cgroup v2 unified hierarchy at /sys/fs/cgroup" in message, message
+    assert w.get(cluster, "pod", "-n", ns, "strict")["status"].get("phase") == "Pending"

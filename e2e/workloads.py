@@ -13,7 +13,7 @@ DEVICE_CLASS = "gpu.fracgpu.dev"
 # open(O_RDWR) on each GPU node: simulated nodes have no driver behind them, so the kernel answers "No such
 # device or address" once the file mode and the device cgroup have let the open through.
 REPORT = r"""
-env | grep -E '^(FRACGPU_|NVIDIA_VISIBLE_DEVICES=|CUDA_)' | sort | sed 's/^/ENV /'
+env | grep -E '^(FRACGPU_|NVIDIA_VISIBLE_DEVICES=|NVIDIA_GPU_MEMORY_|CUDA_)' | sort | sed 's/^/ENV /'
 for f in /run/fracgpu/*.json; do [ -f "$f" ] && echo "FILE ${f##*/} $(cat "$f")"; done
 for d in /dev/nvidia*; do [ -e "$d" ] && echo "NODE ${d#/dev/} $(stat -c %a "$d")"; done
 for d in /dev/nvidia[0-9]*; do

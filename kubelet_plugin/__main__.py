@@ -15,6 +15,7 @@ from api.logs import configure_logging
 from kubelet_plugin.checkpoint import CheckpointStore
 from kubelet_plugin.discovery import DiscoveryError, discover_gpus, driver_version
 from kubelet_plugin.driver_edits import DriverEdits, GeneratorConfig
+from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.events import post_node_event
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.metrics import PluginMetrics
@@ -92,14 +93,21 @@ def main(argv: list[str] | None = None) -> int:
         driver_edits = make_driver_edits(settings, KubeRest.bounded(api, settings.api_timeout_seconds), metrics)
         driver_edits.refresh()  # before recover(): restored specs carry the edits too
         threading.Thread(target=driver_edits.run, args=(stop,), name="driver-edits", daemon=True).start()
+    enforcement = EnforcementDetector.detect(settings, gpus)
     preparer = Preparer(
-        api, settings, gpus, CheckpointStore(settings.checkpoint_path), metrics, driver_edits=driver_edits
+        api,
+        settings,
+        gpus,
+        CheckpointStore(settings.checkpoint_path),
+        metrics,
+        driver_edits=driver_edits,
+        enforcement=enforcement,
     )
     preparer.recover()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    publisher = SlicePublisher(api, settings, gpus)
+    publisher = SlicePublisher(api, settings, gpus, enforcement)
     publishing = threading.Thread(target=publisher.run, args=(stop,), name="slice-publisher", daemon=True)
     publishing.start()
     server = PluginServer(

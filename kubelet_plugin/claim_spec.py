@@ -5,7 +5,8 @@ entries, each scoped by `requests` (a config naming `gpu` also applies to the su
 """
 
 from collections import defaultdict
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,12 +18,17 @@ from kubelet_plugin import cdi
 from kubelet_plugin import container_info as info
 from kubelet_plugin.devicenodes import DeviceNodeError, HostDeviceNode, gpu_device_nodes
 from kubelet_plugin.driver_edits import VOID, library_problem
+from kubelet_plugin.enforcement import EnforcementUnavailableError, GpuTiers, Tier, applied_tier, weakest
+from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.model import GpuInfo, PreparedDevice
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.slices import usable_memory
 
 HAMI_LIBRARY_IN_CONTAINER = "/usr/local/vgpu/libvgpu.so"
 HAMI_CACHE_IN_CONTAINER = "/tmp/fracgpu-hami"
+NVML_HOOK = "apply-cuda-memory-limits"
+NVML_REQUEST_ENV = "NVIDIA_GPU_MEMORY_REQUEST"
+NVML_LIMIT_ENV = "NVIDIA_GPU_MEMORY_LIMIT"
 
 
 class PrepareError(Exception):
@@ -39,6 +45,7 @@ class _Share:
     gpu: GpuInfo
     memory_mib: int
     config: GpuConfig
+    tier: Tier = "none"
 
     @property
     def base_request(self) -> str:
@@ -59,6 +66,8 @@ class ClaimPlan:
     nodes: tuple[HostDeviceNode, ...] = ()  # every device node the spec names, as found on the host
     files: tuple[info.InfoFile, ...] = ()  # one per request, mounted by each of its devices
     hami_core: bool = False
+    tiers: tuple[tuple[str, str, str | None, Tier], ...] = ()
+    """(pool, device, shareID, tier) per result: the enforcement this spec applies (for the claim's status)."""
 
 
 # Names each device sets to the same value (so any mix of devices in one container agrees on them).
@@ -102,12 +111,17 @@ def plan_claim(
     settings: Settings,
     gpus: dict[str, GpuInfo],
     driver_edits: cdi.ContainerEdits | None = None,
+    tiers: Mapping[str, GpuTiers] | None = None,
 ) -> ClaimPlan:
     """Compute the CDI spec and kubelet answer for an allocated claim; raises PrepareError.
 
     With ``settings.driver_edits == "toolkit"``, ``driver_edits`` (the generated driver libraries, binaries and
     hooks) become the spec-level edits and every device says ``NVIDIA_VISIBLE_DEVICES=void``; missing or
     library-less edits are a PrepareError, never a spec without the driver. With ``none`` they are ignored.
+
+    ``tiers`` (device name -> the enforcement tiers that GPU offers; default: HAMi-core where its library is,
+    never nvml) decide each share's tier with the node's mode and the share's GpuConfig
+    (enforcement.applied_tier); a tier a GPU cannot give is a PrepareError ``enforcement_unavailable``.
     """
     driver = settings.driver_name
     toolkit = settings.driver_edits == "toolkit"
@@ -145,11 +159,12 @@ def plan_claim(
             else usable_memory(gpu, settings.memory_step_bytes, settings.memory_reserve_bytes)
         )
         shares.append(_Share(result, gpu, granted // MiB, _config_for(result, configs)))
+    shares = _with_tiers(shares, settings, tiers, uid)
 
     by_request: dict[str, list[_Share]] = defaultdict(list)
     for share in sorted(shares, key=lambda s: s.gpu.pci_bus_id):  # CUDA order, with CUDA_DEVICE_ORDER=PCI_BUS_ID
         by_request[share.base_request].append(share)
-    hami_core = any(enforcement(s.config, settings) == "hami-core" for s in shares)
+    hami_core = any(s.tier == "hami-core" for s in shares)
     if len(by_request) > 1 and hami_core:
         raise PrepareError(
             "invalid_config",
@@ -166,7 +181,7 @@ def plan_claim(
         request_info = info.RequestInfo(
             claim=claim_name,
             request=request,
-            enforcement="hami-core" if hami_core else "none",
+            enforcement=weakest([s.tier for s in group]),
             devices=[_device_info(s, driver, uid) for s in group],
         )
         try:
@@ -196,7 +211,43 @@ def plan_claim(
         devices=devices,
         container_edits=driver_edits if toolkit else None,
     )
-    return ClaimPlan(spec=spec, devices=tuple(answer), nodes=tuple(host_nodes), files=tuple(files), hami_core=hami_core)
+    return ClaimPlan(
+        spec=spec,
+        devices=tuple(answer),
+        nodes=tuple(host_nodes),
+        files=tuple(files),
+        hami_core=hami_core,
+        tiers=tuple((s.result["pool"], s.result["device"], s.share_id, s.tier) for s in shares),
+    )
+
+
+def _with_tiers(
+    shares: list[_Share], settings: Settings, tiers: Mapping[str, GpuTiers] | None, uid: str
+) -> list[_Share]:
+    """Each share with its enforcement tier. HAMi-core, once preloaded for one share, limits every GPU the
+    container sees, so the claim's other ``none`` shares are ``hami-core`` too. nvml shares of one claim must
+    have one grant: NVIDIA's hook reads a single NVIDIA_GPU_MEMORY_LIMIT per container."""
+    if tiers is None:
+        detector = EnforcementDetector.without_nvml(settings, [s.gpu for s in shares], "nvml was not detected")
+        tiers = detector.tiers()
+    out = []
+    for share in shares:
+        where = f"GPU {share.result['device']} ({share.gpu.uuid})"
+        try:
+            tier = applied_tier(settings.enforcement, share.config.enforcement, tiers[share.gpu.device_name], where)
+        except EnforcementUnavailableError as err:
+            raise PrepareError("enforcement_unavailable", f"request {share.result['request']!r}: {err}") from None
+        out.append(replace(share, tier=tier))
+    if any(s.tier == "hami-core" for s in out):
+        out = [replace(s, tier="hami-core") if s.tier == "none" else s for s in out]
+    grants = sorted({s.memory_mib for s in out if s.tier == "nvml"})
+    if len(grants) > 1:
+        raise PrepareError(
+            "invalid_config",
+            f"claim {uid} has nvml-enforced shares of different sizes ({', '.join(f'{g} MiB' for g in grants)}), "
+            f"but NVIDIA's hook reads one {NVML_LIMIT_ENV} per container: use one claim per share size",
+        )
+    return out
 
 
 def _nodes(settings: Settings, share: _Share) -> list[HostDeviceNode]:
@@ -221,6 +272,7 @@ def _device_info(share: _Share, driver: str, uid: str) -> info.DeviceInfo:
         minor=share.gpu.minor,
         cdi_device=cdi.cdi_device_id(driver, uid, share.result["device"], share.share_id),
         env_prefix=prefix,
+        enforcement=share.tier,
     )
 
 
@@ -265,7 +317,11 @@ def _edits(
     mounts = [
         cdi.Mount(host_path=str(file.host_path), container_path=file.container_path, options=info.mount_options())
     ]
-    if request.enforcement == "hami-core":
+    hooks = []
+    if share.tier == "nvml":
+        env[NVML_REQUEST_ENV] = env[NVML_LIMIT_ENV] = str(share.memory_mib)
+        hooks.append(nvml_hook(settings, share.gpu.uuid))
+    if share.tier == "hami-core":
         mounts += _hami_mounts(settings, request.claim.uid)
         env["FRACGPU_ENFORCEMENT"] = "hami-core"
         for i, s in enumerate(group):
@@ -286,12 +342,21 @@ def _edits(
             for n in nodes
         ],
         mounts=mounts,
+        hooks=hooks,
     )
 
 
-def enforcement(config: GpuConfig, settings: Settings) -> str:
-    """A claim's GpuConfig may turn enforcement on, never off: the node's mode is the administrator's."""
-    return "hami-core" if "hami-core" in (settings.enforcement, config.enforcement) else "none"
+def nvml_hook(settings: Settings, uuid: str) -> cdi.Hook:
+    """NVIDIA's ``createRuntime`` hook that has the driver cap the container's cgroup on GPU `uuid` at
+    NVIDIA_GPU_MEMORY_REQUEST (soft) / NVIDIA_GPU_MEMORY_LIMIT (hard), in MiB; the hook binary is the one
+    driver edits install on the host, the driver root the host's."""
+    root = settings.host_driver_root or settings.driver_root
+    return cdi.Hook(
+        hook_name="createRuntime",
+        path=str(settings.cdi_hook_path),
+        args=["nvidia-cdi-hook", NVML_HOOK, "--driver-root", str(root), "--gpu-id", uuid],
+        env=["NVIDIA_CTK_DEBUG=false"],
+    )
 
 
 def _hami_mounts(settings: Settings, uid: str) -> list[cdi.Mount]:

@@ -1,32 +1,69 @@
-"""The node plugin's part of a claim's `status.devices`: the `Ready` condition, by server-side apply.
+"""The node plugin's part of a claim's `status.devices`: the `Ready` and `MemoryEnforcement` conditions, by
+server-side apply.
 
 Field manager `fracgpu-kubelet-plugin` owns only the conditions of this driver's entries; the controller
-(`fracgpu-controller`) owns their `data`. Other drivers' entries are never sent, so never touched.
+(`fracgpu-controller`) owns their `data` (an atomic field) and copies the tier of `MemoryEnforcement` into
+it. Other drivers' entries are never sent, so never touched.
 """
 
 import datetime
+from collections.abc import Mapping
 from typing import Any
 
+from api.gpu import ENFORCEMENT_CONDITION, ENFORCEMENT_REASONS
 from api.kube_rest import KubeRest, claim_path
 
 FIELD_MANAGER = "fracgpu-kubelet-plugin"
 
+#: (pool, device, shareID or None) -> the enforcement tier the CDI spec applies to that share.
+Tiers = Mapping[tuple[str, str, str | None], str]
 
-def is_ready(claim: dict[str, Any], driver: str) -> bool:
-    """True when every entry of `driver` in status.devices already has Ready=True and covers the results."""
+
+def _key(entry: Mapping[str, Any]) -> tuple[str, str, str | None]:
+    return (entry["pool"], entry["device"], entry.get("shareID") or None)
+
+
+def _has(entry: Mapping[str, Any], kind: str, status: str, reason: str | None = None) -> bool:
+    return any(
+        c["type"] == kind and c["status"] == status and (reason is None or c.get("reason") == reason)
+        for c in entry.get("conditions") or []
+    )
+
+
+def is_ready(claim: dict[str, Any], driver: str, tiers: Tiers | None = None) -> bool:
+    """True when every entry of `driver` in status.devices already has Ready=True, covers the results and
+    (given `tiers`) reports the same MemoryEnforcement tier."""
     results = [r for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == driver]
     ready = {
-        (d["pool"], d["device"], d.get("shareID"))
+        _key(d)
         for d in claim["status"].get("devices") or []
         if d["driver"] == driver
-        and any(c["type"] == "Ready" and c["status"] == "True" for c in d.get("conditions") or [])
+        and _has(d, "Ready", "True")
+        and (tiers is None or _has(d, ENFORCEMENT_CONDITION, *_enforcement_status(tiers.get(_key(d), "none"))))
     }
-    return all((r["pool"], r["device"], r.get("shareID")) in ready for r in results)
+    return all(_key(r) in ready for r in results)
 
 
-def apply_ready(rest: KubeRest, claim: dict[str, Any], driver: str, node: str) -> None:
-    """Set Ready=True on each of `driver`'s status.devices entries of `claim` (server-side apply)."""
+def _enforcement_status(tier: str) -> tuple[str, str]:
+    return ("False" if tier == "none" else "True", ENFORCEMENT_REASONS[tier])
+
+
+def _enforcement_message(tier: str) -> str:
+    if tier == "nvml":
+        return (
+            "GPU memory limited by the driver: NVIDIA's apply-cuda-memory-limits hook in the CDI spec sets the "
+            "grant as the container cgroup's limit (nvmlDeviceSetMemoryLimits_v1)"
+        )
+    if tier == "hami-core":
+        return "GPU memory limited in the process by HAMi-core (libvgpu.so preloaded, CUDA_DEVICE_MEMORY_LIMIT_<i>)"
+    return "GPU memory not enforced: the grant is advisory (scheduler accounting, env and info files)"
+
+
+def apply_ready(rest: KubeRest, claim: dict[str, Any], driver: str, node: str, tiers: Tiers | None = None) -> None:
+    """Set Ready=True and MemoryEnforcement (from `tiers`, default none) on each of `driver`'s status.devices
+    entries of `claim` (server-side apply)."""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    generation = claim["metadata"].get("generation", 0)
     entries = []
     for result in claim["status"]["allocation"]["devices"]["results"]:
         if result["driver"] != driver:
@@ -34,6 +71,8 @@ def apply_ready(rest: KubeRest, claim: dict[str, Any], driver: str, node: str) -
         entry: dict[str, Any] = {"driver": driver, "pool": result["pool"], "device": result["device"]}
         if result.get("shareID"):
             entry["shareID"] = result["shareID"]
+        tier = (tiers or {}).get(_key(result), "none")
+        status, reason = _enforcement_status(tier)
         entry["conditions"] = [
             {
                 "type": "Ready",
@@ -41,8 +80,16 @@ def apply_ready(rest: KubeRest, claim: dict[str, Any], driver: str, node: str) -
                 "reason": "Prepared",
                 "message": f"CDI device prepared on node {node}",
                 "lastTransitionTime": now,
-                "observedGeneration": claim["metadata"].get("generation", 0),
-            }
+                "observedGeneration": generation,
+            },
+            {
+                "type": ENFORCEMENT_CONDITION,
+                "status": status,
+                "reason": reason,
+                "message": _enforcement_message(tier),
+                "lastTransitionTime": now,
+                "observedGeneration": generation,
+            },
         ]
         entries.append(entry)
     body = {

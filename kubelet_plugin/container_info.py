@@ -4,7 +4,7 @@ The kubelet gives a container the CDI devices of exactly the claims/requests it 
 their env (the last device wins a name) and keeps one mount per container path. So every value here is true for
 each container that gets the device, and nothing is an aggregate over "all GPUs of the container":
 
-- per-device env ``FRACGPU_DEV_<KEY>_{UUID,MEMORY_LIMIT_MIB,CLAIM,REQUEST,SHARE_ID}``, ``<KEY>`` being the CDI
+- per-device env ``FRACGPU_DEV_<KEY>_{UUID,MEMORY_LIMIT_MIB,CLAIM,REQUEST,ENFORCEMENT,SHARE_ID}``, ``<KEY>`` being the CDI
   device name (``<claimUID>-<device>[-<shareID>]``) upper-cased with ``-`` as ``_``: unique per device, stable;
 - per request one JSON file, ``/run/fracgpu/<claimUID>_<request>.json`` in the container, mounted read-only by
   each of the request's devices (a request's devices always reach a container together): the claim, the
@@ -26,7 +26,14 @@ from kubelet_plugin.filelock import atomic_write
 
 DIR_IN_CONTAINER = "/run/fracgpu"
 ENV_PREFIX = "FRACGPU_DEV_"
-ENV_SUFFIXES = ("UUID", "MEMORY_LIMIT_MIB", "CLAIM", "REQUEST", "SHARE_ID")  # none is a suffix of another
+ENV_SUFFIXES = (
+    "UUID",
+    "MEMORY_LIMIT_MIB",
+    "CLAIM",
+    "REQUEST",
+    "ENFORCEMENT",
+    "SHARE_ID",
+)  # none is a suffix of another
 INFO_FILE_MODE = 0o644  # readable by any container user
 _KEYABLE_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")  # claim UIDs, DNS-label device names, share UUIDs
 _REQUEST_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label, as Kubernetes validates it
@@ -56,6 +63,7 @@ class DeviceInfo(_Model):
     minor: int = Field(ge=0, description="minor of /dev/nvidia<minor>")
     cdi_device: str = Field(alias="cdiDevice", description="fully qualified CDI device ID")
     env_prefix: str = Field(alias="envPrefix", description="prefix of this device's FRACGPU_DEV_ variables")
+    enforcement: str = Field("none", description="the memory-enforcement tier applied to this share")
 
 
 class RequestInfo(_Model):
@@ -63,7 +71,7 @@ class RequestInfo(_Model):
 
     claim: ClaimName
     request: str
-    enforcement: str
+    enforcement: str = Field(description="the weakest tier among the request's devices")
     devices: list[DeviceInfo] = Field(description="CUDA order: by PCI bus ID")
 
     def to_json(self) -> bytes:
@@ -101,6 +109,7 @@ def device_env(prefix: str, info: DeviceInfo, claim: ClaimName, request: str) ->
         f"{prefix}MEMORY_LIMIT_MIB": str(info.memory_mib),
         f"{prefix}CLAIM": f"{claim.namespace}/{claim.name}",
         f"{prefix}REQUEST": request,
+        f"{prefix}ENFORCEMENT": info.enforcement,
     }
     if info.share_id:
         env[f"{prefix}SHARE_ID"] = info.share_id

@@ -46,6 +46,7 @@ from kubelet_plugin.claim_spec import PrepareError, hami_cache_dir, hami_preload
 from kubelet_plugin.claim_status import apply_ready, is_ready
 from kubelet_plugin.devicenodes import ensure_char_links
 from kubelet_plugin.driver_edits import DriverEdits, DriverEditsError
+from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.events import post_node_event
 from kubelet_plugin.filelock import atomic_write, remove_temp_files, serialize_lock
 from kubelet_plugin.metrics import PluginMetrics
@@ -78,10 +79,13 @@ class Preparer:
         metrics: PluginMetrics,
         *,
         driver_edits: DriverEdits | None = None,
+        enforcement: EnforcementDetector | None = None,
     ) -> None:
         """``driver_edits``: required with ``settings.driver_edits == "toolkit"``, read (never generated) per
-        prepare."""
+        prepare. ``enforcement``: the tiers each GPU offers (default: HAMi-core where its library is, no nvml)."""
         self._rest = KubeRest.bounded(api, settings.api_timeout_seconds)
+        self._enforcement = enforcement or EnforcementDetector.without_nvml(settings, gpus, "nvml was not detected")
+        self._applied: dict[str, dict[tuple[str, str, str | None], str]] = {}  # claim UID -> tier per share
         self._driver_edits = driver_edits
         self._settings = settings
         self._gpus = {g.device_name: g for g in gpus}
@@ -91,7 +95,13 @@ class Preparer:
         self._reported: tuple[str | None, tuple[str, ...]] = (None, ())  # (too_new, unknown fields) logged last
         self._fetch_pool = ThreadPoolExecutor(max_workers=FETCH_WORKERS, thread_name_prefix="fracgpu-fetch")
         self._ready = ReadyWriter(
-            lambda claim: apply_ready(self._rest, claim, settings.driver_name, settings.node_name),
+            lambda claim: apply_ready(
+                self._rest,
+                claim,
+                settings.driver_name,
+                settings.node_name,
+                self._applied.get(claim["metadata"]["uid"]),
+            ),
             lambda: metrics.errors.labels("prepare", "status_update").inc(),
         )
 
@@ -220,7 +230,8 @@ class Preparer:
                         )
                         results[ref.uid] = PrepareResult(devices=devices)
                         self._metrics.requests.labels("prepare", "ok").inc()
-                        if devices and not is_ready(claim, self._settings.driver_name):
+                        applied = self._applied.get(ref.uid)
+                        if devices and not is_ready(claim, self._settings.driver_name, applied):
                             ready.append(claim)
                     if completed != started:  # `started` is what the file holds now
                         self._store.save(completed)
@@ -284,6 +295,7 @@ class Preparer:
                     errors[ref.uid] = f"cannot remove CDI spec of claim {_show(ref)}: {err}"
                     continue
                 errors[ref.uid] = ""
+                self._applied.pop(ref.uid, None)
                 self._metrics.requests.labels("unprepare", "ok").inc()
             self._metrics.prepared_claims.set(len(updated.claims))
             return errors
@@ -363,10 +375,11 @@ class Preparer:
                     f"{device.device_name} was GPU {device.uuid} when this claim was prepared and is now "
                     f"{now.uuid}: the node's GPUs changed; delete the pod so its claim is allocated again",
                 )
-        plan = plan_claim(claim, self._settings, self._gpus, self._current_driver_edits())
+        plan = plan_claim(claim, self._settings, self._gpus, self._current_driver_edits(), self._enforcement.tiers())
         if plan.spec is None:
             return ()
         uid = claim["metadata"]["uid"]
+        self._applied[uid] = {(pool, device, share): tier for pool, device, share, tier in plan.tiers}
         try:  # everything the spec mounts exists before the spec does
             container_info.write_claim_files(
                 container_info.claim_info_dir(self._settings.plugin_data_dir, uid), list(plan.files)

@@ -12,6 +12,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from api.kube_rest import SLICES, KubeRest, node_path
+from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.filelock import serialize_lock
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.settings import Settings
@@ -31,10 +32,18 @@ def _spec_hash(body: dict[str, Any]) -> str:
 class SlicePublisher:
     """Reconciles the node's pool of ResourceSlices with the discovered GPUs."""
 
-    def __init__(self, api: client.ApiClient, settings: Settings, gpus: list[GpuInfo]) -> None:
+    def __init__(
+        self,
+        api: client.ApiClient,
+        settings: Settings,
+        gpus: list[GpuInfo],
+        enforcement: EnforcementDetector | None = None,
+    ) -> None:
+        """`enforcement`: the tiers each GPU offers (default: HAMi-core where its library is, no nvml)."""
         self._rest = KubeRest(api)
         self._settings = settings
         self._gpus = gpus
+        self._enforcement = enforcement or EnforcementDetector.without_nvml(settings, gpus, "nvml was not detected")
         self._generation = 0
         self._list_version = ""
         self._selector = f"spec.nodeName={settings.node_name},spec.driver={settings.driver_name}"
@@ -56,6 +65,7 @@ class SlicePublisher:
             reserve=s.memory_reserve_bytes,
             generation=generation,
             hami_core=s.hami_core_library.is_file(),
+            enforcement={name: tiers.strongest for name, tiers in self._enforcement.tiers().items()},
         )
         for body in slices:
             body["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: _spec_hash(body)}

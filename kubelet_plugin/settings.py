@@ -8,10 +8,10 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
-from api.gpu_config import Enforcement
 from api.names import DRIVER_NAME
 from api.quantity import MiB, to_bytes
 from kubelet_plugin.checkpoint import CHECKPOINT_FILE_NAME
+from kubelet_plugin.enforcement import NODE_MODES, NodeMode
 from kubelet_plugin.filelock import serialize_lock_path
 
 #: The kubelet cancels NodePrepareResources / NodeUnprepareResources after 45 s.
@@ -34,7 +34,10 @@ class Settings(BaseModel):
     dev_char_dir: Path = Field(Path("/dev/char"), description="host /dev/char, for <major>:<minor> links")
     memory_step_bytes: int = Field(256 * MiB, gt=0)
     memory_reserve_bytes: int = Field(0, ge=0)
-    enforcement: Enforcement = "none"
+    enforcement: NodeMode = Field(
+        "auto", description="the floor of every claim's memory enforcement; auto: the strongest each GPU offers"
+    )
+    cgroup_root: Path = Field(Path("/sys/fs/cgroup"), description="where NVIDIA's hook looks for cgroup v2")
     hami_core_library: Path = Path("/usr/local/vgpu/libvgpu.so")
     hami_core_lock_dir: Path = Path("/tmp/vgpulock")
     driver_edits: Literal["none", "toolkit"] = Field(
@@ -85,6 +88,15 @@ class Settings(BaseModel):
                 f"API timeout plus node lock timeout must be at most {MAX_WAIT_S:g} s "
                 f"(the kubelet gives a prepare call {KUBELET_CALL_TIMEOUT_S:g} s), got "
                 f"{self.api_timeout_seconds:g} s + {self.node_lock_timeout_seconds:g} s"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _nvml_needs_driver_edits(self) -> "Settings":
+        if self.enforcement == "nvml" and self.driver_edits != "toolkit":
+            raise ValueError(
+                "--enforcement=nvml needs --driver-edits=toolkit: the plugin installs NVIDIA's nvidia-cdi-hook, "
+                "which applies the limit, with the driver edits (chart: driverEdits: toolkit)"
             )
         return self
 
@@ -146,9 +158,15 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
     )
     add(
         "--enforcement",
-        choices=["none", "hami-core"],
-        default=_env("FRACGPU_ENFORCEMENT", "none"),
-        help="memory-limit enforcement for every claim unless its GpuConfig says otherwise (FRACGPU_ENFORCEMENT)",
+        choices=NODE_MODES,
+        default=_env("FRACGPU_ENFORCEMENT", "auto"),
+        help="the floor of every claim's memory enforcement: auto (the strongest tier each GPU offers: nvml, "
+        "hami-core, none), or that tier for every claim; a claim's GpuConfig may raise it (FRACGPU_ENFORCEMENT)",
+    )
+    add(
+        "--cgroup-root",
+        default=_env("FRACGPU_CGROUP_ROOT", "/sys/fs/cgroup"),
+        help="where the host's cgroup hierarchy is mounted, as NVIDIA's hook sees it (FRACGPU_CGROUP_ROOT)",
     )
     add(
         "--hami-core-library",
@@ -248,6 +266,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
             memory_step_bytes=to_bytes(args.memory_step),
             memory_reserve_bytes=to_bytes(args.memory_reserve),
             enforcement=args.enforcement,
+            cgroup_root=Path(args.cgroup_root),
             hami_core_library=Path(args.hami_core_library),
             driver_edits=args.driver_edits,
             toolkit_driver_root=Path(args.toolkit_driver_root) if args.toolkit_driver_root else None,

@@ -1,9 +1,12 @@
 """The ResourceSlices that describe this node's GPUs (pure functions; publishing is in publisher.py)."""
 
+from collections.abc import Mapping
 from typing import Any
 
 from api.names import MEMORY_CAPACITY
 from api.quantity import format_bytes
+from kubelet_plugin.enforcement import ATTRIBUTE as ENFORCEMENT_ATTRIBUTE
+from kubelet_plugin.enforcement import Tier
 from kubelet_plugin.model import GpuInfo
 
 MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices
@@ -14,9 +17,12 @@ def usable_memory(gpu: GpuInfo, step: int, reserve: int) -> int:
     return max(0, (gpu.memory_total_bytes - reserve) // step * step)
 
 
-def device_entry(gpu: GpuInfo, step: int, reserve: int, hami_core: bool = False) -> dict[str, Any]:
+def device_entry(
+    gpu: GpuInfo, step: int, reserve: int, hami_core: bool = False, enforcement: Tier = "none"
+) -> dict[str, Any]:
     """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes; `hami_core`: the
-    node can enforce limits with HAMi-core (its library is installed), published as attribute `hamiCore`."""
+    node can enforce limits with HAMi-core (its library is installed), published as attribute `hamiCore`;
+    `enforcement`: the strongest memory-enforcement tier the GPU offers, attribute `memoryEnforcement`."""
     memory = usable_memory(gpu, step, reserve)
     capacity: dict[str, Any] = {"value": format_bytes(memory)}
     if memory >= 2 * step:  # validRange needs min + step <= value
@@ -37,6 +43,7 @@ def device_entry(gpu: GpuInfo, step: int, reserve: int, hami_core: bool = False)
             "driverVersion": {"version": _semver(gpu.driver_version)},
             "resource.kubernetes.io/pciBusID": {"string": gpu.pci_bus_id},
             "hamiCore": {"bool": hami_core},
+            ENFORCEMENT_ATTRIBUTE: {"string": enforcement},
         },
         "capacity": {MEMORY_CAPACITY: capacity},
     }
@@ -63,9 +70,15 @@ def build_slices(
     reserve: int,
     generation: int,
     hami_core: bool = False,
+    enforcement: Mapping[str, Tier] | None = None,
 ) -> list[dict[str, Any]]:
-    """All slices of the node's pool (pool = node name), at most 128 devices each, at least one slice."""
-    devices = [device_entry(g, step, reserve, hami_core) for g in sorted(gpus, key=lambda g: g.index)]
+    """All slices of the node's pool (pool = node name), at most 128 devices each, at least one slice.
+    `enforcement`: device name -> the strongest tier that GPU offers (absent: none)."""
+    tiers = enforcement or {}
+    devices = [
+        device_entry(g, step, reserve, hami_core, tiers.get(g.device_name, "none"))
+        for g in sorted(gpus, key=lambda g: g.index)
+    ]
     chunks = [devices[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)] or [[]]
     return [
         {

@@ -3,7 +3,8 @@
 #
 #   e2e/mocknvml/build.sh [outdir]
 #       libnvidia-ml.so.1, libcuda.so.1 (read the profile named by FRACGPU_MOCK_NVML_PROFILE), nvidia-smi,
-#       cuda-probe. Use with: LD_LIBRARY_PATH=<outdir> FRACGPU_MOCK_NVML_PROFILE=e2e/mocknvml/profiles/h100x8.profile
+#       cuda-probe; and without-memory-limits/libnvidia-ml.so.1, an NVML without nvmlDeviceSetMemoryLimits_v1
+#       (a driver older than r615). Use with: LD_LIBRARY_PATH=<outdir> FRACGPU_MOCK_NVML_PROFILE=e2e/mocknvml/profiles/h100x8.profile
 #   e2e/mocknvml/build.sh --embed-profile PROFILE outdir
 #       the files of a driver installation for PROFILE's driver_version <ver>: libnvidia-ml.so.<ver> and
 #       libcuda.so.<ver> with PROFILE compiled in (they enumerate the GPUs whose /dev/nvidia<minor> the
@@ -34,7 +35,9 @@ lib() {
 "${cc[@]}" -o "$outdir/cuda-probe" "$src/cuda_probe.c" -ldl
 
 if [ -z "$profile" ]; then
-  lib libnvidia-ml.so.1 libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_profile.c" -lpthread
+  lib libnvidia-ml.so.1 libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_limits.c" "$src/mock_profile.c" -lpthread
+  mkdir -p "$outdir/without-memory-limits"
+  lib without-memory-limits/libnvidia-ml.so.1 libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_profile.c" -lpthread
   lib libcuda.so.1 libcuda.so.1 "$src/mock_cuda.c" "$src/mock_profile.c" -lpthread
   echo "built $outdir/{libnvidia-ml.so.1,libcuda.so.1,nvidia-smi,cuda-probe}"
   exit 0
@@ -56,7 +59,8 @@ driver_lib() {
   lib "$@"
   [ "$2" = "$1" ] || ln -sfn "$1" "$outdir/$2"
 }
-driver_lib "libnvidia-ml.so.$version" libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_profile.c" "${embed[@]}" -lpthread
+driver_lib "libnvidia-ml.so.$version" libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_limits.c" "$src/mock_profile.c" \
+  "${embed[@]}" -lpthread
 driver_lib "libcuda.so.$version" libcuda.so.1 "$src/mock_cuda.c" "$src/mock_profile.c" "${embed[@]}" -lpthread
 
 # Other libraries of a compute driver installation, as stubs: <name> <soname> (the real drivers' sonames).

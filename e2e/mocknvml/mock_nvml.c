@@ -373,6 +373,16 @@ mock_return nvmlDeviceGetCudaComputeCapability(mock_handle device, int *major, i
     return ret;
 }
 
+/* ---- for mock_nvml_limits.c (nvmlDeviceSetMemoryLimits_v1): the state, read under the library's checks ---- */
+
+MOCK_HIDDEN mock_return mock_nvml_check_device(const mock_device *device, const void *out) {
+    return check_device((mock_handle)device, out);
+}
+
+MOCK_HIDDEN const char *mock_nvml_limits_record(void) {
+    return g_state.memory_limits_record;
+}
+
 /* ==== per-process GPU memory (nvmlDeviceGetComputeRunningProcesses*) ====================================
  *
  * The processes of each GPU come from the control file named by FRACGPU_MOCK_NVML_PROCESSES, re-read on

@@ -218,13 +218,18 @@ static int apply_gpu_key(mock_state *st, const char *key, const char *value, con
         bit = HAS_CC;
         ok = parse_cc(value, &d->cc_major, &d->cc_minor);
         *why = "cuda_cc must look like 9.0";
+    } else if (strcmp(field, "memory_limits") == 0) { /* for mock_nvml_limits.c */
+        bit = 0;
+        ok = strcmp(value, "supported") == 0 || strcmp(value, "not_supported") == 0;
+        d->memory_limits_unsupported = strcmp(value, "not_supported") == 0;
+        *why = "memory_limits must be supported or not_supported";
     } else if (strcmp(field, "pci_device_id") == 0) {
         bit = 0;
         ok = parse_uint(value, 0, 0xffffffffu, &d->pci_device_id);
         *why = "pci_device_id must be a 32-bit number such as 0x233010de";
     } else {
         *why = "unknown GPU field (uuid name memory_mib minor pci_bus_id architecture cuda_cc "
-               "pci_device_id)";
+               "pci_device_id memory_limits)";
         return 0;
     }
     if (!ok) {
@@ -265,10 +270,14 @@ static int apply_line(mock_state *st, int *have_driver, const char *key, const c
         *why = "uvm_major must be a decimal integer 1..4095";
         return parse_uint(value, 10, 4095, &number) && number > 0;
     }
+    if (strcmp(key, "memory_limits_record") == 0) { /* for mock_nvml_limits.c */
+        *why = "memory_limits_record must be an absolute path";
+        return value[0] == '/' && copy_text(st->memory_limits_record, sizeof(st->memory_limits_record), value);
+    }
     if (strncmp(key, "gpu.", 4) == 0) {
         return apply_gpu_key(st, key, value, why);
     }
-    *why = "unknown key (driver_version cuda_driver_version uvm_major gpu.<i>.<field>)";
+    *why = "unknown key (driver_version cuda_driver_version uvm_major memory_limits_record gpu.<i>.<field>)";
     return 0;
 }
 

@@ -49,6 +49,7 @@ typedef struct mock_device {
     unsigned int pci_device_id;
     unsigned int architecture;
     int cc_major, cc_minor;
+    int memory_limits_unsupported; /* gpu.<i>.memory_limits = not_supported (mock_nvml_limits.c) */
 } mock_device;
 
 typedef struct {
@@ -56,6 +57,7 @@ typedef struct {
     unsigned int count;
     char driver_version[MOCK_DRIVER_SIZE];
     int cuda_driver_version;
+    char memory_limits_record[MOCK_LINE_SIZE]; /* memory_limits_record = <path> (mock_nvml_limits.c) */
 } mock_state;
 
 enum { MOCK_PROFILE_OK = 0, MOCK_PROFILE_MISSING = 1, MOCK_PROFILE_INVALID = 2 };

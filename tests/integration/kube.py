@@ -8,7 +8,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
@@ -242,9 +242,10 @@ def publish_gpus(
     *,
     generation: int = 1,
     hami_core: bool = False,
+    enforcement: Literal["none", "hami-core", "nvml"] = "none",
 ) -> list[dict[str, Any]]:
     """Create or replace the node's ResourceSlices exactly as the node plugin builds them (`hami_core`: as a
-    plugin that found the HAMi-core library)."""
+    plugin that found the HAMi-core library; `enforcement`: every GPU's strongest tier)."""
     from kubelet_plugin.slices import build_slices
 
     slices = resource(dyn, "resource.k8s.io/v1", "ResourceSlice")
@@ -258,6 +259,7 @@ def publish_gpus(
         reserve=0,
         generation=generation,
         hami_core=hami_core,
+        enforcement={g.device_name: enforcement for g in gpus},
     )
     for body in bodies:
         try:

@@ -47,7 +47,7 @@ MERGE = "application/merge-patch+json"
 CUSTOM: dict[str, Any] = {
     "driverName": "gpu.example.test",
     "image": {"repository": "registry.example/fracgpu", "tag": "0.1.0-abc1234", "pullPolicy": "Never"},
-    "deviceClass": {"name": "example-gpu"},
+    "deviceClass": {"name": "example-gpu", "enforced": {"create": True, "name": "example-gpu-enforced"}},
     "kubernetesServiceHost": "192.0.2.10",
     "kubernetesServicePort": 6443,
     "logging": {"level": "debug", "format": "text"},
@@ -167,7 +167,12 @@ def test_lint_and_template_pass(tools: dict[str, Path], tmp_path: Path, variant:
 
 def test_schema_and_checks_refuse_bad_values(tools: dict[str, Path], tmp_path: Path) -> None:
     cases: list[tuple[dict[str, Any], list[str]]] = [
-        ({"enforcement": {"mode": "strict"}}, ["/enforcement/mode", "'none', 'hami-core'"]),
+        ({"enforcement": {"mode": "strict"}}, ["/enforcement/mode", "'auto', 'none', 'hami-core', 'nvml'"]),
+        ({"enforcement": {"mode": "nvml"}}, ["enforcement.mode nvml needs driverEdits: toolkit"]),
+        (
+            {"enforcement": {"mode": "none"}, "deviceClass": {"enforced": {"create": True}}},
+            ["deviceClass.enforced.create with enforcement.mode none"],
+        ),
         ({"kubeletPlugin": {"hostNetwok": True}}, ["additional properties 'hostNetwok' not allowed"]),
         ({"logging": {"format": "xml"}}, ["/logging/format", "'json', 'text'"]),
         ({"driverName": "GPU_Driver"}, ["/driverName"]),
@@ -356,9 +361,30 @@ def test_toolkit_driver_edits_mount_the_driver_root(
     assert mount.get("mountPropagation") == propagation
 
 
+def test_enforced_device_class_selects_gpus_with_enforcement(tools: dict[str, Path], tmp_path: Path) -> None:
+    docs = render(tools["helm"], tmp_path, {"deviceClass": {"enforced": {"create": True}}})
+    classes = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "DeviceClass"}
+    assert classes["enforced.gpu.fracgpu.dev"] == {
+        "selectors": [
+            {"cel": {"expression": 'device.driver == "gpu.fracgpu.dev"'}},
+            {
+                "cel": {
+                    "expression": '"memoryEnforcement" in device.attributes["gpu.fracgpu.dev"] && '
+                    'device.attributes["gpu.fracgpu.dev"].memoryEnforcement != "none"'
+                }
+            },
+        ]
+    }
+    plugin = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(plugin)["FRACGPU_ENFORCEMENT"] == "auto"  # the default mode
+
+
 def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Path) -> None:
     docs = render(tools["helm"], tmp_path, CUSTOM)
-    assert one(docs, "DeviceClass")["metadata"]["name"] == "example-gpu"
+    assert sorted(d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass") == [
+        "example-gpu",
+        "example-gpu-enforced",
+    ]
     deploy = one(docs, "Deployment")
     spec = deploy["spec"]["template"]["spec"]
     (ctr,) = spec["containers"]

@@ -461,7 +461,7 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
     (
         "unknown enforcement",
         _claim_body("c", [_request("gpu")], _gpu_config(enforcement="strict")),
-        "spec.devices.config[0].opaque.parameters.enforcement: must be one of 'none', 'hami-core', got \"strict\"",
+        "spec.devices.config[0].opaque.parameters.enforcement: must be one of 'none', 'hami-core', 'nvml', got \"strict\"",
     ),
     (
         "missing kind",
@@ -554,6 +554,57 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
 ]
 
 
+def test_the_tier_the_plugin_reports_reaches_status_data_and_the_ledger(
+    control_plane: ControlPlane,
+    controller: kube.ControllerProcess,
+    api_client: client.ApiClient,
+    dyn: DynamicClient,
+    namespace: str,
+) -> None:
+    """The node plugin's MemoryEnforcement condition (its own field manager) and the controller's `data` (atomic,
+    the controller's) coexist on one entry; the controller copies the tier into data and the ledger."""
+    from api.kube_rest import KubeRest
+    from kubelet_plugin.claim_status import FIELD_MANAGER, apply_ready
+
+    node_body = kube.create_fake_node(api_client, kube.unique("tiernode"))
+    node = node_body["metadata"]["name"]
+    gpus = kube.simulated_gpus(node, 1)
+    kube.publish_gpus(dyn, node_body, DRIVER_NAME, gpus)
+    _claims(dyn).create(namespace=namespace, body=_claim_body("tiered", [_request("a", "10Gi"), _request("b", "5Gi")]))
+    client.CoreV1Api(api_client).create_namespaced_pod(
+        namespace, kube.pod_with_claim("p-tiered", None, node, {"c": "tiered"})
+    )
+    claim = _wait(controller, lambda: _written_claim(dyn, namespace, "tiered"), 60, "status data of 'tiered'")
+    assert all("enforcement" not in d for d in _our_entries(claim).values()), "no tier before the plugin says one"
+    results = {r["request"]: r for r in _our_results(claim)}
+    nvml_key = (results["a"]["pool"], results["a"]["device"], results["a"]["shareID"])
+    apply_ready(KubeRest(api_client), claim, DRIVER_NAME, node, {nvml_key: "nvml"})
+
+    def tiers() -> dict[str, Any] | None:
+        fresh = _claims(dyn).get(namespace=namespace, name="tiered").to_dict()
+        data = {d["request"]: d.get("enforcement") for d in _our_entries(fresh).values()}
+        return fresh if data == {"a": "nvml", "b": "none"} else None
+
+    fresh = _wait(controller, tiers, 30, "data.enforcement from the plugin's condition")
+    for entry in fresh["status"]["devices"]:
+        assert {c["type"] for c in entry["conditions"]} == {"Ready", "MemoryEnforcement"}
+    managers = {m["manager"] for m in fresh["metadata"]["managedFields"] if m.get("subresource") == "status"}
+    assert {"fracgpu-controller", FIELD_MANAGER} <= managers
+
+    def ledger() -> dict[str, Any] | None:
+        (gpu,) = _node_ledger(dyn, node).values()
+        shares = {c["request"]: c.get("enforcement") for c in gpu["status"].get("claims") or []}
+        return gpu if shares == {"a": "nvml", "b": "none"} else None
+
+    gpu = _wait(controller, ledger, 30, "the ledger's share tiers")
+    assert gpu["status"]["enforcement"] == "none"  # the GPU's published memoryEnforcement
+    table = _kubectl(control_plane, "get", "gpus", "-l", f"{NODE_LABEL}={node}", "-o", "wide")
+    header, row = table.splitlines()[:2]
+    starts = [header.index(name) for name in header.split()]  # kubectl aligns columns; MODEL has spaces
+    columns = {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], len(row)], strict=True)}
+    assert (columns["ENFORCEMENT"], columns["SHARE-ENFORCEMENT"]) == ("none", "nvml=1,none=1")
+
+
 @pytest.mark.parametrize("case", BAD_CLAIMS, ids=[c[0] for c in BAD_CLAIMS])
 def test_admission_refuses_bad_claims_with_field_and_rule(
     controller: kube.ControllerProcess,
@@ -640,6 +691,23 @@ def test_admission_warns_when_hami_core_is_asked_and_no_gpu_offers_it(
         lambda: "no published GPU offers it" not in _create_warnings(api_client, namespace, probe, dry_run=True),
         20,
         "no hami-core warning once a GPU offers it",
+    )
+
+
+def test_admission_warns_when_nvml_is_asked_and_no_gpu_offers_it(
+    controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    nvml = _claim_body("nvml", [_request("gpu", "1Gi")], _gpu_config(enforcement="nvml"))
+    warning = _create_warnings(api_client, namespace, nvml, dry_run=True)
+    assert "request 'gpu' asks for enforcement 'nvml', but no published GPU offers it" in warning, warning
+    # a node plugin on a cgroup-v2 node with an r615+ driver publishes memoryEnforcement: nvml, and the warning goes
+    node = kube.create_fake_node(api_client, kube.unique("nvmlnode"))
+    kube.publish_gpus(dyn, node, DRIVER_NAME, kube.simulated_gpus(node["metadata"]["name"], 1), enforcement="nvml")
+    _wait(
+        controller,
+        lambda: "no published GPU offers it" not in _create_warnings(api_client, namespace, nvml, dry_run=True),
+        20,
+        "no nvml warning once a GPU offers it",
     )
 
 
@@ -840,7 +908,18 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
     )
     # `kubectl get gpus` reads like `kubectl inspect gpushare`: one row per GPU with its memory split
     table = _kubectl(control_plane, "get", "gpus", "-l", f"{NODE_LABEL}={node}").splitlines()
-    assert table[0].split() == ["NAME", "NODE", "MODEL", "TOTAL", "ALLOCATED", "USED", "FREE", "SHARES", "AGE"]
+    assert table[0].split() == [
+        "NAME",
+        "NODE",
+        "MODEL",
+        "TOTAL",
+        "ALLOCATED",
+        "USED",
+        "FREE",
+        "SHARES",
+        "ENFORCEMENT",
+        "AGE",
+    ]
     rows = {line.split()[0]: line.split() for line in table[1:]}
     assert set(rows) == set(ledger)
     for name, g in ledger.items():
@@ -848,6 +927,7 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
         assert rows[name][1] == node and " ".join(rows[name][2:6]) == "NVIDIA H100 80GB HBM3"
         # USED is blank: no node plugin samples these simulated GPUs
         assert rows[name][6:10] == [st["totalMemory"], st["allocatedMemory"], st["freeMemory"], str(st["shares"])]
+        assert rows[name][10] == st["enforcement"] == "none"
 
     for i in range(10, 50):
         delete(i)

@@ -172,7 +172,10 @@ def test_prepare_writes_a_cdi_spec_for_the_allocated_gpu_only(
 
         body = kube.wait_for(with_status, 30, what="the Ready condition")
         (entry,) = [d for d in body["status"]["devices"] if d["driver"] == DRIVER]
-        assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
+        assert [(c["type"], c["status"], c["reason"]) for c in entry["conditions"]] == [
+            ("Ready", "True", "Prepared"),
+            ("MemoryEnforcement", "False", "None"),  # no HAMi-core, and this node has no cgroup v2 for nvml
+        ]
         managers = {f["manager"] for f in body["metadata"]["managedFields"] if f.get("subresource") == "status"}
         assert "fracgpu-kubelet-plugin" in managers
 

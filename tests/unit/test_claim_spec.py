@@ -25,6 +25,7 @@ from kubelet_plugin.claim_spec import (
     hami_preload_file,
     plan_claim,
 )
+from kubelet_plugin.enforcement import GpuTiers, NodeFacts, NvmlLimits, gpu_tiers
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.slices import usable_memory
@@ -187,6 +188,7 @@ def test_env_of_one_share(settings: Settings) -> None:
         "MEMORY_LIMIT_MIB": "10240",
         "CLAIM": "team-a/my-claim",
         "REQUEST": "gpu",
+        "ENFORCEMENT": "none",
         "SHARE_ID": SHARE_A,
     }
     assert (
@@ -627,8 +629,9 @@ def test_hami_core_missing_library(root: Path, tmp_path: Path) -> None:
     settings = make_settings(root, enforcement="hami-core", hami_core_library=missing)
     with pytest.raises(PrepareError) as err:
         plan_claim(claim([result()]), settings, GPUS)
-    assert err.value.kind == "hami_core_missing"
+    assert err.value.kind == "enforcement_unavailable"
     assert str(missing) in str(err.value)
+    assert "this node's enforcement mode is 'hami-core'" in str(err.value)
 
 
 def test_only_the_info_file_without_enforcement(settings: Settings) -> None:
@@ -670,3 +673,103 @@ def test_written_spec_version_and_content(root: Path, hami_library: Path, enforc
         assert all(n["hostPath"].startswith(str(root)) for n in nodes)
     ids = [i for d in plan.devices for i in d.cdi_device_ids]
     assert ids == [f"{data['kind']}={d['name']}" for d in data["devices"]]
+
+
+# --- memory enforcement tiers (kubelet_plugin/enforcement.py decides, claim_spec applies) ---------------------
+
+LIBS = ContainerEdits(
+    mounts=[
+        cdi.Mount(host_path=f"/drv/lib/{lib}", container_path=f"/usr/lib/{lib}", options=["ro", "rbind"])
+        for lib in ("libcuda.so.615.1", "libnvidia-ml.so.615.1")
+    ]
+)
+ALL_FACTS = NodeFacts(cgroup_problem=None, driver_edits_problem=None, hami_core_problem=None)
+
+
+def tiers(nvml: dict[str, str | None], hami: bool = False) -> dict[str, GpuTiers]:
+    """Per device: the tiers with the NVML probe's problem (None: supported) and HAMi-core present or not."""
+    facts = ALL_FACTS.model_copy(update={"hami_core_problem": None if hami else "no HAMi-core library"})
+    return {name: gpu_tiers(facts, NvmlLimits(problem=problem)) for name, problem in nvml.items()}
+
+
+def test_nvml_share_gets_nvidias_hook_and_the_grant_as_env(root: Path) -> None:
+    settings = make_settings(root, driver_edits="toolkit", host_driver_root=Path("/run/nvidia/driver"))
+    plan = plan_claim(claim([result()]), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": None}))
+    device = only_device(plan)
+    (hook,) = device.container_edits.hooks
+    assert hook.hook_name == "createRuntime"
+    assert hook.path == str(settings.cdi_hook_path)
+    assert hook.args == [
+        *("nvidia-cdi-hook", "apply-cuda-memory-limits", "--driver-root", "/run/nvidia/driver", "--gpu-id", UUID0)
+    ]
+    env = env_of(device.container_edits)
+    assert (env["NVIDIA_GPU_MEMORY_REQUEST"], env["NVIDIA_GPU_MEMORY_LIMIT"]) == ("10240", "10240")
+    assert own_vars(device)["ENFORCEMENT"] == "nvml"
+    assert plan.tiers == ((NODE, "gpu-0", SHARE_A, "nvml"),)
+    (file,) = plan.files
+    assert file.info.enforcement == "nvml" and file.info.devices[0].enforcement == "nvml"
+    assert not any(k.startswith("CUDA_DEVICE_MEMORY") for k in env)
+
+
+def test_no_hook_where_the_gpu_offers_no_nvml(root: Path) -> None:
+    """Never nvml without the hook: a GPU without the tier gets neither the hook nor the env, and says none."""
+    settings = make_settings(root, driver_edits="toolkit")
+    plan = plan_claim(claim([result()]), settings, GPUS, LIBS, tiers({"gpu-0": "old driver", "gpu-1": None}))
+    device = only_device(plan)
+    assert device.container_edits.hooks == []
+    assert not any(k.startswith("NVIDIA_GPU_MEMORY") for k in env_of(device.container_edits))
+    assert own_vars(device)["ENFORCEMENT"] == "none"
+    assert plan.tiers == ((NODE, "gpu-0", SHARE_A, "none"),)
+
+
+def test_tiers_are_per_gpu(root: Path) -> None:
+    settings = make_settings(root, driver_edits="toolkit")
+    results = [result("gpu-0", request="a", share=SHARE_A), result("gpu-1", request="b", share=SHARE_B)]
+    plan = plan_claim(claim(results), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": "not supported"}))
+    assert plan.spec is not None
+    by_device = {d.name.split("-gpu-")[1][0]: d for d in plan.spec.devices}
+    assert [len(by_device[i].container_edits.hooks) for i in ("0", "1")] == [1, 0]
+    assert sorted(t[3] for t in plan.tiers) == ["none", "nvml"]
+
+
+def test_claim_asking_for_nvml_on_a_gpu_without_it_is_refused(root: Path) -> None:
+    settings = make_settings(root, driver_edits="toolkit")
+    configs = [config(gpu_config(enforcement="nvml"))]
+    problem = "the node has no cgroup v2 unified hierarchy at /sys/fs/cgroup"
+    with pytest.raises(PrepareError) as err:
+        plan_claim(claim([result()], configs), settings, GPUS, LIBS, tiers({"gpu-0": problem, "gpu-1": problem}))
+    assert err.value.kind == "enforcement_unavailable"
+    message = str(err.value)
+    assert message.startswith("request 'gpu': the claim's GpuConfig asks for enforcement 'nvml', but GPU gpu-0")
+    assert problem in message and "driverEdits: toolkit" in message
+
+
+def test_claim_config_cannot_lower_auto(root: Path) -> None:
+    settings = make_settings(root, driver_edits="toolkit")
+    configs = [config(gpu_config(enforcement="none"))]
+    plan = plan_claim(claim([result()], configs), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": None}))
+    assert plan.tiers[0][3] == "nvml"
+    assert len(only_device(plan).container_edits.hooks) == 1
+
+
+def test_nvml_shares_of_one_claim_must_have_one_size(root: Path) -> None:
+    settings = make_settings(root, driver_edits="toolkit")
+    results = [
+        result("gpu-0", request="a", share=SHARE_A, memory="10Gi"),
+        result("gpu-1", request="b", share=SHARE_B, memory="20Gi"),
+    ]
+    with pytest.raises(PrepareError) as err:
+        plan_claim(claim(results), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": None}))
+    assert "nvml-enforced shares of different sizes (10240 MiB, 20480 MiB)" in str(err.value)
+    assert "one NVIDIA_GPU_MEMORY_LIMIT per container" in str(err.value)
+
+
+def test_hami_core_covers_the_claims_unenforced_shares(root: Path, hami_library: Path) -> None:
+    """HAMi-core, preloaded for one share, limits every GPU of the container: a none share becomes hami-core."""
+    settings = make_settings(root, enforcement="none", hami_core_library=hami_library)
+    results = [result("gpu-0", share=SHARE_A), result("gpu-1", share=SHARE_B)]
+    configs = [config(gpu_config(enforcement="hami-core"))]
+    plan = plan_claim(claim(results, configs), settings, GPUS, None, tiers({"gpu-0": "x", "gpu-1": "x"}, hami=True))
+    assert {t[3] for t in plan.tiers} == {"hami-core"}
+    (file,) = plan.files
+    assert file.info.enforcement == "hami-core"

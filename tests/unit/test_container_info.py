@@ -64,6 +64,7 @@ def test_json_uses_the_documented_names() -> None:
         "minor",
         "cdiDevice",
         "envPrefix",
+        "enforcement",
     }
 
 

@@ -182,3 +182,22 @@ def test_hami_core_asked_where_no_gpu_offers_it_is_warned(offered: bool | None, 
         if warned
         else []
     )
+
+
+@pytest.mark.parametrize(("offered", "warned"), [(False, True), (True, False), (None, False)])
+def test_nvml_asked_where_no_gpu_offers_it_is_warned(offered: bool | None, warned: bool) -> None:
+    out = review_claim_spec(
+        spec([req("1Gi")], opaque({**HEAD, "enforcement": "nvml"})),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=None,
+        hami_core_offered=True,
+        nvml_offered=offered,
+    )
+    assert out.allowed
+    found = [w for w in out.warnings if "no published GPU offers it" in w]
+    assert len(found) == (1 if warned else 0)
+    if warned:
+        assert found[0].startswith("spec.devices.requests[0].exactly: request 'gpu' asks for enforcement 'nvml'")
+        assert "memoryEnforcement" in found[0] and "driverEdits: toolkit" in found[0]

@@ -96,3 +96,26 @@ def test_apply_body_carries_only_our_entries_and_the_uid_precondition() -> None:
     assert body["kind"] == "ResourceClaim" and body["apiVersion"] == "resource.k8s.io/v1"
     assert body["status"] == {"devices": list(plan.entries)}
     assert set(body) == {"apiVersion", "kind", "metadata", "status"}
+
+
+def test_data_carries_the_tier_the_plugin_reported() -> None:
+    """`enforcement` is in data only once the node plugin's MemoryEnforcement condition says what it applied."""
+    body = claim(results=[result("a", "gpu-1", "10Gi", "s-1")])
+    assert "enforcement" not in plan_status(view(body), devices().get, DRIVER_NAME).entries[0]["data"]
+    body["status"]["devices"] = [
+        {
+            "driver": DRIVER_NAME,
+            "pool": NODE,
+            "device": "gpu-1",
+            "shareID": "s-1",
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Prepared", "message": ""},
+                {"type": "MemoryEnforcement", "status": "True", "reason": "HamiCore", "message": ""},
+            ],
+        }
+    ]
+    plan = plan_status(view(body), devices().get, DRIVER_NAME)
+    assert plan.changed
+    assert plan.entries[0]["data"]["enforcement"] == "hami-core"
+    body["status"]["devices"][0]["conditions"][1]["reason"] = "Bogus"  # unknown reasons are not reported
+    assert "enforcement" not in plan_status(view(body), devices().get, DRIVER_NAME).entries[0]["data"]

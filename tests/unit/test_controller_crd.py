@@ -29,7 +29,7 @@ def test_crd_shape() -> None:
     (version,) = spec["versions"]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["NODE", "MODEL", "TOTAL", "ALLOCATED", "USED", "FREE", "SHARES", "AGE"]
+    assert columns == ["NODE", "MODEL", "TOTAL", "ALLOCATED", "USED", "FREE", "SHARES", "ENFORCEMENT", "AGE"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert {
         "node",
@@ -54,6 +54,7 @@ def test_crd_shape() -> None:
         "shareID",
         "memory",
         "adminAccess",
+        "enforcement",
     }
 
 

@@ -54,6 +54,8 @@ def test_one_object_per_device_with_totals_shares_and_claims() -> None:
         "allocatedMemory": "35Gi",
         "freeMemory": "45Gi",
         "shares": 3,
+        "enforcement": "none",  # the device's memoryEnforcement attribute
+        "shareEnforcement": "unreported=3",  # no node plugin has prepared them
     }
     assert g0.status["claims"] == [
         {"namespace": "aa", "name": "c0", "request": "gpu", "shareID": "s-3", "memory": "5Gi"},
@@ -153,3 +155,31 @@ def test_apply_bodies() -> None:
     assert "status" not in ident and ident["spec"] == obj.spec
     st = status_body(obj)
     assert st["metadata"] == {"name": obj.name} and st["status"] == obj.status and "spec" not in st
+
+
+def test_gpu_and_share_enforcement_come_from_the_attribute_and_the_plugins_condition() -> None:
+    """The GPU's tier is its published attribute; a share's tier is what the node plugin reported applying."""
+    entry = {
+        "driver": DRIVER_NAME,
+        "pool": NODE,
+        "device": "gpu-0",
+        "shareID": "s-1",
+        "conditions": [{"type": "MemoryEnforcement", "status": "True", "reason": "Nvml", "message": ""}],
+    }
+    body = claim("c1", results=[result("a", "gpu-0", "10Gi", "s-1"), result("b", "gpu-0", "5Gi", "s-2")])
+    body["status"]["devices"] = [entry]
+    views = [slice_view(s, DRIVER_NAME) for s in slices(count=1)]
+    for view in views:
+        assert isinstance(view, SliceView)
+        for device in view.devices:
+            assert device.memory_enforcement == "none"
+    sliced = slices(count=1)
+    for s in sliced:
+        for d in s["spec"]["devices"]:
+            d["attributes"]["memoryEnforcement"] = {"string": "nvml"}
+    found = current_devices([v for v in (slice_view(s, DRIVER_NAME) for s in sliced) if isinstance(v, SliceView)])
+    out = desired_ledger(found, claims(body), DRIVER_NAME, MANAGER)
+    status = out[f"{NODE}-gpu-0"].status
+    assert status["enforcement"] == "nvml"
+    assert [(c["shareID"], c.get("enforcement")) for c in status["claims"]] == [("s-1", "nvml"), ("s-2", None)]
+    assert status["shareEnforcement"] == "nvml=1,unreported=1"

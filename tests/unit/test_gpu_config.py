@@ -110,7 +110,7 @@ def test_missing_api_version_and_kind() -> None:
 
 def test_bad_enforcement() -> None:
     msg = error_of(params(enforcement="mps"))
-    assert msg == "enforcement: must be one of 'none', 'hami-core', got \"mps\""
+    assert msg == "enforcement: must be one of 'none', 'hami-core', 'nvml', got \"mps\""
 
 
 @pytest.mark.parametrize(

@@ -334,7 +334,10 @@ def test_ready_applied_once_with_field_manager(env: Env) -> None:
     assert patch["field_manager"] == FIELD_MANAGER == "fracgpu-kubelet-plugin"
     (entry,) = patch["body"]["status"]["devices"]
     assert (entry["driver"], entry["pool"], entry["device"], entry["shareID"]) == (DRIVER_NAME, NODE, "gpu-0", SHARE_A)
-    assert [(c["type"], c["status"]) for c in entry["conditions"]] == [("Ready", "True")]
+    assert [(c["type"], c["status"], c["reason"]) for c in entry["conditions"]] == [
+        ("Ready", "True", "Prepared"),
+        ("MemoryEnforcement", "False", "None"),  # no HAMi-core library, no nvml: the grant is advisory
+    ]
 
     # the API server now has the condition: a repeat does not apply it again
     claim["status"]["devices"] = [{**entry}]
@@ -351,13 +354,36 @@ def test_ready_not_applied_when_already_ready(env: Env) -> None:
             "pool": NODE,
             "device": "gpu-0",
             "shareID": SHARE_A,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "message": ""}],
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "Prepared", "message": ""},
+                {"type": "MemoryEnforcement", "status": "False", "reason": "None", "message": ""},
+            ],
         }
     ]
     env.api.add(claim)
     assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
     assert env.preparer.wait_ready_writes(10)
     assert env.api.status_patches == []
+
+
+def test_enforcement_condition_added_to_an_entry_that_is_only_ready(env: Env) -> None:
+    """A claim made Ready by a plugin that did not report enforcement gets the condition at its next prepare."""
+    claim = make_claim(UID_A, "claim-a")
+    claim["status"]["devices"] = [
+        {
+            "driver": DRIVER_NAME,
+            "pool": NODE,
+            "device": "gpu-0",
+            "shareID": SHARE_A,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "message": ""}],
+        }
+    ]
+    env.api.add(claim)
+    assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
+    assert env.preparer.wait_ready_writes(10)
+    (patch,) = env.api.status_patches
+    (entry,) = patch["body"]["status"]["devices"]
+    assert {c["type"]: c["reason"] for c in entry["conditions"]} == {"Ready": "Prepared", "MemoryEnforcement": "None"}
 
 
 def test_ready_applied_when_another_share_not_ready(env: Env) -> None:

@@ -59,6 +59,7 @@ def test_usage_sampling_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--node-name", "n", "--memory-step", "100k"], "memory step must be a whole number of MiB"),
         (["--node-name", "n", "--memory-step", "ten"], "'ten' is not a Kubernetes quantity"),
         (["--node-name", "n", "--enforcement", "strict"], "invalid choice: 'strict'"),
+        (["--node-name", "n", "--enforcement", "nvml"], "--enforcement=nvml needs --driver-edits=toolkit"),
         (["--node-name", "n", "--api-timeout", "0"], "api_timeout_seconds: Input should be greater than 0"),
         (["--node-name", "n", "--api-timeout", "ten"], "invalid float value: 'ten'"),
         (

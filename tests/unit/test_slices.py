@@ -199,3 +199,23 @@ def test_slice_names_are_deterministic() -> None:
     a = build_slices(NODE, NODE_UID, DRIVER_NAME, [gpu(0)], step=STEP, reserve=0, generation=1)
     b = build_slices(NODE, NODE_UID, DRIVER_NAME, [gpu(0)], step=STEP, reserve=0, generation=2)
     assert a[0]["metadata"]["name"] == b[0]["metadata"]["name"]
+
+
+def test_memory_enforcement_attribute_per_gpu() -> None:
+    """Each GPU publishes the strongest tier it offers (default none), for CEL selectors and the ledger."""
+    assert device_entry(gpu(), STEP, 0)["attributes"]["memoryEnforcement"] == {"string": "none"}
+    slices = build_slices(
+        "node-a",
+        "uid-1",
+        DRIVER_NAME,
+        [gpu(0), gpu(1)],
+        step=STEP,
+        reserve=0,
+        generation=1,
+        enforcement={"gpu-0": "nvml", "gpu-1": "hami-core"},
+    )
+    (published,) = slices
+    assert [d["attributes"]["memoryEnforcement"]["string"] for d in published["spec"]["devices"]] == [
+        "nvml",
+        "hami-core",
+    ]

@@ -67,6 +67,10 @@ app.kubernetes.io/component: kubelet-plugin
 {{- default .Values.driverName .Values.deviceClass.name }}
 {{- end }}
 
+{{- define "fracgpu.enforcedDeviceClassName" -}}
+{{- default (printf "enforced.%s" .Values.driverName) (.Values.deviceClass.enforced | default dict).name }}
+{{- end }}
+
 {{- define "fracgpu.webhookConfigName" -}}
 {{- default .Values.driverName .Values.controller.webhook.configName }}
 {{- end }}
@@ -108,6 +112,12 @@ app.kubernetes.io/component: kubelet-plugin
 {{- end }}
 {{- if and $c.hostNetwork .Values.kubeletPlugin.hostNetwork .Values.kubeletPlugin.metricsPort (has (int .Values.kubeletPlugin.metricsPort) $ports) }}
 {{- fail (printf "kubeletPlugin.metricsPort %v is also a controller port; with both on the host network they would clash on a node running both" .Values.kubeletPlugin.metricsPort) }}
+{{- end }}
+{{- if and (eq .Values.enforcement.mode "nvml") (ne .Values.driverEdits "toolkit") }}
+{{- fail "enforcement.mode nvml needs driverEdits: toolkit: the node plugin installs NVIDIA's nvidia-cdi-hook (which applies the limit) with the driver edits" }}
+{{- end }}
+{{- if and ((.Values.deviceClass.enforced | default dict).create) (eq .Values.enforcement.mode "none") }}
+{{- fail "deviceClass.enforced.create with enforcement.mode none would select enforcing GPUs whose claims then get no enforcement: use mode auto (or a tier)" }}
 {{- end }}
 {{- if not (hasPrefix "/" .Values.enforcement.hamiCore.libraryPath) }}
 {{- fail "enforcement.hamiCore.libraryPath must be an absolute host path" }}
