@@ -61,7 +61,7 @@ def read_shares(plugin_data_dir: Path) -> list[ClaimShare]:
         for info in infos:
             for device in info.devices:
                 granted[device.uuid] = granted.get(device.uuid, 0) + device.memory_mib * MiB
-                enforced[device.uuid] = enforced.get(device.uuid, True) and info.enforcement != "none"
+                enforced[device.uuid] = enforced.get(device.uuid, True) and device.enforcement != "none"
         if infos:
             claim = infos[0].claim
             shares += [

@@ -195,6 +195,7 @@ def write_info(data_dir: Path, uid: str, request: str, devices: list[tuple[str, 
                 minor=0,
                 cdi_device=f"k8s.gpu.fracgpu.dev/claim={uid}-gpu-0",
                 env_prefix="FRACGPU_DEV_X_",
+                enforcement=enforcement,
             )
             for u, mib in devices
         ],
@@ -210,6 +211,16 @@ def _existing(directory: Path, new: container_info.InfoFile) -> list[container_i
             info = RequestInfo.model_validate_json(path.read_bytes())
             out.append(container_info.info_file(directory.parents[1], info))
     return out
+
+
+def test_a_share_is_enforced_by_its_own_tier_not_its_requests_weakest(tmp_path: Path) -> None:
+    write_info(tmp_path, "c1", "a", [(GPU0, 1024), (GPU1, 1024)], "none")
+    path = container_info.claim_info_dir(tmp_path, "c1") / "a.json"
+    info = RequestInfo.model_validate_json(path.read_bytes())
+    devices = [info.devices[0].model_copy(update={"enforcement": "nvml"}), info.devices[1]]
+    f = container_info.info_file(tmp_path, info.model_copy(update={"devices": devices}))
+    container_info.write_claim_files(f.host_path.parent, [f])
+    assert {s.gpu_uuid: s.enforced for s in read_shares(tmp_path)} == {GPU0: True, GPU1: False}
 
 
 def test_read_shares_sums_requests_per_gpu_and_skips_broken_claims(tmp_path: Path) -> None:
