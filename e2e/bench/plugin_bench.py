@@ -3,10 +3,10 @@ and the plugin's RSS across many prepare/unprepare cycles.
 
     python -m e2e.bench.plugin_bench [--cycles 1000] [--out build/bench/plugin.json]
 
-Starts its own control plane (etcd, apiserver, controller-manager, scheduler) and two plugin processes, each on
-its own fake Node with 8 simulated H100s: one with ``--driver-edits=none``, one with ``--driver-edits=toolkit``
+Starts its own control plane (etcd, apiserver, controller-manager, scheduler) and one plugin process per entry
+of CONFIGS, each on its own fake Node with 8 simulated H100s: ``--driver-edits=none``; ``--driver-edits=toolkit``
 on a faithful fake driver root (the real nvidia-ctk generates its edits once, at start; every claim spec then
-carries them). Claims are allocated by the real scheduler; the plugins are called like the kubelet does,
+carries them); the same with the usage sampler on every second. Claims are allocated by the real scheduler; the plugins are called like the kubelet does,
 alternating between the two cycle by cycle. Reports medians and percentiles of this one run; asserts nothing.
 """
 
@@ -55,25 +55,30 @@ def _timed(call: Callable[[list[tuple[str, str, str]]], Any], refs: list[tuple[s
     return elapsed
 
 
-MODES = ("none", "toolkit")
-"""Driver edits: `none` (the plugin flag's default) and `toolkit` (the chart's default: specs carry the driver)."""
+CONFIGS: dict[str, list[str]] = {
+    "none": ["--driver-edits=none"],  # the plugin flags' defaults
+    "toolkit": ["--driver-edits=toolkit"],  # claim specs carry the driver, as with the chart's defaults
+    "toolkit-usage": ["--driver-edits=toolkit", "--usage-interval=1"],  # and the usage sampler, every second
+}
+"""The plugin configurations measured side by side, by name."""
 
 
 def _start_plugin(
     api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane, workdir: Path, mode: str
 ) -> tuple[NodePluginProcess, KubeletClient, list[dict[str, Any]]]:
-    """A plugin on its own fake node with 8 simulated H100s, in driver-edits `mode`; 33 claims allocated there."""
+    """A plugin on its own fake node with 8 simulated H100s, configured as CONFIGS[mode]; 33 claims there."""
     node = f"bench-{mode}"
+    toolkit = "--driver-edits=toolkit" in CONFIGS[mode]
     kube.create_fake_node(api, node)
     profile = mocknvml.PROFILES / "h100x8.profile"
-    flags = ["--log-level=warning", f"--driver-edits={mode}"]
-    if mode == "toolkit":
+    flags = ["--log-level=warning", *CONFIGS[mode]]
+    if toolkit:
         tools = binaries.ensure_built("nvidia-ctk", "nvidia-cdi-hook")
         flags += [f"--nvidia-ctk={tools['nvidia-ctk']}", f"--nvidia-cdi-hook-source={tools['nvidia-cdi-hook']}"]
     plugin = NodePluginProcess(
         workdir / mode, node, plane.kubeconfig, profile, mocknvml.build(workdir / "nvml"), *flags
     )
-    if mode == "toolkit":
+    if toolkit:
         install_driver(plugin.driver_root, profile, workdir / "driver-build")
     kubelet = plugin.start()
     kube.wait_for(
@@ -87,7 +92,7 @@ NAMESPACE = "bench"
 
 
 def run(cycles: int, workdir: Path) -> dict[str, Any]:
-    """Run every measurement, both driver-edits modes interleaved cycle by cycle; return the report."""
+    """Run every measurement, every configuration interleaved cycle by cycle; return the report."""
     plane = ControlPlane(workdir / "cp")
     plane.start()
     try:
@@ -99,13 +104,13 @@ def run(cycles: int, workdir: Path) -> dict[str, Any]:
             lambda: kube.exists(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", NAMESPACE)),
             30,
         )
-        started = {mode: _start_plugin(api, dyn, plane, workdir, mode) for mode in MODES}
+        started = {mode: _start_plugin(api, dyn, plane, workdir, mode) for mode in CONFIGS}
         samples: dict[str, dict[str, list[float]]] = {
             mode: {"prepare 1 claim": [], "unprepare 1 claim": [], "prepare 32 claims": [], "unprepare 32 claims": []}
-            for mode in MODES
+            for mode in CONFIGS
         }
         first: dict[str, float] = {}
-        rss: dict[str, dict[str, float]] = {mode: {} for mode in MODES}
+        rss: dict[str, dict[str, float]] = {mode: {} for mode in CONFIGS}
         for mode, (_, kubelet, claims) in started.items():
             first[mode] = _timed(kubelet.prepare, _refs(claims[:1]))  # includes the Ready status write
             kubelet.unprepare(_refs(claims[:1]))
@@ -125,13 +130,13 @@ def run(cycles: int, workdir: Path) -> dict[str, Any]:
             kubelet.close()
             plugin.stop()
         return {
-            "driver_edits": {
+            "configs": {
                 mode: {
                     "latency": {name: summary_ms(values) for name, values in samples[mode].items()},
                     "first_prepare_with_status_write_ms": round(first[mode] * 1000, 2),
                     "rss": rss[mode],
                 }
-                for mode in MODES
+                for mode in CONFIGS
             },
             "cycles": cycles,
         }
@@ -151,8 +156,8 @@ def main() -> None:
         shutil.rmtree(workdir, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
-    for mode, part in report["driver_edits"].items():
-        print(f"node plugin, --driver-edits={mode}, NodePrepareResources over the socket, real kube-apiserver:")
+    for mode, part in report["configs"].items():
+        print(f"node plugin, {' '.join(CONFIGS[mode])}, NodePrepareResources over the socket, real kube-apiserver:")
         print(table(part["latency"]))
         print(f"first prepare (incl. Ready status write): {part['first_prepare_with_status_write_ms']} ms")
         print("plugin RSS: " + ", ".join(f"{k.removesuffix('_mib')}={v} MiB" for k, v in part["rss"].items()))
