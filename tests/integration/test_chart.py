@@ -168,7 +168,10 @@ def test_lint_and_template_pass(tools: dict[str, Path], tmp_path: Path, variant:
 def test_schema_and_checks_refuse_bad_values(tools: dict[str, Path], tmp_path: Path) -> None:
     cases: list[tuple[dict[str, Any], list[str]]] = [
         ({"enforcement": {"mode": "strict"}}, ["/enforcement/mode", "'auto', 'none', 'hami-core', 'nvml'"]),
-        ({"enforcement": {"mode": "nvml"}}, ["enforcement.mode nvml needs driverEdits: toolkit"]),
+        (
+            {"enforcement": {"mode": "nvml"}, "driverEdits": "none"},
+            ["enforcement.mode nvml needs driverEdits: toolkit"],
+        ),
         (
             {"enforcement": {"mode": "none"}, "deviceClass": {"enforced": {"create": True}}},
             ["deviceClass.enforced.create with enforcement.mode none"],
