@@ -6,13 +6,21 @@
 writes. Steps, each printed with what it saw:
 
 1. GPUs through NVML (``kubelet_plugin.discovery``, real ``pynvml``; ``libnvidia-ml.so.1`` from the loader path);
+   the memory-enforcement tiers each GPU offers (``kubelet_plugin.enforcement_probe``: cgroup v2 at the cgroup
+   root, the ``nvmlDeviceSetMemoryLimits_v1`` probe, here run even where cgroup v1 already rules nvml out, and
+   HAMi-core's library), with the reason for each tier that is missing;
 2. driver edits (``kubelet_plugin.driver_edits``: the bundled ``nvidia-ctk`` on the driver root, the hook installed
    under the plugin directory as the plugin does);
 3. the claim spec for one share of GPU 0, planned and written as prepare does (``claim_spec.plan_claim``,
-   ``container_info``, ``cdi.write_spec``) from an allocated claim as the scheduler writes it;
-4. a container (bundled busybox rootfs) given the claim's CDI device by ``nvidia-container-runtime`` in cdi mode
-   over the bundled runc, running ``nvidia-smi -L`` (as mounted by the edits) and the CUDA probe;
-5. the verdict: PASS when both see exactly the granted GPU and ``NVIDIA_VISIBLE_DEVICES=void``.
+   ``container_info``, ``cdi.write_spec``) from an allocated claim as the scheduler writes it, at the tier the
+   node's ``auto`` mode gives it (``nvml`` where GPU 0 offers it: the spec then carries NVIDIA's
+   ``apply-cuda-memory-limits`` createRuntime hook);
+4. a container (bundled busybox rootfs, in its own cgroup ``/fracgpu-gpu-check/<name>``) given the claim's CDI
+   device by ``nvidia-container-runtime`` in cdi mode over the bundled runc, running ``nvidia-smi -L`` (as mounted
+   by the edits) and the CUDA probe; at the nvml tier also the probe allocating 20% over and under the grant;
+5. the verdict: PASS when both see exactly the granted GPU and ``NVIDIA_VISIBLE_DEVICES=void`` and, at the nvml
+   tier, the allocation over the grant is refused and the one under it allowed; without nvml the verdict says
+   why and that the memory cap was not checked (no failure).
 
 Exit status 0 on PASS, 1 on FAIL (the reasons are printed), 2 for bad usage.
 """
@@ -30,9 +38,11 @@ from api.names import DRIVER_NAME, MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
 from e2e.gpu import container, report
 from kubelet_plugin import cdi, container_info
-from kubelet_plugin.claim_spec import PrepareError, plan_claim
+from kubelet_plugin.claim_spec import NVML_HOOK, PrepareError, plan_claim
 from kubelet_plugin.discovery import DiscoveryError, discover_gpus
 from kubelet_plugin.driver_edits import DriverEditsError, GeneratorConfig, generate_driver_edits, install_hook
+from kubelet_plugin.enforcement import GpuTiers
+from kubelet_plugin.enforcement_probe import EnforcementDetector, probe_nvml_limits, static_facts
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.settings import Settings
 
@@ -115,8 +125,33 @@ def summarise_edits(edits: cdi.ContainerEdits) -> list[str]:
     ]
 
 
-def run(work: Path, driver_root: Path, memory: str) -> list[str]:
-    """Run the steps; the reasons the check fails (empty: PASS). Raises CheckError when a step cannot finish."""
+def detect_tiers(settings: Settings, gpus: list[GpuInfo]) -> dict[str, GpuTiers]:
+    """The tiers each GPU offers, by our detection; NVML is probed even where the cgroup rules nvml out (the
+    plugin skips it there), so the report says what the driver could do."""
+    cgroup, edits = static_facts(settings)
+    say(f"cgroup v2 at {settings.cgroup_root}: {'yes' if cgroup is None else cgroup}")
+    nvml = probe_nvml_limits([g.uuid for g in gpus])
+    detector = EnforcementDetector(settings, gpus, cgroup_problem=cgroup, driver_edits_problem=edits, nvml=nvml)
+    hami = detector.node_facts().hami_core_problem
+    say(f"HAMi-core: {'present at ' + str(settings.hami_core_library) if hami is None else hami}")
+    tiers = detector.tiers()
+    for g in gpus:
+        problem = nvml[g.uuid].problem
+        say(f"  {g.device_name}: NVML memory-limits probe: {'supported' if problem is None else problem}")
+    for name, t in tiers.items():
+        say(tier_line(name, t))
+    return tiers
+
+
+def tier_line(device: str, tiers: GpuTiers) -> str:
+    """``enforcement gpu-0: available none, nvml; hami-core not available: ...``."""
+    missing = "".join(f"; {tier} not available: {why}" for tier, why in tiers.missing.items())
+    return f"enforcement {device}: available {', '.join(tiers.available)}{missing}"
+
+
+def run(work: Path, driver_root: Path, memory: str) -> tuple[list[str], str]:
+    """Run the steps; the reasons the check fails (empty: PASS) and the memory-cap note for the verdict. Raises
+    CheckError when a step cannot finish."""
     bin_dir, rootfs = work / "bin", work / "rootfs"
     settings = Settings(
         node_name=NODE,
@@ -140,6 +175,8 @@ def run(work: Path, driver_root: Path, memory: str) -> list[str]:
             )
         if not gpus:
             raise CheckError("NVML discovery: NVML reports no GPU")
+    with step("memory-enforcement tiers"):
+        tiers = detect_tiers(settings, gpus)
     with step("driver edits (nvidia-ctk)"):
         config = GeneratorConfig.from_settings(settings)
         install_hook(settings.nvidia_cdi_hook_source, config.hook_path)
@@ -150,7 +187,7 @@ def run(work: Path, driver_root: Path, memory: str) -> list[str]:
     with step(f"claim spec ({memory} of {gpu.device_name})"):
         claim = share_claim(gpu, memory)
         uid = claim["metadata"]["uid"]
-        plan = plan_claim(claim, settings, {g.device_name: g for g in gpus}, edits)
+        plan = plan_claim(claim, settings, {g.device_name: g for g in gpus}, edits, tiers)
         if plan.spec is None:
             raise CheckError("claim spec: the plan has no spec")
         container_info.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), list(plan.files))
@@ -160,10 +197,20 @@ def run(work: Path, driver_root: Path, memory: str) -> list[str]:
         say(f"claim spec: {spec_path}")
         say(f"CDI device: {device_id}")
         say(f"granted: {granted.memory_mib} MiB of {granted.uuid} ({to_bytes(memory) // MiB} MiB asked)")
+        tier = plan.tiers[0][3]
+        hooks = [h for d in plan.spec.devices for h in d.container_edits.hooks if NVML_HOOK in h.args]
+        say(f"claim tier: {tier}; spec hooks {NVML_HOOK}: " + (" | ".join(_hook_text(h) for h in hooks) or "none"))
+        if tier == "nvml" and not hooks:
+            raise CheckError(f"claim spec: the share is at the nvml tier but the spec has no {NVML_HOOK} hook")
+    nvml = tier == "nvml"
+    cap_note = (
+        "" if nvml else report.not_checked(tiers[gpu.device_name].missing.get("nvml", f"the share's tier is {tier}"))
+    )
     smi = next((m.container_path for m in edits.mounts if Path(m.container_path).name == "nvidia-smi"), None)
     runtime = container.Runtime(bin_dir / "nvidia-container-runtime", bin_dir / "runc", work)
     with step("container (nvidia-container-runtime cdi mode + runc)"):
-        script = report.container_script(BUSYBOX, smi, PROBE)
+        caps = report.cap_sizes(granted.memory_mib) if nvml else ()
+        script = report.container_script(BUSYBOX, smi, PROBE, caps)
         output = container.run_with_device(
             runtime, rootfs, [BUSYBOX, "sh", "-c", script], device_id, cdi.cdi_kind(DRIVER_NAME)
         )
@@ -176,15 +223,32 @@ def run(work: Path, driver_root: Path, memory: str) -> list[str]:
         say(f"  {line}")
     say(f"container NVIDIA_VISIBLE_DEVICES={view.env.get('NVIDIA_VISIBLE_DEVICES', '(unset)')}")
     for key, value in sorted(view.env.items()):
-        if key.startswith("FRACGPU_") or key == "CUDA_DEVICE_ORDER":
+        if key.startswith(("FRACGPU_", "NVIDIA_GPU_MEMORY_")) or key == "CUDA_DEVICE_ORDER":
             say(f"container {key}={value}")
     say(f"container /dev: {' '.join(view.dev) or '(nothing)'}")
     found = report.problems(view, granted.uuid)
+    if nvml:
+        for mib, probe_run in sorted(view.caps.items(), reverse=True):
+            say(
+                f"container CUDA probe {mib} MiB, cap {granted.memory_mib} MiB (exit {probe_run.rc}): "
+                + (f"cuMemAlloc {probe_run.alloc_result}" if probe_run.alloc_result else probe_run.text.strip())
+            )
+        found += report.cap_problems(view, granted.memory_mib)
+        above, total = report.cap_sizes(granted.memory_mib)[0], gpu.memory_total_bytes // MiB
+        if above >= total:  # refused for want of memory, not by the cap: no evidence
+            found.append(f"cannot check the cap: {above} MiB is not less than the GPU's {total} MiB; use less --memory")
+        cap_note = report.cap_summary(view, granted.memory_mib)
+    else:
+        say(f"memory cap: {cap_note}")
     if found:  # what the verdict was read from, for the reader of a failed run
         say("container output, as printed:")
         for line in output.splitlines():
             say(f"  | {line}")
-    return found
+    return found, cap_note
+
+
+def _hook_text(hook: cdi.Hook) -> str:
+    return f"{hook.hook_name} {hook.path} {' '.join(hook.args[1:])}"
 
 
 def _probe_lines(view: report.ContainerView) -> list[str]:
@@ -223,14 +287,11 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         p.error(f"not an unpacked bundle: {', '.join(missing)} missing (e2e/gpu/check.sh unpacks it)")
     try:
-        reasons = run(work, args.driver_root.resolve(), args.memory)
+        reasons, cap_note = run(work, args.driver_root.resolve(), args.memory)
     except CheckError as err:
-        reasons = [str(err)]
-    if reasons:
-        say("FAIL: " + "; ".join(reasons))
-        return 1
-    say("PASS: nvidia-smi -L and the CUDA probe in the container saw exactly the granted GPU (count 1, same UUID)")
-    return 0
+        reasons, cap_note = [str(err)], ""
+    say(report.verdict(reasons, cap_note))
+    return 1 if reasons else 0
 
 
 if __name__ == "__main__":

@@ -3,9 +3,13 @@
 ``nvidia-container-runtime`` in ``cdi`` mode (its config file named by ``NVIDIA_CTK_CONFIG_FILE_PATH``) reads the
 device from the bundle's ``cdi.k8s.io/`` annotation, resolves it in our spec directory and applies the spec's
 edits (device nodes and their cgroup rules, mounts, hooks, env) to ``config.json`` before handing ``create`` to
-runc. The bundle's ``config.json`` starts as ``runc spec``'s template. Every call has a timeout.
+runc. The bundle's ``config.json`` starts as ``runc spec``'s template. The container gets its own cgroup
+``/fracgpu-gpu-check/<name>`` (``linux.cgroupsPath``, cgroupfs driver: on cgroup v2 a directory of the unified
+hierarchy, the one NVIDIA's ``apply-cuda-memory-limits`` hook resolves from ``/proc/<pid>/cgroup`` and caps);
+the parent is removed again after the container. Every call has a timeout.
 """
 
+import contextlib
 import json
 import subprocess
 import time
@@ -14,6 +18,8 @@ from pathlib import Path
 from typing import Any
 
 ANNOTATION = "cdi.k8s.io/fracgpu-gpu-check"
+CGROUP_PARENT = "fracgpu-gpu-check"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTAINER_PATH = "PATH=/usr/local/bin:/usr/bin:/bin"
 
 
@@ -76,9 +82,13 @@ def _tail(path: Path, limit: int = 3000) -> str:
         return ""
 
 
-def bundle_config(template: dict[str, Any], rootfs: Path, args: list[str], cdi_device: str) -> dict[str, Any]:
-    """``runc spec``'s template with our root, process and the CDI device annotation."""
+def bundle_config(
+    template: dict[str, Any], rootfs: Path, args: list[str], cdi_device: str, name: str
+) -> dict[str, Any]:
+    """``runc spec``'s template with our root, process, cgroup ``/fracgpu-gpu-check/<name>`` and the CDI device
+    annotation."""
     config = dict(template)
+    config["linux"] = {**template.get("linux", {}), "cgroupsPath": f"/{CGROUP_PARENT}/{name}"}
     config["root"] = {"path": str(rootfs), "readonly": False}
     config["process"] = {**template["process"], "terminal": False, "args": args, "env": [CONTAINER_PATH]}
     config["annotations"] = {**(template.get("annotations") or {}), ANNOTATION: cdi_device}
@@ -98,11 +108,12 @@ def run_with_device(runtime: Runtime, rootfs: Path, args: list[str], cdi_device:
     spec = _run([str(rt.runc), "spec", "--bundle", str(bundle)], "runc spec", rt.timeout_s, capture_output=True)
     if spec.returncode != 0:
         raise ContainerError(f"runc spec exited with {spec.returncode}: {spec.stderr.strip()}")
+    name = f"fracgpu-gpu-check-{time.time_ns()}"
     template = json.loads((bundle / "config.json").read_text())
-    (bundle / "config.json").write_text(json.dumps(bundle_config(template, rootfs, args, cdi_device), indent=2))
+    config = bundle_config(template, rootfs, args, cdi_device, name)
+    (bundle / "config.json").write_text(json.dumps(config, indent=2))
     env = {"NVIDIA_CTK_CONFIG_FILE_PATH": str(rt.config_file), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     runc = [str(rt.runc), "--root", str(rt.state_dir)]
-    name = f"fracgpu-gpu-check-{int(time.time())}"
     output = work / "container.out"
     runc_log = work / "runc.log"
     create = [str(rt.nvidia_container_runtime), "--root", str(rt.state_dir), "--log", str(runc_log)]
@@ -129,6 +140,14 @@ def run_with_device(runtime: Runtime, rootfs: Path, args: list[str], cdi_device:
         return output.read_text(errors="replace")
     finally:
         _run([*runc, "delete", "--force", name], "runc delete", rt.timeout_s, capture_output=True)
+        remove_cgroup_parent()
+
+
+def remove_cgroup_parent(root: Path = CGROUP_ROOT) -> None:
+    """Remove the (then empty) ``fracgpu-gpu-check`` cgroup runc created, in the v2 hierarchy and every v1 one."""
+    for parent in [root / CGROUP_PARENT, *root.glob(f"*/{CGROUP_PARENT}")]:
+        with contextlib.suppress(OSError):  # not there, or in use by another check: nothing of ours to clean
+            parent.rmdir()
 
 
 def _wait_stopped(runc: list[str], name: str, timeout: float) -> None:

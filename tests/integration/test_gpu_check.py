@@ -5,6 +5,12 @@ wheel cache after the first run), then check.sh unpacks it, makes a fresh venv f
 discovery, driver edits and claim spec, and a container through nvidia-container-runtime and the bundled runc.
 The faithful fake driver root has two GPUs, and its NVML, libcuda and nvidia-smi enumerate only the device
 nodes a process can open, so a container that sees one GPU got exactly the spec's device. Needs root.
+
+This machine is hybrid cgroup v1, so the check reports no nvml tier and checks no memory cap. The nvml branch
+runs in a private mount namespace where the host's cgroup2 hierarchy (/sys/fs/cgroup/unified) is bind-mounted
+at /sys/fs/cgroup (as tests/integration/test_nvml_enforcement.py does): the check then plans the share at the
+nvml tier, NVIDIA's real hook runs for the container and calls the mock NVML (which records the call and caps
+nothing), so the check must fail with "memory cap not enforced": it catches a driver that ignores the limit.
 """
 
 import json
@@ -32,6 +38,25 @@ CHECK = Path(gpu_bundle.REPO) / "e2e" / "gpu" / "check.sh"
 PROFILE = PROFILES / "sim80gi-x2.profile"
 GPU0, GPU1 = (read_profile(PROFILE)[f"gpu.{i}.uuid"] for i in (0, 1))
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+V1_REASON = (
+    "the node has no cgroup v2 unified hierarchy at /sys/fs/cgroup (it is tmpfs (cgroup v1 or hybrid)), "
+    "and NVIDIA's hook needs one"
+)
+UNIFIED = Path("/sys/fs/cgroup/unified")
+# A private mount namespace: cgroup2 where the hook and our detection look, and a /dev holding the GPUs' nodes
+# (the hook runs with its own env, so the mock NVML in it enumerates the GPUs whose /dev node it can open).
+CGROUP_V2_NAMESPACE = r"""
+set -eu
+mount --make-rprivate /
+mount --bind /sys/fs/cgroup/unified /sys/fs/cgroup
+mount -t tmpfs -o mode=755,nosuid tmpfs /dev
+for n in null:1:3 zero:1:5 full:1:7 random:1:8 urandom:1:9 tty:5:0; do
+  IFS=: read -r name major minor <<<"$n"; mknod -m 666 "/dev/$name" c "$major" "$minor"
+done
+ln -s /proc/self/fd /dev/fd
+mknod -m 666 /dev/nvidia0 c 195 0; mknod -m 666 /dev/nvidia1 c 195 1; mknod -m 666 /dev/nvidiactl c 195 255
+exec "$@"
+"""
 
 
 @pytest.fixture(scope="module")
@@ -57,9 +82,14 @@ def driver(base: Path) -> DriverInstall:
     return make_faithful_driver_root(base / "root", PROFILE, base / "build")
 
 
-def check(bundle: Path, driver_root: Path, nvml_dir: Path, *extra: str, **env: str) -> tuple[int, str]:
-    """Run check.sh as the device machine would (python3 from PATH); its exit status and output."""
+def check(
+    bundle: Path, driver_root: Path, nvml_dir: Path, *extra: str, cgroup_v2: bool = False, **env: str
+) -> tuple[int, str]:
+    """Run check.sh as the device machine would (python3 from PATH), with ``cgroup_v2`` in the namespace above;
+    its exit status and output."""
     argv = [str(CHECK), "--bundle", str(bundle), "--driver-root", str(driver_root), "--nvml-library-dir", str(nvml_dir)]
+    if cgroup_v2:
+        argv = ["unshare", "-m", "bash", "-c", CGROUP_V2_NAMESPACE, "cgroup-v2", *argv]
     environ = {**os.environ, "FRACGPU_MOCK_NVML_DEV_ROOT": str(driver_root), **env}
     environ.pop("VIRTUAL_ENV", None)
     done = subprocess.run(
@@ -83,6 +113,18 @@ def test_the_check_passes_and_the_container_sees_exactly_the_granted_gpu(bundle:
         assert "device count 1" in out and f"device 0: NVIDIA H100 80GB HBM3 {GPU0}" in out, out
         assert "container NVIDIA_VISIBLE_DEVICES=void" in out, out
         assert "hooks (4): create-symlinks, enable-cuda-compat, update-ldcache, disable-device-node-modification" in out
+        # our detection on this hybrid-v1 machine: the driver could set limits, the cgroup rules nvml out
+        assert f"[gpu-check] cgroup v2 at /sys/fs/cgroup: {V1_REASON}" in out, out
+        assert "[gpu-check]   gpu-0: NVML memory-limits probe: supported" in out, out
+        hami = "HAMi-core's library /usr/local/vgpu/libvgpu.so is not on this node"
+        for gpu in ("gpu-0", "gpu-1"):
+            line = f"[gpu-check] enforcement {gpu}: available none; hami-core not available: {hami}; nvml not available: {V1_REASON}\n"
+            assert line in out, out
+        assert "[gpu-check] claim tier: none; spec hooks apply-cuda-memory-limits: none" in out, out
+        assert "container CUDA probe 12288 MiB" not in out, out  # no cap to check
+        verdict = re.search(r"^\[gpu-check\] PASS: .*$", out, re.MULTILINE)
+        assert verdict is not None, out
+        assert verdict.group(0).endswith(f"; nvml not available: {V1_REASON}; memory cap not checked"), out
         # NVIDIA's runtime, not our code, applied our spec: its log names the injected device.
         device = re.search(r"CDI device: (\S+)", out)
         assert device is not None, out
@@ -118,3 +160,39 @@ def test_an_old_python_is_refused_with_what_to_do(bundle: Path, driver: DriverIn
     rc, out = check(bundle, driver.root, base / "root" / LIBDIR, FRACGPU_GPU_CHECK_PYTHON=str(fake))
     assert rc == 2, out
     assert f"FAIL: {fake} is Python 3.10; the check needs CPython >= 3.11" in out, out
+
+
+def test_at_the_nvml_tier_the_hook_runs_and_an_uncapped_driver_fails_the_check(bundle: Path, base: Path) -> None:
+    if not (UNIFIED / "cgroup.procs").is_file():
+        pytest.fail(f"{UNIFIED} is not a cgroup2 mount on this machine: the test needs the host's unified hierarchy")
+    record = base / "limits.jsonl"
+    profile = base / "recording.profile"
+    profile.write_text(PROFILE.read_text() + f"\nmemory_limits_record = {record}\n")
+    driver = make_faithful_driver_root(base / "root-v2", profile, base / "build-v2")
+    rc, out = check(bundle, driver.root, driver.libdir, "--keep", cgroup_v2=True)
+    kept = re.search(r"work dir kept: (\S+)", out)
+    assert kept is not None, out
+    work = Path(kept.group(1))
+    try:
+        assert "[gpu-check] cgroup v2 at /sys/fs/cgroup: yes" in out, out
+        assert "[gpu-check] enforcement gpu-0: available none, nvml; hami-core not available:" in out, out
+        hook = re.search(r"\[gpu-check\] claim tier: nvml; spec hooks apply-cuda-memory-limits: (.*)", out)
+        assert hook is not None, out
+        assert hook.group(1).startswith("createRuntime ") and f"--gpu-id {GPU0}" in hook.group(1), out
+        assert "container NVIDIA_GPU_MEMORY_LIMIT=10240" in out, out
+        # NVIDIA's hook ran for the container and asked the driver to cap its cgroup at the grant
+        calls = [json.loads(line) for line in record.read_text().splitlines()]
+        assert len(calls) == 1, calls
+        (call,) = calls
+        assert call["uuid"] == GPU0 and call["hard"] == call["soft"] == 10240 * 1024 * 1024, call
+        assert re.fullmatch(r"/sys/fs/cgroup/fracgpu-gpu-check/fracgpu-gpu-check-\d+", call["cgroup"]), call
+        # the mock caps nothing: the check sees the 12 GiB allocation succeed and fails, saying so
+        assert "container CUDA probe 12288 MiB, cap 10240 MiB (exit 0): cuMemAlloc CUDA_SUCCESS" in out, out
+        assert rc == 1, out
+        assert "memory cap not enforced: cuMemAlloc of 12288 MiB succeeded in a container capped at 10240 MiB" in out, (
+            out
+        )
+        assert "PASS" not in out
+        assert not list(UNIFIED.glob("fracgpu-gpu-check")), "the check left its cgroup behind"
+    finally:
+        shutil.rmtree(work, ignore_errors=True)

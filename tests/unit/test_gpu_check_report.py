@@ -83,6 +83,80 @@ def test_the_script_runs_in_a_shell_and_marks_each_section() -> None:
     assert "PATH" in view.env
 
 
+def cap_section(mib: int, result: str) -> str:
+    alloc = {"mib": mib, "result": result, "free_mib_before": 143000, "free_mib_after": 143000}
+    line = json.dumps({"driver_version": 13000, "device_count": 1, "devices": [], "alloc": alloc})
+    return f"{M} cap-{mib}\n{line}\n{M} cap-{mib}-rc 0"
+
+
+def capped_output(above: str, below: str) -> str:
+    """The container's output at the nvml tier: the usual sections, then the probe at 12 GiB and 8 GiB."""
+    text = output([smi_line(0, GRANTED)], probe_line(GRANTED))
+    return "\n".join([text, cap_section(12288, above), cap_section(8192, below)])
+
+
+def test_a_cap_that_refuses_12gi_and_allows_8gi_passes() -> None:
+    view = report.parse_output(capped_output("CUDA_ERROR_OUT_OF_MEMORY", "CUDA_SUCCESS"))
+    assert report.cap_sizes(10240) == (12288, 8192)
+    assert {mib: run.alloc_result for mib, run in view.caps.items()} == {
+        12288: "CUDA_ERROR_OUT_OF_MEMORY",
+        8192: "CUDA_SUCCESS",
+    }
+    reasons = report.problems(view, GRANTED) + report.cap_problems(view, 10240)
+    assert reasons == []
+    line = report.verdict(reasons, report.cap_summary(view, 10240))
+    assert line.startswith("PASS: ") and line.endswith(
+        "memory cap 10240 MiB (nvml) enforced: cuMemAlloc 12288 MiB: CUDA_ERROR_OUT_OF_MEMORY, 8192 MiB: CUDA_SUCCESS"
+    )
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            capped_output("CUDA_SUCCESS", "CUDA_SUCCESS"),
+            "memory cap not enforced: cuMemAlloc of 12288 MiB succeeded in a container capped at 10240 MiB",
+        ),
+        (
+            capped_output("CUDA_ERROR_OUT_OF_MEMORY", "CUDA_ERROR_OUT_OF_MEMORY"),
+            "cuMemAlloc of 8192 MiB, under the 10240 MiB cap, gave CUDA_ERROR_OUT_OF_MEMORY",
+        ),
+        (  # the script died before the cap probes: no section is no pass
+            output([smi_line(0, GRANTED)], probe_line(GRANTED)),
+            "the 12288 MiB CUDA probe did not allocate (exit None): (no output)",
+        ),
+        (
+            output([smi_line(0, GRANTED)], probe_line(GRANTED))
+            + f'\n{M} cap-12288\n{{"error":"cuCtxCreate","code":2}}\n{M} cap-12288-rc 1',
+            'the 12288 MiB CUDA probe did not allocate (exit 1): {"error":"cuCtxCreate","code":2}',
+        ),
+    ],
+)
+def test_a_cap_that_does_not_hold_fails_with_the_reason(text: str, expected: str) -> None:
+    reasons = report.cap_problems(report.parse_output(text), 10240)
+    assert expected in reasons, reasons
+    assert report.verdict(reasons, "").startswith("FAIL: ")
+
+
+def test_without_nvml_the_verdict_passes_and_says_the_cap_was_not_checked() -> None:
+    view = report.parse_output(output([smi_line(0, GRANTED)], probe_line(GRANTED)))
+    note = report.not_checked("the node has no cgroup v2 unified hierarchy at /sys/fs/cgroup")
+    line = report.verdict(report.problems(view, GRANTED), note)
+    assert line.startswith("PASS: ")
+    assert line.endswith(
+        "; nvml not available: the node has no cgroup v2 unified hierarchy at /sys/fs/cgroup; memory cap not checked"
+    )
+    assert report.verdict(["nvidia-smi -L exited with 6"], note) == "FAIL: nvidia-smi -L exited with 6"
+
+
+def test_the_script_runs_the_probe_once_per_cap_size() -> None:
+    script = report.container_script("env", None, "echo", (12288, 8192))
+    done = subprocess.run(["sh", "-c", script], capture_output=True, text=True, check=True)
+    view = report.parse_output(done.stdout)
+    assert {mib: (run.text, run.rc) for mib, run in view.caps.items()} == {12288: ("12288", 0), 8192: ("8192", 0)}
+    assert view.probe_text == str(report.PROBE_ALLOC_MIB)
+
+
 @pytest.mark.parametrize(
     ("wheel", "python", "fits"),
     [
