@@ -2,6 +2,7 @@
 building it into the binary cache and running it as a process, for the plugin benchmark."""
 
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -20,9 +21,12 @@ def build() -> Path:
     """`go build` the plugin (versions pinned by its go.mod/go.sum) into the cache outside the repo; its path.
 
     Incremental: with the Go build cache warm and the source unchanged this takes about a second."""
+    go = shutil.which("go")
+    if go is None:
+        raise RuntimeError("the go-reference configuration needs Go on PATH (or leave it out with --configs)")
     target = binaries.cache_dir() / "bin" / "fracgpu-goref"
     target.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["go", "build", "-o", str(target), "."], cwd=SOURCE, check=True)
+    subprocess.run([go, "build", "-o", str(target), "."], cwd=SOURCE, check=True)
     return target
 
 
