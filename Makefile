@@ -63,7 +63,7 @@ demo-down: venv ## stop the demo cluster and remove .demo/
 image: venv ## container image as an OCI archive, without Docker (build/image/fracgpu-<tag>.oci.tar)
 	$(PY) -m e2e.image.build --out build/image
 
-bench: venv binaries ## benchmarks against a real control plane; prints medians/percentiles, writes build/bench/
+bench: venv binaries ## benchmarks against a real control plane (plugin bench also go-builds e2e/bench/goref into the cache); writes build/bench/
 	$(PY) -m e2e.bench.plugin_bench
 	$(PY) -m e2e.bench.controller_bench --out build/bench/controller.json
 	$(PY) -m e2e.bench.usage_bench --out build/bench/usage.json

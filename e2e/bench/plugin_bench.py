@@ -6,16 +6,22 @@ and the plugin's RSS across many prepare/unprepare cycles.
 Starts its own control plane (etcd, apiserver, controller-manager, scheduler) and one plugin process per entry
 of CONFIGS, each on its own fake Node with 8 simulated H100s: ``--driver-edits=none``; ``--driver-edits=toolkit``
 on a faithful fake driver root (the real nvidia-ctk generates its edits once, at start; every claim spec then
-carries them); the same with the usage sampler on every second. Claims are allocated by the real scheduler; the plugins are called like the kubelet does,
-alternating between the two cycle by cycle. Reports medians and percentiles of this one run; asserts nothing.
+carries them); the same with the usage sampler on every second; and ``go-reference``, a minimal Go plugin on the
+upstream kubeletplugin helper library (e2e/bench/goref: per claim a GET, a CDI spec file and a checkpoint write),
+on a node whose slices the bench publishes as ours would. Claims are allocated by the real scheduler; the plugins
+are called like the kubelet does, alternating between them cycle by cycle. Reports medians and percentiles, CPU
+time per call (utime+stime of the plugin process over the cycles), RSS, and each fracgpu configuration's ratios
+to the Go reference, of this one run; asserts nothing.
 """
 
 import argparse
 import json
+import os
 import shutil
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +29,7 @@ from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
 
 from e2e import mocknvml
+from e2e.bench import goref_plugin
 from e2e.bench.stats import summary_ms, table
 from e2e.cluster import binaries
 from e2e.cluster.controlplane import ControlPlane
@@ -40,6 +47,12 @@ def rss_mib(pid: int) -> float:
     raise RuntimeError(f"no VmRSS for {pid}")
 
 
+def cpu_seconds(pid: int) -> float:
+    """User plus system CPU time `pid` has used so far, in seconds (/proc/<pid>/stat utime + stime)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _refs(claims: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
     return [(c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"]) for c in claims]
 
@@ -55,18 +68,42 @@ def _timed(call: Callable[[list[tuple[str, str, str]]], Any], refs: list[tuple[s
     return elapsed
 
 
+GO_REFERENCE = "go-reference"
+
 CONFIGS: dict[str, list[str]] = {
     "none": ["--driver-edits=none"],  # the plugin flags' defaults
     "toolkit": ["--driver-edits=toolkit"],  # claim specs carry the driver, as with the chart's defaults
     "toolkit-usage": ["--driver-edits=toolkit", "--usage-interval=1"],  # and the usage sampler, every second
+    GO_REFERENCE: [],  # not fracgpu: the Go reference plugin of e2e/bench/goref
 }
-"""The plugin configurations measured side by side, by name."""
+"""The plugin configurations measured side by side, by name: fracgpu's plugin flags, or the Go reference."""
 
 
-def _start_plugin(
-    api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane, workdir: Path, mode: str
-) -> tuple[NodePluginProcess, KubeletClient, list[dict[str, Any]]]:
+@dataclass
+class Started:
+    """A running plugin under test: its process, its kubelet-side client, its 33 allocated claims."""
+
+    pid: int
+    stop: Callable[[], None]
+    kubelet: KubeletClient
+    claims: list[dict[str, Any]]
+
+
+def _start_go_reference(api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane, workdir: Path) -> Started:
+    """The Go reference plugin on its own fake node whose 8 H100s' slices the bench publishes; 33 claims there."""
+    node = f"bench-{GO_REFERENCE}"
+    node_object = kube.create_fake_node(api, node)
+    kube.publish_gpus(dyn, node_object, DRIVER, kube.simulated_gpus(node, 8))
+    plugin = goref_plugin.GoRefProcess(workdir / GO_REFERENCE, node, plane.kubeconfig, goref_plugin.build())
+    kubelet = plugin.start()
+    claims = kube.allocate_claims(api, dyn, NAMESPACE, node, device_class=DRIVER, memories=["1Gi"] * 33, timeout=120)
+    return Started(plugin.pid, plugin.stop, kubelet, claims)
+
+
+def _start_plugin(api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane, workdir: Path, mode: str) -> Started:
     """A plugin on its own fake node with 8 simulated H100s, configured as CONFIGS[mode]; 33 claims there."""
+    if mode == GO_REFERENCE:
+        return _start_go_reference(api, dyn, plane, workdir)
     node = f"bench-{mode}"
     toolkit = "--driver-edits=toolkit" in CONFIGS[mode]
     kube.create_fake_node(api, node)
@@ -85,10 +122,27 @@ def _start_plugin(
         lambda: client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node}").items, 30
     )
     claims = kube.allocate_claims(api, dyn, NAMESPACE, node, device_class=DRIVER, memories=["1Gi"] * 33, timeout=120)
-    return plugin, kubelet, claims
+    return Started(plugin.procs.procs["plugin"].pid, plugin.stop, kubelet, claims)
 
 
 NAMESPACE = "bench"
+
+
+def ratios(part: dict[str, Any], reference: dict[str, Any]) -> dict[str, float]:
+    """`part`'s latency percentiles, CPU per call and last RSS divided by `reference`'s (>1: `part` costs more)."""
+
+    def ratio(a: float, b: float) -> float:
+        return round(a / b, 2) if b else float("inf")
+
+    out = {
+        f"{row} {p}": ratio(part["latency"][row][f"{p}_ms"], reference["latency"][row][f"{p}_ms"])
+        for row in part["latency"]
+        for p in ("p50", "p90", "p99")
+    }
+    out |= {f"cpu {key}": ratio(value, reference["cpu"][key]) for key, value in part["cpu"].items()}
+    last = max(part["rss"], key=lambda k: int(k.split("_")[1]))
+    out["rss"] = ratio(part["rss"][last], reference["rss"][last])
+    return out
 
 
 def run(cycles: int, workdir: Path, configs: list[str]) -> dict[str, Any]:
@@ -111,35 +165,48 @@ def run(cycles: int, workdir: Path, configs: list[str]) -> dict[str, Any]:
         }
         first: dict[str, float] = {}
         rss: dict[str, dict[str, float]] = {mode: {} for mode in configs}
-        for mode, (_, kubelet, claims) in started.items():
-            first[mode] = _timed(kubelet.prepare, _refs(claims[:1]))  # includes the Ready status write
-            kubelet.unprepare(_refs(claims[:1]))
+        cpu: dict[str, dict[str, float]] = {mode: {} for mode in configs}
+        for mode, plugin in started.items():
+            first[mode] = _timed(plugin.kubelet.prepare, _refs(plugin.claims[:1]))  # fracgpu: incl. Ready write
+            plugin.kubelet.unprepare(_refs(plugin.claims[:1]))
+        cpu_before = {mode: cpu_seconds(plugin.pid) for mode, plugin in started.items()}
         for i in range(cycles):
-            for mode, (plugin, kubelet, claims) in started.items():
-                single = _refs(claims[:1])
-                samples[mode]["prepare 1 claim"].append(_timed(kubelet.prepare, single))
-                samples[mode]["unprepare 1 claim"].append(_timed(kubelet.unprepare, single))
+            for mode, plugin in started.items():
+                single = _refs(plugin.claims[:1])
+                samples[mode]["prepare 1 claim"].append(_timed(plugin.kubelet.prepare, single))
+                samples[mode]["unprepare 1 claim"].append(_timed(plugin.kubelet.unprepare, single))
                 if i + 1 == 50 or (i + 1) % max(1, cycles // 5) == 0:
-                    rss[mode][f"after_{i + 1}_cycles_mib"] = rss_mib(plugin.procs.procs["plugin"].pid)
-        for _ in range(30):
-            for mode, (_, kubelet, claims) in started.items():
-                batch = _refs(claims[1:])
-                samples[mode]["prepare 32 claims"].append(_timed(kubelet.prepare, batch))
-                samples[mode]["unprepare 32 claims"].append(_timed(kubelet.unprepare, batch))
-        for plugin, kubelet, _ in started.values():
-            kubelet.close()
+                    rss[mode][f"after_{i + 1}_cycles_mib"] = rss_mib(plugin.pid)
+        for mode, plugin in started.items():
+            spent = cpu_seconds(plugin.pid) - cpu_before[mode]
+            cpu[mode]["per_1_claim_call_ms"] = round(spent / (2 * cycles) * 1000, 3)
+            cpu_before[mode] = cpu_seconds(plugin.pid)
+        batches = 30
+        for _ in range(batches):
+            for mode, plugin in started.items():
+                batch = _refs(plugin.claims[1:])
+                samples[mode]["prepare 32 claims"].append(_timed(plugin.kubelet.prepare, batch))
+                samples[mode]["unprepare 32 claims"].append(_timed(plugin.kubelet.unprepare, batch))
+        for mode, plugin in started.items():
+            spent = cpu_seconds(plugin.pid) - cpu_before[mode]
+            cpu[mode]["per_32_claim_call_ms"] = round(spent / (2 * batches) * 1000, 3)
+            plugin.kubelet.close()
             plugin.stop()
-        return {
-            "configs": {
-                mode: {
-                    "latency": {name: summary_ms(values) for name, values in samples[mode].items()},
-                    "first_prepare_with_status_write_ms": round(first[mode] * 1000, 2),
-                    "rss": rss[mode],
-                }
-                for mode in configs
-            },
-            "cycles": cycles,
+        parts = {
+            mode: {
+                "latency": {name: summary_ms(values) for name, values in samples[mode].items()},
+                "first_prepare_ms": round(first[mode] * 1000, 2),
+                "cpu": cpu[mode],
+                "rss": rss[mode],
+            }
+            for mode in configs
         }
+        report: dict[str, Any] = {"configs": parts, "cycles": cycles}
+        if GO_REFERENCE in parts:
+            report["ratios_to_go_reference"] = {
+                mode: ratios(part, parts[GO_REFERENCE]) for mode, part in parts.items() if mode != GO_REFERENCE
+            }
+        return report
     finally:
         plane.stop()
 
@@ -164,10 +231,15 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     for mode, part in report["configs"].items():
-        print(f"node plugin, {' '.join(CONFIGS[mode])}, NodePrepareResources over the socket, real kube-apiserver:")
+        what = "Go reference plugin (kubeletplugin helper)" if mode == GO_REFERENCE else " ".join(CONFIGS[mode])
+        print(f"node plugin, {what}, NodePrepareResources over the socket, real kube-apiserver:")
         print(table(part["latency"]))
-        print(f"first prepare (incl. Ready status write): {part['first_prepare_with_status_write_ms']} ms")
+        print(f"first prepare: {part['first_prepare_ms']} ms")
+        print("plugin CPU: " + ", ".join(f"{k.removesuffix('_ms')}={v} ms" for k, v in part["cpu"].items()))
         print("plugin RSS: " + ", ".join(f"{k.removesuffix('_mib')}={v} MiB" for k, v in part["rss"].items()))
+    for mode, values in report.get("ratios_to_go_reference", {}).items():
+        print(f"fracgpu {' '.join(CONFIGS[mode])} / Go reference:")
+        print("  " + ", ".join(f"{k}={v}" for k, v in values.items()))
     print(f"report: {args.out}")
 
 

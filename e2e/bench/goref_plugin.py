@@ -1,0 +1,76 @@
+"""The Go reference DRA kubelet plugin (e2e/bench/goref, on k8s.io/dynamic-resource-allocation/kubeletplugin):
+building it into the binary cache and running it as a process, for the plugin benchmark."""
+
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import grpc
+
+from e2e.cluster import binaries
+from e2e.cluster.processes import ProcessGroup
+from e2e.kubelet_client import KubeletClient
+from e2e.nodeplugin import DRIVER
+
+SOURCE = Path(__file__).resolve().parent / "goref"
+
+
+def build() -> Path:
+    """`go build` the plugin (versions pinned by its go.mod/go.sum) into the cache outside the repo; its path.
+
+    Incremental: with the Go build cache warm and the source unchanged this takes about a second."""
+    go = shutil.which("go")
+    if go is None:
+        raise RuntimeError("the go-reference configuration needs Go on PATH (or leave it out with --configs)")
+    target = binaries.cache_dir() / "bin" / "fracgpu-goref"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    subprocess.run([go, "build", "-o", str(target), "."], cwd=SOURCE, check=True)
+    return target
+
+
+class GoRefProcess:
+    """The Go reference plugin for `node`, with its kubelet and CDI dirs under `workdir`."""
+
+    def __init__(self, workdir: Path, node: str, kubeconfig: Path, binary: Path) -> None:
+        self.kubelet_dir = workdir / "kubelet"
+        self.cdi_dir = workdir / "cdi"
+        self.procs = ProcessGroup(workdir / "state", detached=False)
+        self._argv = [
+            str(binary),
+            f"--driver-name={DRIVER}",
+            f"--node-name={node}",
+            f"--kubeconfig={kubeconfig}",
+            f"--kubelet-dir={self.kubelet_dir}",
+            f"--cdi-dir={self.cdi_dir}",
+        ]
+
+    @property
+    def registration_socket(self) -> Path:
+        return self.kubelet_dir / "plugins_registry" / f"{DRIVER}-reg.sock"
+
+    @property
+    def pid(self) -> int:
+        return self.procs.procs["plugin"].pid
+
+    def start(self, timeout: float = 30) -> KubeletClient:
+        """Start the plugin, wait for its registration socket, register like the kubelet does."""
+        self.procs.start("plugin", self._argv, env=dict(os.environ))
+        deadline = time.monotonic() + timeout
+        while True:
+            self.procs.check_alive("plugin")
+            if self.registration_socket.exists():
+                kubelet = KubeletClient(self.registration_socket)
+                try:
+                    kubelet.register(timeout=1)
+                    return kubelet
+                except grpc.RpcError:
+                    kubelet.close()  # not serving yet
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"Go reference plugin did not register:\n{self.procs.log_tail('plugin')}")
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """SIGTERM and wait."""
+        self.procs.stop("plugin")
