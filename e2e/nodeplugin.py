@@ -4,6 +4,7 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import grpc
@@ -13,6 +14,34 @@ from e2e.cluster.processes import ProcessGroup
 from e2e.kubelet_client import KubeletClient
 
 DRIVER = "gpu.fracgpu.dev"
+
+
+def toolkit_args(tools: Mapping[str, Path]) -> list[str]:
+    """Plugin flags for driver edits with NVIDIA's binaries `tools` (as `binaries.ensure_built` returns them)."""
+    return [
+        "--driver-edits=toolkit",
+        f"--nvidia-ctk={tools['nvidia-ctk']}",
+        f"--nvidia-cdi-hook-source={tools['nvidia-cdi-hook']}",
+    ]
+
+
+def register_when_serving(procs: ProcessGroup, socket: Path, timeout: float, what: str) -> KubeletClient:
+    """Wait until process "plugin" of `procs` serves its registration `socket`; register like the kubelet does.
+
+    Raises TimeoutError with the log's tail after `timeout` seconds (`what` names the plugin)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        procs.check_alive("plugin")
+        if socket.exists():
+            kubelet = KubeletClient(socket)
+            try:
+                kubelet.register(timeout=1)
+                return kubelet
+            except grpc.RpcError:
+                kubelet.close()  # a stale socket of a killed instance, or not serving yet
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} did not register:\n{procs.log_tail('plugin')}")
+        time.sleep(0.1)
 
 
 class NodePluginProcess:
@@ -74,19 +103,7 @@ class NodePluginProcess:
             ],
             env=self._env,
         )
-        deadline = time.monotonic() + timeout
-        while True:
-            self.procs.check_alive("plugin")
-            if self.registration_socket.exists():
-                kubelet = KubeletClient(self.registration_socket)
-                try:
-                    kubelet.register(timeout=1)
-                    return kubelet
-                except grpc.RpcError:
-                    kubelet.close()  # a stale socket of a killed instance, or not serving yet
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"plugin did not register:\n{self.procs.log_tail('plugin')}")
-            time.sleep(0.1)
+        return register_when_serving(self.procs, self.registration_socket, timeout, "plugin")
 
     def stop(self) -> None:
         """SIGTERM (the plugin removes its sockets) and wait."""

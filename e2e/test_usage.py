@@ -5,7 +5,6 @@ and, over the grant, an Event on the claim and the pod; when the pod ends, its s
 import json
 import time
 import urllib.request
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,17 +21,10 @@ DEADLINE = 2 * USAGE_INTERVAL_S + 10  # two sample intervals, plus the scrape, k
 
 
 @pytest.fixture
-def ns(installation: Installation) -> Iterator[str]:
-    name = f"e2e-usage-{uuid.uuid4().hex[:6]}"
-    cluster = installation.cluster
-    cluster.kubectl("create", "namespace", name)
-    deadline = time.monotonic() + 30
-    while cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
-        assert time.monotonic() < deadline, "default ServiceAccount never appeared"
-        time.sleep(0.5)
-    yield name
+def ns(ns: str, installation: Installation) -> Iterator[str]:
+    """The session's fresh namespace (conftest), with the mock NVML's process list emptied before it goes."""
+    yield ns
     installation.usage_control.write_text("")
-    cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
 
 
 def _pids_of_pod(pod_uid: str) -> list[int]:

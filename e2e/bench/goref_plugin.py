@@ -4,15 +4,12 @@ building it into the binary cache and running it as a process, for the plugin be
 import os
 import shutil
 import subprocess
-import time
 from pathlib import Path
-
-import grpc
 
 from e2e.cluster import binaries
 from e2e.cluster.processes import ProcessGroup
 from e2e.kubelet_client import KubeletClient
-from e2e.nodeplugin import DRIVER
+from e2e.nodeplugin import DRIVER, register_when_serving
 
 SOURCE = Path(__file__).resolve().parent / "goref"
 
@@ -57,19 +54,7 @@ class GoRefProcess:
     def start(self, timeout: float = 30) -> KubeletClient:
         """Start the plugin, wait for its registration socket, register like the kubelet does."""
         self.procs.start("plugin", self._argv, env=dict(os.environ))
-        deadline = time.monotonic() + timeout
-        while True:
-            self.procs.check_alive("plugin")
-            if self.registration_socket.exists():
-                kubelet = KubeletClient(self.registration_socket)
-                try:
-                    kubelet.register(timeout=1)
-                    return kubelet
-                except grpc.RpcError:
-                    kubelet.close()  # not serving yet
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"Go reference plugin did not register:\n{self.procs.log_tail('plugin')}")
-            time.sleep(0.1)
+        return register_when_serving(self.procs, self.registration_socket, timeout, "Go reference plugin")
 
     def stop(self) -> None:
         """SIGTERM and wait."""

@@ -24,7 +24,7 @@ from e2e.cluster import binaries
 from e2e.cluster.controlplane import ControlPlane
 from e2e.mocknvml import PROFILES, make_driver_root, read_profile
 from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make_faithful_driver_root
-from e2e.nodeplugin import DRIVER, NodePluginProcess
+from e2e.nodeplugin import DRIVER, NodePluginProcess, toolkit_args
 from kubelet_plugin import cdi
 from kubelet_plugin.driver_edits import (
     DriverEditsError,
@@ -109,7 +109,12 @@ def test_a_root_without_libraries_is_an_error_naming_the_cause(toolkit: dict[str
 
 
 def test_plugin_with_toolkit_edits_writes_self_contained_claim_specs(
-    toolkit: dict[str, Path], control_plane: ControlPlane, api_client: client.ApiClient, dyn: DynamicClient
+    toolkit: dict[str, Path],
+    control_plane: ControlPlane,
+    *,
+    api_client: client.ApiClient,
+    dyn: DynamicClient,
+    namespace: str,
 ) -> None:
     """The real plugin process, --driver-edits=toolkit, on the faithful root: a prepared claim's spec carries
     the driver's libraries and hooks, void, and only its GPU's device nodes."""
@@ -118,28 +123,12 @@ def test_plugin_with_toolkit_edits_writes_self_contained_claim_specs(
     kube.ensure_device_class(dyn, DRIVER, DRIVER)
     workdir = Path(tempfile.mkdtemp(prefix="fgde-", dir="/tmp"))  # short: unix socket paths
     workdir.chmod(0o755)
-    namespace = kube.unique("edits")
-    client.CoreV1Api(api_client).create_namespace({"metadata": {"name": namespace}})
     process = NodePluginProcess(
-        workdir,
-        node,
-        control_plane.kubeconfig,
-        PROFILE,
-        mocknvml.build(workdir / "nvml"),
-        "--driver-edits=toolkit",
-        f"--nvidia-ctk={toolkit['nvidia-ctk']}",
-        f"--nvidia-cdi-hook-source={toolkit['nvidia-cdi-hook']}",
+        workdir, node, control_plane.kubeconfig, PROFILE, mocknvml.build(workdir / "nvml"), *toolkit_args(toolkit)
     )
     driver = install_driver(process.driver_root, PROFILE, workdir / "build")
     kubelet = process.start()
     try:
-        kube.wait_for(lambda: kube.exists(lambda: client.CoreV1Api(api_client).read_namespace(namespace)), 30)
-        kube.wait_for(
-            lambda: kube.exists(
-                lambda: client.CoreV1Api(api_client).read_namespaced_service_account("default", namespace)
-            ),
-            30,
-        )
         (claim,) = kube.allocate_claims(api_client, dyn, namespace, node, device_class=DRIVER, memories=["10Gi"])
         uid = claim["metadata"]["uid"]
         response = kubelet.prepare([(namespace, uid, claim["metadata"]["name"])])
@@ -172,7 +161,6 @@ def test_plugin_with_toolkit_edits_writes_self_contained_claim_specs(
     finally:
         kubelet.close()
         process.stop()
-        client.CoreV1Api(api_client).delete_namespace(namespace)
         shutil.rmtree(workdir, ignore_errors=True)
 
 
@@ -218,11 +206,7 @@ def test_a_broken_toolkit_setup_fails_new_claims_and_keeps_prepared_ones(
     workdir = Path(tempfile.mkdtemp(prefix="fgbe-", dir="/tmp"))  # short: unix socket paths
     workdir.chmod(0o755)
     nvml = mocknvml.build(workdir / "nvml")
-    good = [
-        "--driver-edits=toolkit",
-        f"--nvidia-ctk={toolkit['nvidia-ctk']}",
-        f"--nvidia-cdi-hook-source={toolkit['nvidia-cdi-hook']}",
-    ]
+    good = toolkit_args(toolkit)
     process = NodePluginProcess(workdir, node, control_plane.kubeconfig, PROFILE, nvml, *good)
     driver = install_driver(process.driver_root, PROFILE, workdir / "build")
     kubelet = process.start()

@@ -35,7 +35,7 @@ from e2e.cluster import binaries
 from e2e.cluster.controlplane import ControlPlane
 from e2e.mocknvml import PROFILES, read_profile
 from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make_faithful_driver_root
-from e2e.nodeplugin import DRIVER, NodePluginProcess
+from e2e.nodeplugin import DRIVER, NodePluginProcess, toolkit_args
 from kubelet_plugin import cdi, container_info
 from kubelet_plugin.claim_spec import NVML_HOOK, plan_claim
 from kubelet_plugin.enforcement import NodeFacts, NvmlLimits, gpu_tiers
@@ -267,7 +267,12 @@ def test_the_hook_refuses_this_nodes_cgroup_v1(node: Node) -> None:
 
 
 def test_plugin_on_this_cgroup_v1_node_offers_no_nvml(
-    toolkit: dict[str, Path], control_plane: ControlPlane, api_client: client.ApiClient, dyn: DynamicClient
+    toolkit: dict[str, Path],
+    control_plane: ControlPlane,
+    *,
+    api_client: client.ApiClient,
+    dyn: DynamicClient,
+    namespace: str,
 ) -> None:
     """The real plugin with driver edits on this hybrid-v1 machine: GPUs publish memoryEnforcement none, a claim
     gets no hook and says none (env, file, MemoryEnforcement condition), a claim demanding nvml is refused."""
@@ -276,19 +281,15 @@ def test_plugin_on_this_cgroup_v1_node_offers_no_nvml(
     kube.ensure_device_class(dyn, DRIVER, DRIVER)
     workdir = Path(tempfile.mkdtemp(prefix="fgnv-", dir="/tmp"))  # short: unix socket paths
     workdir.chmod(0o755)
-    namespace = kube.unique("nvml")
     enforced = f"enforced-{namespace}"
     core = client.CoreV1Api(api_client)
-    core.create_namespace({"metadata": {"name": namespace}})
     process = NodePluginProcess(
         workdir,
         node_name,
         control_plane.kubeconfig,
         PROFILE,
         mocknvml.build(workdir / "nvml"),
-        "--driver-edits=toolkit",
-        f"--nvidia-ctk={toolkit['nvidia-ctk']}",
-        f"--nvidia-cdi-hook-source={toolkit['nvidia-cdi-hook']}",
+        *toolkit_args(toolkit),
     )
     install_driver(process.driver_root, PROFILE, workdir / "build")
     kubelet = process.start()
@@ -301,7 +302,6 @@ def test_plugin_on_this_cgroup_v1_node_offers_no_nvml(
 
         devices = kube.wait_for(published, 30, what="ResourceSlices")
         assert {d["attributes"]["memoryEnforcement"]["string"] for d in devices} == {"none"}
-        kube.wait_for(lambda: kube.exists(lambda: core.read_namespaced_service_account("default", namespace)), 30)
 
         (plain,) = kube.allocate_claims(api_client, dyn, namespace, node_name, device_class=DRIVER, memories=["4Gi"])
         uid = plain["metadata"]["uid"]
@@ -372,7 +372,6 @@ def test_plugin_on_this_cgroup_v1_node_offers_no_nvml(
     finally:
         kubelet.close()
         process.stop()
-        core.delete_namespace(namespace)
         resource_api = client.ResourceV1Api(api_client)
         if kube.exists(lambda: resource_api.read_device_class(enforced)):
             resource_api.delete_device_class(enforced)

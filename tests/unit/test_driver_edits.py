@@ -40,7 +40,18 @@ from kubelet_plugin.driver_edits import (
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.settings import Settings, parse_settings
-from tests.unit.test_preparer import GPUS, NODE, UID_A, UID_B, UUID0, FakeApi, make_claim, make_host_root, ref
+from tests.unit.test_preparer import (
+    GPUS,
+    NODE,
+    UID_A,
+    UID_B,
+    UUID0,
+    FakeApi,
+    host_settings,
+    make_claim,
+    make_host_root,
+    ref,
+)
 
 FIXTURE = Path(__file__).parent / "fixtures" / "nvidia-ctk-management.json"
 FIXTURE_ROOT = "/driver-root"
@@ -363,15 +374,7 @@ def driver_root(tmp_path: Path) -> Path:
 
 
 def toolkit_settings(tmp_path: Path, root: Path, **extra: Any) -> Settings:
-    return Settings(
-        node_name=NODE,
-        kubelet_dir=tmp_path / "kubelet",
-        cdi_dir=tmp_path / "cdi",
-        driver_root=root,
-        dev_char_dir=tmp_path / "dev-char",
-        driver_edits="toolkit",
-        **extra,
-    )
+    return host_settings(tmp_path, root, driver_edits="toolkit", **extra)
 
 
 @needs_root

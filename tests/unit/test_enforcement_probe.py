@@ -32,11 +32,18 @@ def mock_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
-def run(code: str, lib_dir: Path, profile: Path, **env: str) -> Any:
+def run(code: str, lib_dir: Path, profile: Path, *args: str, **env: str) -> Any:
+    """The JSON `code` prints, run with `args` in a fresh interpreter on the mock at `lib_dir` with `profile`."""
     environ = {k: v for k, v in os.environ.items() if not k.startswith("FRACGPU_MOCK_NVML")}
     environ.update(LD_LIBRARY_PATH=str(lib_dir), PYTHONPATH=str(REPO), FRACGPU_MOCK_NVML_PROFILE=str(profile), **env)
     proc = subprocess.run(
-        [sys.executable, "-c", code], env=environ, cwd=REPO, capture_output=True, text=True, timeout=60, check=False
+        [sys.executable, "-c", code, *args],
+        env=environ,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)
@@ -103,22 +110,8 @@ def test_set_limits_records_each_call(mock_build: Path, tmp_path: Path) -> None:
         [UUID1, str(cgroup), MIB, 90000 * MIB],  # above the GPU's 81559 MiB
         [UUID1, str(cgroup), MIB, 2**64 - 1],  # NVML_DEVICE_MEMORY_LIMIT_MAX: no hard limit
     ]
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("FRACGPU_MOCK_NVML")}
-    environ.update(
-        LD_LIBRARY_PATH=str(mock_build),
-        FRACGPU_MOCK_NVML_PROFILE=str(PROFILE),
-        FRACGPU_MOCK_NVML_LIMITS_RECORD=str(record),
-    )
-    proc = subprocess.run(
-        [sys.executable, "-c", SET, json.dumps(calls)],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout) == [0, 17, 2, 2, 0]
+    returns = run(SET, mock_build, PROFILE, json.dumps(calls), FRACGPU_MOCK_NVML_LIMITS_RECORD=str(record))
+    assert returns == [0, 17, 2, 2, 0]
     lines = [json.loads(line) for line in record.read_text().splitlines()]
     assert lines == [
         {"uuid": u, "cgroup": p, "soft": s, "hard": h, "return": r}
@@ -130,18 +123,8 @@ def test_record_path_from_the_profile(mock_build: Path, tmp_path: Path) -> None:
     """A process without the environment (an OCI hook) records where the profile says."""
     record = tmp_path / "from-profile.jsonl"
     profile = profile_with(tmp_path, f"memory_limits_record = {record}")
-    environ = {k: v for k, v in os.environ.items() if not k.startswith("FRACGPU_MOCK_NVML")}
-    environ.update(LD_LIBRARY_PATH=str(mock_build), FRACGPU_MOCK_NVML_PROFILE=str(profile))
     calls = [[UUID0, str(tmp_path), MIB, MIB]]
-    proc = subprocess.run(
-        [sys.executable, "-c", SET, json.dumps(calls)],
-        env=environ,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr
+    run(SET, mock_build, profile, json.dumps(calls))
     assert json.loads(record.read_text()) == {
         "uuid": UUID0,
         "cgroup": str(tmp_path),

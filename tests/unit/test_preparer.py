@@ -150,9 +150,8 @@ def make_host_root(tmp_path: Path) -> Path:
     return root
 
 
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    root = make_host_root(tmp_path)
+def host_settings(tmp_path: Path, root: Path, **overrides: Any) -> Settings:
+    """The plugin's settings for NODE with every host directory under `tmp_path` and the driver at `root`."""
     return Settings(
         node_name=NODE,
         kubelet_dir=tmp_path / "kubelet",
@@ -160,7 +159,13 @@ def settings(tmp_path: Path) -> Settings:
         driver_root=root,
         dev_char_dir=tmp_path / "dev-char",
         hami_core_lock_dir=tmp_path / "vgpulock",
+        **overrides,
     )
+
+
+@pytest.fixture
+def settings(tmp_path: Path) -> Settings:
+    return host_settings(tmp_path, make_host_root(tmp_path))
 
 
 @dataclass
@@ -366,18 +371,21 @@ def test_ready_not_applied_when_already_ready(env: Env) -> None:
     assert env.api.status_patches == []
 
 
+def ready_only_entry(share_id: str) -> dict[str, Any]:
+    """A claim's status.devices entry for share `share_id` of gpu-0 that says Ready and nothing else."""
+    return {
+        "driver": DRIVER_NAME,
+        "pool": NODE,
+        "device": "gpu-0",
+        "shareID": share_id,
+        "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "message": ""}],
+    }
+
+
 def test_enforcement_condition_added_to_an_entry_that_is_only_ready(env: Env) -> None:
     """A claim made Ready by a plugin that did not report enforcement gets the condition at its next prepare."""
     claim = make_claim(UID_A, "claim-a")
-    claim["status"]["devices"] = [
-        {
-            "driver": DRIVER_NAME,
-            "pool": NODE,
-            "device": "gpu-0",
-            "shareID": SHARE_A,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "message": ""}],
-        }
-    ]
+    claim["status"]["devices"] = [ready_only_entry(SHARE_A)]
     env.api.add(claim)
     assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
     assert env.preparer.wait_ready_writes(10)
@@ -390,15 +398,7 @@ def test_ready_applied_when_another_share_not_ready(env: Env) -> None:
     claim = make_claim(UID_A, "claim-a")
     results = claim["status"]["allocation"]["devices"]["results"]
     results.append({**results[0], "request": "b", "shareID": SHARE_B})
-    claim["status"]["devices"] = [
-        {
-            "driver": DRIVER_NAME,
-            "pool": NODE,
-            "device": "gpu-0",
-            "shareID": SHARE_A,
-            "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "message": ""}],
-        }
-    ]
+    claim["status"]["devices"] = [ready_only_entry(SHARE_A)]
     env.api.add(claim)
     env.preparer.prepare([ref(claim)])
     assert env.preparer.wait_ready_writes(10)

@@ -26,7 +26,17 @@ from kubelet_plugin.model import ClaimRef
 from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.settings import KUBELET_CALL_TIMEOUT_S, Settings
 from tests.unit.fake_apiserver import FakeApiServer, serve
-from tests.unit.test_preparer import GPUS, NODE, NS, SHARE_B, UID_A, UID_B, make_claim, make_host_root, ref
+from tests.unit.test_preparer import (
+    GPUS,
+    NS,
+    SHARE_B,
+    UID_A,
+    UID_B,
+    host_settings,
+    make_claim,
+    make_host_root,
+    ref,
+)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
 
@@ -63,16 +73,7 @@ def add(api: FakeApiServer, claim: dict[str, Any], parameters: bytes | None = No
 
 
 def node_settings(tmp_path: Path, **overrides: Any) -> Settings:
-    root = make_host_root(tmp_path)
-    return Settings(
-        node_name=NODE,
-        kubelet_dir=tmp_path / "kubelet",
-        cdi_dir=tmp_path / "cdi",
-        driver_root=root,
-        dev_char_dir=tmp_path / "dev-char",
-        hami_core_lock_dir=tmp_path / "vgpulock",
-        **overrides,
-    )
+    return host_settings(tmp_path, make_host_root(tmp_path), **overrides)
 
 
 @dataclass
