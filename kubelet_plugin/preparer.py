@@ -36,10 +36,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
-from api.kube_rest import ApiTimeout, KubeRest, UndecodableResponse, claim_path
+from api.kube_rest import ApiError, ApiTimeout, KubeConnection, KubeRest, UndecodableResponse, claim_path
 from kubelet_plugin import cdi, container_info
 from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry, NewerSchemaError
 from kubelet_plugin.claim_spec import PrepareError, hami_cache_dir, hami_preload_file, plan_claim
@@ -72,7 +69,7 @@ class Preparer:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: KubeConnection,
         settings: Settings,
         gpus: list[GpuInfo],
         store: CheckpointStore,
@@ -346,7 +343,7 @@ class Preparer:
             ) from None
         except ApiTimeout:
             raise PrepareError("api_timeout", _no_answer(ref, self._settings.api_timeout_seconds)) from None
-        except ApiException as err:
+        except ApiError as err:
             if err.status == 404:
                 raise PrepareError("claim_not_found", f"ResourceClaim {_show(ref)} not found") from None
             raise PrepareError(

@@ -11,10 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from api.kube_rest import KubeRest, claim_path
+from api.kube_rest import ApiError, KubeRest, claim_path
 from api.names import DRIVER_NAME
 from api.quantity import MiB
 from kubelet_plugin import cdi, container_info
@@ -24,6 +22,7 @@ from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.model import ClaimRef, GpuInfo, PreparedDevice
 from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.settings import Settings
+from tests.unit.fake_apiserver import connection, refused_url
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
 
@@ -114,7 +113,7 @@ class FakeApi:
         self.reads.append((namespace, name))
         claim = self.claims.get((namespace, name))
         if claim is None:
-            raise ApiException(status=404, reason="Not Found")
+            raise ApiError(status=404, reason="Not Found")
         return copy.deepcopy(claim)
 
     def apply(self, path: str, body: Any, field_manager: str, force: bool = True) -> dict[str, Any]:
@@ -189,7 +188,7 @@ class Env:
     def new_preparer(self, boot: str = "boot-1", gpus: list[GpuInfo] = GPUS) -> Preparer:
         self.store = CheckpointStore(self.store.path, current_boot_id=boot)
         self.metrics = PluginMetrics()
-        self.preparer = Preparer(client.ApiClient(), self.settings, gpus, self.store, self.metrics)
+        self.preparer = Preparer(connection(refused_url()), self.settings, gpus, self.store, self.metrics)
         return self.preparer
 
 
@@ -197,7 +196,7 @@ class Env:
 def env(fake: FakeApi, settings: Settings, tmp_path: Path) -> Env:
     store = CheckpointStore(tmp_path / "ckpt.json", current_boot_id="boot-1")
     metrics = PluginMetrics()
-    preparer = Preparer(client.ApiClient(), settings, GPUS, store, metrics)
+    preparer = Preparer(connection(refused_url()), settings, GPUS, store, metrics)
     return Env(fake, settings, store, metrics, preparer)
 
 
@@ -541,13 +540,7 @@ def test_corrupt_checkpoint_keeps_the_specs_of_running_claims(env: Env) -> None:
 
 
 def test_unreachable_api_server_is_a_claim_error_not_a_crash(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
-    import urllib3
-
-    def refuse(*_: Any, **__: Any) -> Any:
-        raise urllib3.exceptions.MaxRetryError(None, "/", "connection refused")  # type: ignore[arg-type]
-
-    monkeypatch.undo()  # the real KubeRest, failing below it like a refused connection
-    monkeypatch.setattr(client.ApiClient, "call_api", refuse)
+    monkeypatch.undo()  # the real KubeRest, on a connection to a port where nothing listens
     results = env.preparer.prepare([ClaimRef(namespace=NS, name="x", uid=UID_A)])
     assert "cannot reach the API server" in results[UID_A].error
 
@@ -610,7 +603,7 @@ def test_health_follows_device_nodes(env: Env) -> None:
 
 def test_status_update_failure_does_not_fail_prepare(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(_self: Any, path: str, body: Any, field_manager: str, force: bool = True) -> None:
-        raise ApiException(status=403, reason="Forbidden")
+        raise ApiError(status=403, reason="Forbidden")
 
     monkeypatch.setattr(KubeRest, "apply", refuse)
     claim = env.api.add(make_claim(UID_A, "claim-a"))
@@ -622,7 +615,7 @@ def test_status_update_failure_does_not_fail_prepare(env: Env, monkeypatch: pyte
 
 def test_api_error_is_a_claim_error(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(_self: Any, path: str, **query: Any) -> Any:
-        raise ApiException(status=500, reason="Internal Server Error")
+        raise ApiError(status=500, reason="Internal Server Error")
 
     monkeypatch.setattr(KubeRest, "get", broken)
     results = env.preparer.prepare([ClaimRef(namespace=NS, name="x", uid=UID_A)])
