@@ -35,6 +35,9 @@ def _alternative(
     """Why no device can satisfy this alternative; None when one may."""
     labelled = [(e, f"of DeviceClass {device_class.name}") for e in device_class.selectors] if device_class else []
     labelled += [(e, "of the request") for e in m.selectors]
+    for device in devices:  # usually the first large enough device passes: no full scan for a claim that fits
+        if device.max_request >= m.memory and all(evaluate(e, device, driver) is not False for e, _ in labelled):
+            return None
     passes = {e: 0 for e, _ in labelled}  # devices each selector does not rule out
     unknown: dict[str, NotEvaluated] = {}
     candidates = []

@@ -69,17 +69,19 @@ def operator_settings(settings: Settings, api: client.ApiClient) -> kopf.Operato
 
 
 def _review(controller: Controller, spec: Any, prefix: str) -> Review:
+    """Review a claim spec against what the controller published for admission (called on the webhook's
+    thread: it reads `controller.admission` only)."""
     s = controller.settings
-    device_class = controller.device_class()
+    facts = controller.admission
     return review_claim_spec(
         spec,
         prefix,
         driver=s.driver_name,
         device_class=s.device_class,
-        largest=controller.largest_request(),
-        class_configs=device_class.configs if device_class else (),
-        hami_core_offered=controller.hami_core_offered(),
-        nvml_offered=controller.nvml_offered(),
+        largest=facts.largest,
+        class_configs=facts.device_class.configs if facts.device_class else (),
+        hami_core_offered=facts.hami_core,
+        nvml_offered=facts.nvml,
     )
 
 
@@ -159,8 +161,8 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
             controller.classes_changed()
 
     @kopf.on.event(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="gpu_event")
-    async def gpu_event(**_: Any) -> None:
-        controller.gpus_changed()
+    async def gpu_event(name: str, **_: Any) -> None:
+        controller.gpus_changed(name)
 
     # ----- admission ---------------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ claim status and GPU objects, GPU deletion, and Events on claims. Plain JSON thr
 
 import datetime
 import hashlib
+import json
 import logging
 import os
 import socket
@@ -17,7 +18,7 @@ from kubernetes import client, config
 
 from api import bounded_json
 from api.gpu import GPU_PLURAL, GPU_VERSION
-from api.kube_rest import ApiError, KubeConnection, KubeRest, claim_path
+from api.kube_rest import APPLY, ApiError, KubeConnection, KubeRest, claim_path
 from api.names import API_GROUP
 from controller.model import ClaimView
 from controller.settings import COMPONENT, FIELD_MANAGER, Settings
@@ -32,7 +33,7 @@ def configuration(settings: Settings) -> client.Configuration:
         config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=cfg)
     else:
         config.load_incluster_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, settings.workers + 8)
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 2 * settings.workers + 8)
     return cfg
 
 
@@ -65,15 +66,14 @@ def gpu_path(name: str, *, status: bool = False) -> str:
     return f"/apis/{API_GROUP}/{GPU_VERSION}/{GPU_PLURAL}/{name}" + ("/status" if status else "")
 
 
-def apply_claim_status(rest: KubeRest, namespace: str, name: str, body: dict[str, Any]) -> str:
-    """Server-side apply `body` to `resourceclaims/status`; returns the new resourceVersion."""
-    answer = rest.apply(claim_path(namespace, name) + "/status", body, FIELD_MANAGER)
-    return str(answer["metadata"]["resourceVersion"])
+def apply_claim_status(rest: "BoundedRest", namespace: str, name: str, body: dict[str, Any]) -> None:
+    """Server-side apply `body` to `resourceclaims/status` (the answer, the whole claim, is not decoded)."""
+    rest.apply_unread(claim_path(namespace, name) + "/status", body, FIELD_MANAGER)
 
 
-def apply_gpu(rest: KubeRest, body: dict[str, Any], *, status: bool) -> None:
-    """Server-side apply a GPU object (main resource, or its status subresource)."""
-    rest.apply(gpu_path(body["metadata"]["name"], status=status), body, FIELD_MANAGER)
+def apply_gpu(rest: "BoundedRest", body: dict[str, Any], *, status: bool) -> None:
+    """Server-side apply a GPU object (main resource, or its status subresource); the answer is not decoded."""
+    rest.apply_unread(gpu_path(body["metadata"]["name"], status=status), body, FIELD_MANAGER)
 
 
 def delete_gpu(rest: KubeRest, name: str) -> None:
@@ -152,6 +152,14 @@ class BoundedRest(KubeRest):
     def decode(self, data: bytes, status: int) -> dict[str, Any]:
         decoded: dict[str, Any] = bounded_json.loads(data) if data else {}
         return decoded
+
+    def apply_unread(self, path: str, body: dict[str, Any], field_manager: str) -> None:
+        """Server-side apply (forced) whose answer is not decoded: the writes that only need to know they
+        succeeded skip decoding the whole object the API server sends back. Raises as `request`."""
+        query = {"fieldManager": field_manager, "force": "true"}
+        resp = self._call("PATCH", path, query, body=json.dumps(body), content_type=APPLY)
+        if not 200 <= resp.status < 300:
+            raise ApiError(status=resp.status, reason=resp.reason or "", body=resp.data.decode(errors="replace"))
 
 
 class KubeWriter:

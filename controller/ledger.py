@@ -1,7 +1,8 @@
 """The `GPU` ledger, recomputed from published devices and allocated claims (pure functions).
 
 Nothing is accumulated over time: the desired objects follow from the current slices and claims alone,
-so a restarted controller converges to the same ledger.
+so a restarted controller converges to the same ledger. `desired_gpu` computes one object, so that a caller
+can recompute only the GPUs whose claims changed; `desired_ledger` computes them all.
 """
 
 from collections import Counter
@@ -12,7 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from api.gpu import GPU_API_VERSION, GPU_KIND, NODE_LABEL, GpuShare, GpuSpec, GpuStatus, gpu_object_name
 from api.quantity import format_bytes
-from controller.model import ClaimView, DeviceKey, DeviceRecord
+from controller.model import ClaimView, DeviceKey, DeviceRecord, Share
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
@@ -60,55 +61,63 @@ def desired_ledger(
     devices: Mapping[DeviceKey, DeviceRecord], claims: Iterable[ClaimView], driver: str, manager: str
 ) -> dict[str, GpuObject]:
     """One object per published device with the allocations of every claim on it."""
-    shares: dict[DeviceKey, list[tuple[ClaimView, Any]]] = {key: [] for key in devices}
+    shares: dict[DeviceKey, list[tuple[ClaimView, Share]]] = {key: [] for key in devices}
     for claim in claims:
         for share in claim.shares:
             if share.device_key in shares:
                 shares[share.device_key].append((claim, share))
-    out: dict[str, GpuObject] = {}
-    for key, device in devices.items():
-        claims_on = []
-        allocated = 0
-        for claim, share in sorted(
-            shares[key], key=lambda cs: (cs[0].namespace, cs[0].name, cs[1].request, cs[1].share_id or "")
-        ):
-            # admin access is not counted against capacity by the scheduler: it reserves nothing
-            granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
-            allocated += granted
-            claims_on.append(
-                GpuShare(
-                    namespace=claim.namespace,
-                    name=claim.name,
-                    request=share.request,
-                    share_id=share.share_id or "",
-                    memory=format_bytes(granted),
-                    admin_access=True if share.admin_access else None,
-                    enforcement=claim.status_enforcement.get(share.entry_key),
-                )
+    objects = (desired_gpu(device, shares[key], driver, manager) for key, device in devices.items())
+    return {o.name: o for o in objects}
+
+
+def shares_on(key: DeviceKey, claims: Iterable[ClaimView]) -> list[tuple[ClaimView, Share]]:
+    """The shares of `claims` allocated on the device `key`, each with its claim."""
+    return [(claim, share) for claim in claims for share in claim.shares if share.device_key == key]
+
+
+def desired_gpu(
+    device: DeviceRecord, shares: Iterable[tuple[ClaimView, Share]], driver: str, manager: str
+) -> GpuObject:
+    """The object of one published device carrying `shares` (each with its claim; any order)."""
+    claims_on = []
+    allocated = 0
+    for claim, share in sorted(
+        shares, key=lambda cs: (cs[0].namespace, cs[0].name, cs[1].request, cs[1].share_id or "")
+    ):
+        # admin access is not counted against capacity by the scheduler: it reserves nothing
+        granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
+        allocated += granted
+        claims_on.append(
+            GpuShare(
+                namespace=claim.namespace,
+                name=claim.name,
+                request=share.request,
+                share_id=share.share_id or "",
+                memory=format_bytes(granted),
+                admin_access=True if share.admin_access else None,
+                enforcement=claim.status_enforcement.get(share.entry_key),
             )
-        status = GpuStatus(
-            node=device.node,
-            index=device.index,
-            uuid=device.uuid or "",
-            model=device.product_name or "",
-            enforcement=device.memory_enforcement,
-            total_memory=format_bytes(device.memory_total),
-            allocated_memory=format_bytes(allocated),
-            free_memory=format_bytes(max(0, device.memory_total - allocated)),
-            shares=len(claims_on),
-            claims=claims_on,
-            share_enforcement=share_enforcement(claims_on),
         )
-        name = gpu_object_name(device.node, device.device)
-        out[name] = GpuObject(
-            name=name,
-            labels={NODE_LABEL: device.node, MANAGED_BY_LABEL: manager},
-            spec=GpuSpec(driver=driver, pool=device.pool, device=device.device, node=device.node).model_dump(
-                by_alias=True
-            ),
-            status=status.model_dump(by_alias=True, exclude_none=True, mode="json"),
-        )
-    return out
+    status = GpuStatus(
+        node=device.node,
+        index=device.index,
+        uuid=device.uuid or "",
+        model=device.product_name or "",
+        enforcement=device.memory_enforcement,
+        total_memory=format_bytes(device.memory_total),
+        allocated_memory=format_bytes(allocated),
+        free_memory=format_bytes(max(0, device.memory_total - allocated)),
+        shares=len(claims_on),
+        claims=claims_on,
+        share_enforcement=share_enforcement(claims_on),
+    )
+    name = gpu_object_name(device.node, device.device)
+    return GpuObject(
+        name=name,
+        labels={NODE_LABEL: device.node, MANAGED_BY_LABEL: manager},
+        spec=GpuSpec(driver=driver, pool=device.pool, device=device.device, node=device.node).model_dump(by_alias=True),
+        status=status.model_dump(by_alias=True, exclude_none=True, mode="json"),
+    )
 
 
 _TIER_ORDER = ("nvml", "hami-core", "none")

@@ -3,6 +3,12 @@
 kopf feeds the indexes (slices, claims, GPU objects) and calls the `*_changed` methods from its event
 handlers; this module decides what to write and retries failed writes. All decisions are recomputed
 from the indexes, never from what this process did before, so a restart converges to the same state.
+
+Claims wait in a `WorkQueue` for `workers` concurrent status writers. The ledger is recomputed per GPU: a
+claim event marks the GPUs its shares were and are on, a GPU event (our own write's echo included) marks that
+GPU; each pass recomputes only the marked GPUs and writes those whose content differs (an echo compares equal
+and costs one GPU's recompute). A slice change that alters the published devices, a start and the periodic
+resync recompute the whole ledger.
 """
 
 import asyncio
@@ -10,19 +16,29 @@ import contextlib
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
-from api.gpu import GPU_CRD_NAME
+from api.gpu import GPU_CRD_NAME, gpu_object_name
 from api.gpu_config import MAX_PARAMETERS_DEPTH
 from api.kube_rest import ApiError
 from controller import metrics
 from controller.claim_status import apply_body, plan_status
 from controller.feasibility import plan_unsatisfiable
-from controller.ledger import ExistingGpu, desired_ledger, identity_body, plan_ledger, status_body
+from controller.ledger import (
+    ExistingGpu,
+    GpuObject,
+    desired_gpu,
+    desired_ledger,
+    identity_body,
+    plan_ledger,
+    shares_on,
+    status_body,
+)
 from controller.model import ClaimView, DeviceClassView, DeviceKey, DeviceRecord, Share, SliceView, current_devices
 from controller.settings import FIELD_MANAGER, Settings
+from controller.workqueue import QueueShutDownError, WorkQueue
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -68,6 +84,20 @@ def _first(index: Index, key: Any) -> Any:
     return next(iter(values), None) if values is not None else None
 
 
+class AdmissionFacts(NamedTuple):
+    """What an admission review needs to know about the cluster. The event loop publishes a new one whenever it
+    changes (one attribute assignment); the webhook's own thread only reads it."""
+
+    largest: int | None = None
+    """The largest memory amount any published GPU admits; None when no GPU is published."""
+    hami_core: bool | None = None
+    """Whether some published GPU offers HAMi-core enforcement; None when no GPU is published."""
+    nvml: bool | None = None
+    """Whether some published GPU offers nvml enforcement; None when no GPU is published."""
+    device_class: DeviceClassView | None = None
+    """Our DeviceClass as the cluster has it; None when it is not (or not yet) seen."""
+
+
 class EventPostError(Exception):
     """Some Event about a claim could not be posted; the claim's reconcile is retried."""
 
@@ -87,19 +117,25 @@ class Controller:
         self._largest: int | None = None  # largest max_request of self._devices
         self._hami_core = False  # some device of self._devices offers HAMi-core
         self._nvml = False  # some device of self._devices offers nvml enforcement
-        self._known: set[ClaimKey] = set()  # claims that were in the index at their last event
-        self._queue: asyncio.Queue[ClaimKey] = asyncio.Queue()
-        self._queued: set[ClaimKey] = set()
-        self._active: set[ClaimKey] = set()
-        self._again: set[ClaimKey] = set()
-        self._attempts: dict[ClaimKey, int] = {}
+        self._names: dict[DeviceKey, str] = {}  # published device -> its GPU object's name
+        self._name_keys: dict[str, DeviceKey] = {}  # and back
+        # claims that were in the index at their last event -> the devices their shares were on then
+        self._seen: dict[ClaimKey, frozenset[DeviceKey]] = {}
+        self._on_device: dict[DeviceKey, set[ClaimKey]] = {}  # the inverse of _seen
+        self.queue: WorkQueue[ClaimKey] = WorkQueue(max_attempts=MAX_ATTEMPTS, on_depth=metrics.RECONCILE_QUEUE.set)
+        """Claims waiting for a status writer."""
         self._posted: dict[str, set[tuple[str, ...]]] = {}  # claim uid -> event keys already posted
         self._missing_since: dict[tuple[str, str, str], float] = {}  # (uid, pool, device) -> monotonic
-        self._ledger_dirty = asyncio.Event()
+        self._dirty_gpus: set[str] = set()  # GPU object names the next ledger pass recomputes
+        self._dirty_all = True  # the next ledger pass recomputes every GPU
+        self._ledger_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        self._executor = ThreadPoolExecutor(max_workers=settings.workers + 4, thread_name_prefix="fracgpu-api")
+        # status writers and ledger writers (`workers` each) plus Event posts
+        self._executor = ThreadPoolExecutor(max_workers=2 * settings.workers + 4, thread_name_prefix="fracgpu-api")
         self.ready = asyncio.Event()
         """Set once kopf delivered the first event after the indexes were populated."""
+        self.admission = AdmissionFacts()
+        """What admission reviews read (from the webhook's thread; see `AdmissionFacts`)."""
 
     # ----- wiring ---------------------------------------------------------------------------------
 
@@ -108,18 +144,23 @@ class Controller:
         self._slices, self._claims, self._gpus = slices, claims, gpus
         self._classes = classes if classes is not None else {}
         self._devices = None
-        self._known.clear()
+        self.admission = AdmissionFacts()
+        self._seen.clear()
+        self._on_device.clear()
+        self._mark_all()
 
     async def start(self) -> None:
         """Start the writers, the ledger loop and the resync loop."""
         self._tasks = [
             asyncio.create_task(self._worker(), name=f"claim-worker-{i}") for i in range(self.settings.workers)
         ]
+        self._mark_all()
         self._tasks.append(asyncio.create_task(self._ledger_loop(), name="ledger"))
         self._tasks.append(asyncio.create_task(self._resync_loop(), name="resync"))
 
     async def stop(self) -> None:
         """Cancel every loop and wait for them; in-flight API calls finish in their threads."""
+        self.queue.shutdown()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -137,29 +178,42 @@ class Controller:
         of our driver): if it was known, its shares must leave the ledger.
         """
         if deleted:
-            self._known.discard(key)
+            self._untrack(key)
             self.claim_deleted(uid)
         elif indexed:
             self.claim_changed(key)
-        elif key in self._known:
-            self._known.discard(key)
+        elif key in self._seen:
+            self._untrack(key)
             self.ready.set()
             self._forget_missing(uid)
-            self._ledger_dirty.set()
 
     def claim_changed(self, key: ClaimKey) -> None:
-        """A claim of ours was added or modified (its index entry is already updated)."""
+        """A claim of ours was added or modified (its index entry is already updated): reconcile its status,
+        recompute the GPUs its shares were and are on."""
         self.ready.set()
-        self._known.add(key)
+        view: ClaimView | None = _first(self._claims, key)
+        now = frozenset(s.device_key for s in view.shares) if view is not None else frozenset()
+        before = self._seen.get(key, frozenset())
+        self._seen[key] = now
+        for device in before - now:
+            self._on_device.get(device, set()).discard(key)
+        for device in now:
+            self._on_device.setdefault(device, set()).add(key)
+        self._mark_devices(before | now)
         self.enqueue(key)
-        self._ledger_dirty.set()
+
+    def _untrack(self, key: ClaimKey) -> None:
+        """A claim left the index: the GPUs its shares were on drop them."""
+        before = self._seen.pop(key, frozenset())
+        for device in before:
+            self._on_device.get(device, set()).discard(key)
+        self._mark_devices(before)
 
     def claim_deleted(self, uid: str) -> None:
-        """A claim is gone: forget its Event bookkeeping; the ledger drops its shares."""
+        """A claim is gone: forget its Event bookkeeping (`claim_event` drops its shares from the ledger)."""
         self.ready.set()
         self._posted.pop(uid, None)
         self._forget_missing(uid)
-        self._ledger_dirty.set()
 
     def _forget_missing(self, uid: str) -> None:
         for k in [k for k in self._missing_since if k[0] == uid]:
@@ -177,27 +231,38 @@ class Controller:
             return
         for key in list(self._claims):
             self.enqueue(key)
-        self._ledger_dirty.set()
+        self._mark_all()
 
     def classes_changed(self) -> None:
         """Our DeviceClass changed: its selectors and configs apply to every claim."""
         self.ready.set()
+        self._publish_admission()
         for key in list(self._claims):
             self.enqueue(key)
 
-    def gpus_changed(self) -> None:
-        """A GPU object changed (possibly by someone else): re-check the ledger."""
+    def gpus_changed(self, name: str) -> None:
+        """The GPU object `name` changed (possibly by someone else, or the echo of our own write): re-check it."""
         self.ready.set()
-        self._ledger_dirty.set()
+        self._dirty_gpus.add(name)
+        self._ledger_wake.set()
 
     def enqueue(self, key: ClaimKey) -> None:
-        """Schedule a reconcile of one claim (deduplicated)."""
-        if key in self._active:
-            self._again.add(key)
-        elif key not in self._queued:
-            self._queued.add(key)
-            self._queue.put_nowait(key)
-            metrics.RECONCILE_QUEUE.set(len(self._queued))
+        """Schedule a reconcile of one claim (deduplicated; see `WorkQueue`)."""
+        self.queue.add(key)
+
+    def ledger_pending(self) -> bool:
+        """Whether some GPU awaits a ledger pass (marked by a change since the last pass began)."""
+        return self._dirty_all or bool(self._dirty_gpus)
+
+    def _mark_devices(self, devices: Iterable[DeviceKey]) -> None:
+        names = [self._names[d] for d in devices if d in self._names]  # unpublished: no object is desired
+        if names:
+            self._dirty_gpus.update(names)
+            self._ledger_wake.set()
+
+    def _mark_all(self) -> None:
+        self._dirty_all = True
+        self._ledger_wake.set()
 
     # ----- derived views -------------------------------------------------------------------------
 
@@ -209,7 +274,19 @@ class Controller:
             self._largest = max((d.max_request for d in devices.values()), default=None)
             self._hami_core = any(d.hami_core for d in devices.values())
             self._nvml = any(d.memory_enforcement == "nvml" for d in devices.values())
+            self._names = {key: gpu_object_name(d.node, d.device) for key, d in devices.items()}
+            self._name_keys = {name: key for key, name in self._names.items()}
+            self._publish_admission()
         return devices
+
+    def _publish_admission(self) -> None:
+        published = bool(self._devices)
+        self.admission = AdmissionFacts(
+            largest=self._largest,
+            hami_core=self._hami_core if published else None,
+            nvml=self._nvml if published else None,
+            device_class=self.device_class(),
+        )
 
     def devices(self) -> dict[DeviceKey, DeviceRecord]:
         """Published devices of our driver (newest pool generations), cached until a slice changes."""
@@ -249,47 +326,40 @@ class Controller:
 
     async def _worker(self) -> None:
         while True:
-            key = await self._queue.get()
-            self._queued.discard(key)
-            metrics.RECONCILE_QUEUE.set(len(self._queued))
-            self._active.add(key)
+            try:
+                key = await self.queue.get()
+            except QueueShutDownError:
+                return
             try:
                 await self.reconcile_claim(key)
-                self._attempts.pop(key, None)
+                self.queue.forget(key)
             except asyncio.CancelledError:
                 raise
             except Exception as err:
                 self._retry(key, err)
             finally:
-                self._active.discard(key)
-                if key in self._again:
-                    self._again.discard(key)
-                    self.enqueue(key)
+                self.queue.done(key)
 
     def _retry(self, key: ClaimKey, err: Exception) -> None:
         status = err.status if isinstance(err, ApiError) else None
         body = str(err.body).lower() if isinstance(err, ApiError) else ""
         if status == 404 or (status == 409 and "uid" in body):
             log.info("claim gone or replaced; not retrying", extra={"claim": "/".join(key), "status": status})
-            self._attempts.pop(key, None)
+            self.queue.forget(key)
             return
-        attempt = self._attempts.get(key, 0) + 1
-        if attempt > MAX_ATTEMPTS:
+        delay = self.queue.retry(key)
+        if delay is None:
             log.error(
                 "giving up on claim status after %d attempts: %s",
                 MAX_ATTEMPTS,
                 describe(err),
                 extra={"claim": "/".join(key)},
             )
-            self._attempts.pop(key, None)
             return
-        self._attempts[key] = attempt
-        delay = min(30.0, 0.25 * 2**attempt)
         log.warning(
             "claim status write failed; retrying",
             extra={"claim": "/".join(key), "error": describe(err), "retry_in": delay},
         )
-        asyncio.get_running_loop().call_later(delay, self.enqueue, key)
 
     async def reconcile_claim(self, key: ClaimKey) -> None:
         """Write the claim's status entries if they differ; post Events about it. Raises on API errors."""
@@ -344,7 +414,7 @@ class Controller:
         for share in missing:
             since = self._missing_since.setdefault((claim.uid, share.pool, share.device), now)
             if now - since < grace:
-                asyncio.get_running_loop().call_later(since + grace - now + 0.05, self.enqueue, claim.key)
+                self.queue.add_after(claim.key, since + grace - now + 0.05)
                 continue
             message = (
                 f"request {share.request!r} was allocated device {share.device} of pool {share.pool} "
@@ -378,35 +448,66 @@ class Controller:
     async def _ledger_loop(self) -> None:
         failures = 0
         while True:
-            await self._ledger_dirty.wait()
-            await asyncio.sleep(self.settings.ledger_delay_seconds)
-            self._ledger_dirty.clear()
-            try:
-                ok = await self.reconcile_ledger()
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("ledger reconcile failed")
-                ok = False
-            if ok:
+            await self._ledger_wake.wait()
+            await asyncio.sleep(self.settings.ledger_delay_seconds)  # batch the changes of this window
+            self._ledger_wake.clear()
+            if await self.ledger_pass():
                 failures = 0
-            else:
-                failures += 1
-                await asyncio.sleep(min(30.0, 0.5 * 2**failures))
-                self._ledger_dirty.set()
+                continue
+            failures += 1
+            await asyncio.sleep(min(30.0, 0.5 * 2**failures))
+            self._ledger_wake.set()
 
-    async def reconcile_ledger(self) -> bool:
-        """Bring GPU objects in line with devices and claims; False if some write failed."""
-        desired = desired_ledger(self.devices(), self.claims(), self.driver, FIELD_MANAGER)
-        existing: dict[str, ExistingGpu] = {v.name: v for values in self._gpus.values() for v in values}
+    async def ledger_pass(self) -> bool:
+        """Recompute and write what was marked since the last pass (every GPU, or the marked ones); False when
+        some write failed, and then its GPUs stay marked for the next pass."""
+        full, names = self._dirty_all, self._dirty_gpus
+        self._dirty_all, self._dirty_gpus = False, set()
+        try:
+            ok = await self.reconcile_ledger(None if full else names)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("ledger reconcile failed")
+            ok = False
+        if not ok:
+            self._dirty_all = self._dirty_all or full
+            self._dirty_gpus |= names
+        return ok
+
+    def _desired(self, names: Collection[str] | None) -> dict[str, GpuObject]:
+        devices = self.devices()
+        if names is None:
+            self._on_device = {}
+            for view in self.claims():  # the inverse index rebuilt from the claims index: self-healing
+                for share in view.shares:
+                    self._on_device.setdefault(share.device_key, set()).add(view.key)
+            return desired_ledger(devices, self.claims(), self.driver, FIELD_MANAGER)
+        out: dict[str, GpuObject] = {}
+        for name in names:
+            key = self._name_keys.get(name)
+            if key is None or key not in devices:
+                continue
+            views = [v for c in self._on_device.get(key, ()) if (v := _first(self._claims, c)) is not None]
+            out[name] = desired_gpu(devices[key], shares_on(key, views), self.driver, FIELD_MANAGER)
+        return out
+
+    async def reconcile_ledger(self, names: Collection[str] | None = None) -> bool:
+        """Bring GPU objects in line with devices and claims, all of them or only the objects `names`; False
+        if some write failed. An object of our driver whose device is not published is deleted."""
+        desired = self._desired(names)
+        if names is None:
+            existing: dict[str, ExistingGpu] = {v.name: v for values in self._gpus.values() for v in values}
+        else:
+            existing = {n: v for n in names if (v := _first(self._gpus, n)) is not None}
         plan = plan_ledger(desired, existing, self.driver)
-        metrics.LEDGER_OBJECTS.set(len(desired))
+        metrics.LEDGER_OBJECTS.set(len(self.devices()))
         if plan.empty:
             return True
         identity = {o.name for o in plan.apply_identity}
         status = {o.name for o in plan.apply_status}
         objects = {o.name: o for o in (*plan.apply_identity, *plan.apply_status)}
-        limit = asyncio.Semaphore(4)
+        limit = asyncio.Semaphore(self.settings.workers)
         failures: list[str] = []
 
         async def write(kind: str, fn: Callable[..., None], *args: Any, **kwargs: Any) -> bool:
@@ -442,4 +543,4 @@ class Controller:
             await asyncio.sleep(self.settings.resync_seconds)
             for key in list(self._claims):
                 self.enqueue(key)
-            self._ledger_dirty.set()
+            self._mark_all()

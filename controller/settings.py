@@ -36,7 +36,7 @@ class Settings(BaseModel):
     health_address: str = "0.0.0.0"
     health_port: int = Field(8080, ge=0, le=65535, description="kopf liveness endpoint /healthz; 0 disables")
     metrics_port: int = Field(8081, ge=0, le=65535, description="Prometheus /metrics; 0 disables")
-    workers: int = Field(4, ge=1, le=64, description="concurrent claim status writers")
+    workers: int = Field(16, ge=1, le=64, description="concurrent status writers (and ledger writers)")
     ledger_delay_seconds: float = Field(0.5, ge=0, description="batch ledger updates over this window")
     resync_seconds: float = Field(300.0, gt=0, description="full re-check of claims and ledger")
     device_gone_grace_seconds: float = Field(
@@ -95,7 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--health-port", type=int, default=int(_env("FRACGPU_HEALTH_PORT", "8080") or 0))
     p.add_argument("--metrics-port", type=int, default=int(_env("FRACGPU_METRICS_PORT", "8081") or 0))
-    p.add_argument("--workers", type=int, default=int(_env("FRACGPU_WORKERS", "4") or 4))
+    p.add_argument("--workers", type=int, default=int(_env("FRACGPU_WORKERS", "16") or 16))
     p.add_argument("--ledger-delay", type=float, default=float(_env("FRACGPU_LEDGER_DELAY", "0.5") or 0.5))
     p.add_argument("--resync", type=float, default=float(_env("FRACGPU_RESYNC", "300") or 300))
     p.add_argument(

@@ -1,13 +1,18 @@
 """kopf's own webhook server, with its self-signed certificate built by `cryptography` (no cert-manager).
 
 kopf generates and serves the certificate; this subclass adds a certificate builder that is installed
-here (kopf's uses `certbuilder`), a Service reference instead of a URL, and the registration of its client
-config (CA bundle included) in the chart-made webhook configuration (`controller.webhook_config`).
+here (kopf's uses `certbuilder`), a Service reference instead of a URL, the registration of its client
+config (CA bundle included) in the chart-made webhook configuration (`controller.webhook_config`), and its
+own thread: the server and kopf's admission handling run on an event loop of their own, so that a busy main
+loop (watch events, indexes, the ledger) does not queue admission reviews behind it.
 """
 
 import asyncio
+import contextlib
+import contextvars
 import datetime
 import ipaddress
+import threading
 from collections.abc import AsyncIterator, Collection
 from typing import Any
 
@@ -147,10 +152,53 @@ class WebhookServer(kopf.WebhookServer):
         served: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, _Utf8Request(request, text))  # type: ignore[arg-type]
         return served
 
+    async def _serve_in_thread(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        """kopf's serving (`kopf.WebhookServer.__call__`) on an event loop in a thread of its own; yields its
+        client configs here. Admission handlers then run on that loop: they may only read what the main loop
+        publishes by plain attribute assignment (controller.reconciler's admission view)."""
+        main = asyncio.get_running_loop()
+        configs: asyncio.Queue[kopf.WebhookClientConfig | BaseException] = asyncio.Queue()
+        context = contextvars.copy_context()  # kopf's context variables (its Event posting queue among them)
+        loop = asyncio.new_event_loop()
+        serving = loop.create_task(self._forward(fn, main, configs), context=context)
+
+        def run() -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                loop.run_until_complete(serving)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+
+        thread = threading.Thread(target=run, name="fracgpu-webhook", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = await configs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            loop.call_soon_threadsafe(serving.cancel)
+            await asyncio.to_thread(thread.join, 30)
+            if not thread.is_alive():
+                loop.close()
+
+    async def _forward(
+        self,
+        fn: kopf.WebhookFn,
+        main: asyncio.AbstractEventLoop,
+        configs: "asyncio.Queue[kopf.WebhookClientConfig | BaseException]",
+    ) -> None:
+        try:
+            async for config in super().__call__(fn):
+                main.call_soon_threadsafe(configs.put_nowait, config)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # e.g. the port is taken: raised in the main loop
+            main.call_soon_threadsafe(configs.put_nowait, err)
+
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         registering: asyncio.Task[None] | None = None
         try:
-            async for config in super().__call__(fn):
+            async for config in self._serve_in_thread(fn):
                 out = self._client_config(config)
                 if self.registration is not None:
                     if registering is not None:

@@ -1,25 +1,39 @@
-"""Benchmark of the controller: time from allocation to status written for a burst of claims, and its RSS.
+"""Benchmark of the controller at cluster scale: allocation -> status latency, ledger currency, CPU per claim,
+RSS and admission latency during a burst of claims.
 
     python -m e2e.bench.controller_bench [--claims 500] [--nodes 10] [--out build/bench/controller.json]
+    python -m e2e.bench.controller_bench --cluster-scale      # 5000 claims on 500 nodes (minutes)
 
-Starts its own control plane (etcd, apiserver, controller-manager, scheduler), fake Nodes with 8 simulated
-80Gi GPUs each (slices built by the node plugin's `build_slices`), and the controller as a process under its
-RBAC; then creates one pod per claim (10Gi each, from a ResourceClaimTemplate) as fast as it can. A watch
-on the claims timestamps when each allocation appears and when our `status.devices` data appears; the
-difference is the latency reported. Reports medians and percentiles of this one run; asserts nothing.
+Starts its own control plane (etcd, apiserver, controller-manager, scheduler; the last two allowed
+`--component-qps` requests/s), fake Nodes with 8 simulated 80Gi GPUs each (slices built by the node plugin's
+`build_slices`), and the controller as a process under its RBAC with its webhook registered; then creates one
+pod per claim (10Gi each, from a ResourceClaimTemplate) as fast as it can. Watches timestamp when each
+allocation appears, when our `status.devices` data appears, and when each GPU object's ledger changes:
+
+- allocation -> status written: per claim;
+- ledger current: from the last allocation until every GPU object lists exactly the claims allocated on it;
+- CPU per claim: the controller's user+system CPU from the burst's start until the ledger is current, divided
+  by the claims;
+- admission: dry-run creates of a claim our webhook validates, sent at a steady rate by their own client,
+  timed before the burst (idle) and from the first pod created until the last status is written (burst).
+
+Reports medians and percentiles of this one run; asserts nothing.
 """
 
 import argparse
 import json
+import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import yaml
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from api.crds import CRD_DIR
@@ -32,6 +46,9 @@ from tests.integration import kube
 
 GPUS_PER_NODE = 8
 NAMESPACE = "bench"
+CLUSTER_SCALE = (5000, 500)
+"""(claims, nodes) of `--cluster-scale`."""
+DeviceKey = tuple[str, str]
 
 
 def rss_mib(pid: int) -> dict[str, float]:
@@ -44,14 +61,18 @@ def rss_mib(pid: int) -> dict[str, float]:
     return out
 
 
-class ClaimWatch:
-    """Watches the claims of a namespace and records, per claim, when allocation and our data first appear."""
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time `pid` has used, in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    def __init__(self, api: client.ApiClient, namespace: str) -> None:
-        self.api = api
-        self.namespace = namespace
-        self.allocated: dict[str, float] = {}
-        self.written: dict[str, float] = {}
+
+class Watch:
+    """Watches one collection in a thread and hands each ADDED/MODIFIED object, with its arrival time, to
+    `observe`."""
+
+    def __init__(self, list_fn: Callable[..., Any]) -> None:
+        self.list_fn = list_fn
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -61,12 +82,21 @@ class ClaimWatch:
     def stop(self) -> None:
         self._stop.set()
 
+    def observe(self, obj: dict[str, Any], now: float) -> None:
+        raise NotImplementedError
+
     def _run(self) -> None:
-        resource = client.ResourceV1Api(self.api)
-        version = resource.list_namespaced_resource_claim(self.namespace).metadata.resource_version
+        try:
+            self._watch()
+        except Exception:
+            if not self._stop.is_set():  # the control plane stopping ends a watch that was told to stop
+                raise
+
+    def _watch(self) -> None:
+        listed = self.list_fn(_preload_content=False)
+        version = json.loads(listed.data)["metadata"]["resourceVersion"]
         while not self._stop.is_set():
-            response = resource.list_namespaced_resource_claim(
-                self.namespace,
+            response = self.list_fn(
                 watch=True,
                 resource_version=version,
                 timeout_seconds=60,
@@ -79,16 +109,28 @@ class ClaimWatch:
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
-                        version = self._observe(json.loads(line), time.monotonic()) or version
+                        event = json.loads(line)
+                        obj = event.get("object") or {}
+                        if event.get("type") in ("ADDED", "MODIFIED"):
+                            self.observe(obj, time.monotonic())
+                        version = (obj.get("metadata") or {}).get("resourceVersion") or version
                 if self._stop.is_set():
                     break
             response.release_conn()
 
-    def _observe(self, event: dict[str, Any], now: float) -> str | None:
-        obj = event.get("object") or {}
-        name = (obj.get("metadata") or {}).get("name")
-        if not name or event.get("type") not in ("ADDED", "MODIFIED"):
-            return None
+
+class ClaimWatch(Watch):
+    """Per claim: when its allocation and our data first appear, and the devices it was allocated."""
+
+    def __init__(self, api: client.ApiClient, namespace: str) -> None:
+        resource = client.ResourceV1Api(api)
+        super().__init__(lambda **kw: resource.list_namespaced_resource_claim(namespace, **kw))
+        self.allocated: dict[str, float] = {}
+        self.written: dict[str, float] = {}
+        self.devices: dict[str, set[DeviceKey]] = {}
+
+    def observe(self, obj: dict[str, Any], now: float) -> None:
+        name = obj["metadata"]["name"]
         status = obj.get("status") or {}
         results = [
             r
@@ -97,6 +139,7 @@ class ClaimWatch:
         ]
         if results:
             self.allocated.setdefault(name, now)
+            self.devices[name] = {(r["pool"], r["device"]) for r in results}
             written = {
                 (d["pool"], d["device"], d.get("shareID") or "")
                 for d in status.get("devices") or []
@@ -104,18 +147,113 @@ class ClaimWatch:
             }
             if all((r["pool"], r["device"], r.get("shareID") or "") in written for r in results):
                 self.written.setdefault(name, now)
-        return str(obj["metadata"]["resourceVersion"])
+
+
+class GpuWatch(Watch):
+    """Per GPU object: the claims its ledger lists, and when that list last changed."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        custom = client.CustomObjectsApi(api)
+        super().__init__(lambda **kw: custom.list_cluster_custom_object(API_GROUP, GPU_VERSION, GPU_PLURAL, **kw))
+        self.claims: dict[DeviceKey, frozenset[str]] = {}
+        self.changed: dict[DeviceKey, float] = {}
+        self.lock = threading.Lock()
+
+    def observe(self, obj: dict[str, Any], now: float) -> None:
+        spec = obj.get("spec") or {}
+        key = (spec.get("pool", ""), spec.get("device", ""))
+        listed = frozenset(c["name"] for c in (obj.get("status") or {}).get("claims") or [])
+        with self.lock:
+            if self.claims.get(key) != listed:
+                self.claims[key] = listed
+                self.changed[key] = now
+
+    def current_since(self, want: dict[DeviceKey, frozenset[str]]) -> float | None:
+        """When the ledger last changed, if every GPU object lists exactly the claims of `want` now; else None."""
+        with self.lock:
+            if any(self.claims.get(k, frozenset()) != v for k, v in want.items()):
+                return None
+            if any(v and k not in want for k, v in self.claims.items()):
+                return None
+            return max(self.changed.values(), default=0.0)
+
+
+class AdmissionProbe:
+    """Dry-run creates of a valid claim of ours, `rate` per second from their own client, each one timed."""
+
+    def __init__(self, api: client.ApiClient, namespace: str, rate: float) -> None:
+        self.resource = client.ResourceV1Api(api)
+        self.namespace = namespace
+        self.interval = 1 / rate
+        self.samples: list[tuple[float, float]] = []  # (sent at, seconds)
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        body = probe_claim("probe", "1Gi")
+        next_at = time.monotonic()
+        while not self._stop.is_set():
+            sent = time.monotonic()
+            try:
+                self.resource.create_namespaced_resource_claim(self.namespace, body, dry_run="All")
+                self.samples.append((sent, time.monotonic() - sent))
+            except ApiException:
+                self.errors += 1
+            next_at = max(next_at + self.interval, time.monotonic())
+            self._stop.wait(next_at - time.monotonic())
+
+    def between(self, start: float, end: float) -> list[float]:
+        return [took for sent, took in self.samples if start <= sent <= end]
+
+
+def probe_claim(name: str, memory: str) -> dict[str, Any]:
+    """A ResourceClaim asking our DeviceClass for `memory` (validated by our webhook)."""
+    request = {
+        "name": "gpu",
+        "exactly": {"deviceClassName": DEVICE_CLASS_NAME, "capacity": {"requests": {"memory": memory}}},
+    }
+    return {"metadata": {"name": name}, "spec": {"devices": {"requests": [request]}}}
+
+
+def wait_for_webhook(api: client.ApiClient, namespace: str) -> None:
+    """The apiserver picks up the webhook configuration asynchronously: wait until it refuses a bad claim."""
+    resource = client.ResourceV1Api(api)
+
+    def refused() -> bool:
+        try:
+            resource.create_namespaced_resource_claim(namespace, probe_claim("bad", "0"), dry_run="All")
+        except ApiException as err:
+            return bool(err.status == 422)
+        return False
+
+    kube.wait_for(refused, 60, interval=0.5, what="the controller's webhook refusing a bad claim")
 
 
 def ledger_shares(api: client.ApiClient) -> int:
     """Total shares over all GPU objects."""
-    items = client.CustomObjectsApi(api).list_cluster_custom_object(API_GROUP, GPU_VERSION, GPU_PLURAL)["items"]
-    return sum(((g.get("status") or {}).get("shares") or 0) for g in items)
+    return sum(((g.get("status") or {}).get("shares") or 0) for g in _gpus(api))
 
 
-def run(claims: int, nodes: int, memory: str, workdir: Path, controller_args: tuple[str, ...] = ()) -> dict[str, Any]:
+def run(
+    claims: int,
+    nodes: int,
+    memory: str,
+    workdir: Path,
+    *,
+    controller_args: tuple[str, ...] = (),
+    component_qps: int | None = 500,
+    admission_rate: float = 10.0,
+) -> dict[str, Any]:
     """One benchmark run in a fresh control plane under `workdir`; the figures as a dict."""
-    plane = ControlPlane(workdir / "cluster")
+    plane = ControlPlane(workdir / "cluster", component_qps=component_qps)
     plane.start()
     controller: kube.ControllerProcess | None = None
     try:
@@ -124,11 +262,14 @@ def run(claims: int, nodes: int, memory: str, workdir: Path, controller_args: tu
         dyn = DynamicClient(api)
         kube.apply_crd(api, yaml.safe_load((CRD_DIR / f"{GPU_CRD_NAME}.yaml").read_text()))
         kube.ensure_device_class(dyn, DEVICE_CLASS_NAME, DRIVER_NAME)
-        node_names = []
-        for i in range(nodes):
-            node = kube.create_fake_node(api, f"bench-node-{i:02d}")
+
+        def fake_node(i: int) -> str:
+            node = kube.create_fake_node(api, f"bench-node-{i:03d}")
             kube.publish_gpus(dyn, node, DRIVER_NAME, kube.simulated_gpus(node["metadata"]["name"], GPUS_PER_NODE))
-            node_names.append(node["metadata"]["name"])
+            return str(node["metadata"]["name"])
+
+        with ThreadPoolExecutor(8) as pool:
+            node_names = list(pool.map(fake_node, range(nodes)))
         core = client.CoreV1Api(api)
         core.create_namespace({"metadata": {"name": NAMESPACE}})
         kube.wait_for(lambda: kube.exists(lambda: core.read_namespaced_service_account("default", NAMESPACE)), 30)
@@ -144,53 +285,79 @@ def run(claims: int, nodes: int, memory: str, workdir: Path, controller_args: tu
             rules=cluster_role_rules(),
             path=workdir / "controller.kubeconfig",
         )
-        controller = kube.ControllerProcess(workdir / "controller", kubeconfig, *controller_args)
-        controller.start()
-        kube.wait_for(lambda: ledger_shares(api) == 0 and len(_gpus(api)) == nodes * GPUS_PER_NODE, 60, what="ledger")
-        idle_rss = rss_mib(controller.pid)
-
-        watch = ClaimWatch(api, NAMESPACE)
-        watch.start()
-        time.sleep(1)
-        started = time.monotonic()
-        with ThreadPoolExecutor(8) as pool:
-            list(
-                pool.map(
-                    lambda i: core.create_namespaced_pod(
-                        NAMESPACE, kube.pod_with_claim(f"p{i:04d}", "share", node_names[i % nodes])
-                    ),
-                    range(claims),
-                )
+        with kube.chart_made_webhook_configuration(api, DRIVER_NAME):
+            controller = kube.ControllerProcess(workdir / "controller", kubeconfig, *controller_args)
+            controller.start(timeout=120)
+            gpus = nodes * GPUS_PER_NODE
+            kube.wait_for(
+                lambda: ledger_shares(api) == 0 and len(_gpus(api)) == gpus, 60 + gpus / 20, interval=1, what="ledger"
             )
-        created = time.monotonic() - started
-        kube.wait_for(lambda: len(watch.written) >= claims, 600, interval=0.5, what=f"{claims} claims written")
-        all_written = time.monotonic() - started
-        burst_rss = rss_mib(controller.pid)
-        kube.wait_for(lambda: ledger_shares(api) == claims, 120, interval=0.25, what="ledger total")
-        ledger_done = time.monotonic() - started
-        watch.stop()
-        latencies = [watch.written[n] - watch.allocated[n] for n in watch.written]
-        allocation_span = max(watch.allocated.values()) - min(watch.allocated.values())
-        writes = controller.metric("fracgpu_controller_claim_status_writes_total", result="ok")
-        return {
-            "claims": claims,
-            "nodes": nodes,
-            "gpus": nodes * GPUS_PER_NODE,
-            "memory_per_claim": memory,
-            "allocation_to_status_written": summary_ms(latencies),
-            "pods_created_s": round(created, 2),
-            "allocations_span_s": round(allocation_span, 2),
-            "all_status_written_s": round(all_written, 2),
-            "ledger_converged_s": round(ledger_done, 2),
-            "claim_status_writes": int(writes),
-            "controller_rss_mib_idle": idle_rss.get("VmRSS"),
-            "controller_rss_mib_after_burst": burst_rss.get("VmRSS"),
-            "controller_rss_mib_peak": burst_rss.get("VmHWM"),
-        }
+            wait_for_webhook(api, NAMESPACE)
+            idle_rss = rss_mib(controller.pid)
+
+            probe_api = config.new_client_from_config(config_file=str(plane.kubeconfig))
+            probe = AdmissionProbe(probe_api, NAMESPACE, admission_rate)
+            probe.start()
+            time.sleep(max(3.0, 30 / admission_rate))  # idle admission samples
+            watch, gpu_watch = ClaimWatch(api, NAMESPACE), GpuWatch(api)
+            watch.start()
+            gpu_watch.start()
+            time.sleep(1)
+            cpu_before = cpu_seconds(controller.pid)
+            started = time.monotonic()
+            with ThreadPoolExecutor(8) as pool:
+                list(
+                    pool.map(
+                        lambda i: core.create_namespaced_pod(
+                            NAMESPACE, kube.pod_with_claim(f"p{i:04d}", "share", node_names[i % nodes])
+                        ),
+                        range(claims),
+                    )
+                )
+            created = time.monotonic() - started
+            budget = max(600.0, claims * 0.2)
+            kube.wait_for(lambda: len(watch.written) >= claims, budget, interval=0.5, what=f"{claims} claims written")
+            all_written = time.monotonic()
+            probe.stop()
+            burst_rss = rss_mib(controller.pid)
+            want: dict[DeviceKey, set[str]] = {}
+            for name, keys in watch.devices.items():
+                for key in keys:
+                    want.setdefault(key, set()).add(name)
+            frozen = {k: frozenset(v) for k, v in want.items()}
+            ledger_at = kube.wait_for(lambda: gpu_watch.current_since(frozen), 300, interval=0.25, what="ledger")
+            cpu = cpu_seconds(controller.pid) - cpu_before
+            watch.stop()
+            gpu_watch.stop()
+            writes = controller.metric("fracgpu_controller_claim_status_writes_total", result="ok")
     finally:
         if controller is not None:
             controller.terminate()
         plane.stop()
+    latencies = [watch.written[n] - watch.allocated[n] for n in watch.written]
+    last_allocation = max(watch.allocated.values())
+    idle = probe.between(0, started)
+    burst = probe.between(started, all_written)
+    return {
+        "claims": claims,
+        "nodes": nodes,
+        "gpus": nodes * GPUS_PER_NODE,
+        "memory_per_claim": memory,
+        "component_qps": component_qps,
+        "allocation_to_status_written": summary_ms(latencies),
+        "admission_idle": summary_ms(idle) if idle else None,
+        "admission_during_burst": summary_ms(burst) if burst else None,
+        "admission_errors": probe.errors,
+        "pods_created_s": round(created, 2),
+        "allocations_span_s": round(last_allocation - min(watch.allocated.values()), 2),
+        "all_status_written_s": round(all_written - started, 2),
+        "ledger_current_after_last_allocation_s": round(ledger_at - last_allocation, 2),
+        "controller_cpu_ms_per_claim": round(cpu * 1000 / claims, 2),
+        "claim_status_writes": int(writes),
+        "controller_rss_mib_idle": idle_rss.get("VmRSS"),
+        "controller_rss_mib_after_burst": burst_rss.get("VmRSS"),
+        "controller_rss_mib_peak": burst_rss.get("VmHWM"),
+    }
 
 
 def _gpus(api: client.ApiClient) -> list[dict[str, Any]]:
@@ -200,23 +367,53 @@ def _gpus(api: client.ApiClient) -> list[dict[str, Any]]:
     return items
 
 
+SUMMARIES = ("allocation_to_status_written", "admission_idle", "admission_during_burst")
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark once and print its figures."""
-    parser = argparse.ArgumentParser(prog="python -m e2e.bench.controller_bench", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m e2e.bench.controller_bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--claims", type=int, default=500)
     parser.add_argument("--nodes", type=int, default=10, help=f"fake nodes with {GPUS_PER_NODE} GPUs of 80Gi each")
+    parser.add_argument(
+        "--cluster-scale",
+        action="store_true",
+        help=f"{CLUSTER_SCALE[0]} claims on {CLUSTER_SCALE[1]} nodes (overrides --claims and --nodes)",
+    )
     parser.add_argument("--memory", default="10Gi", help="memory request of each claim")
+    parser.add_argument(
+        "--component-qps", type=int, default=500, help="--kube-api-qps of the scheduler and controller-manager"
+    )
+    parser.add_argument("--admission-rate", type=float, default=10.0, help="admission probes per second")
     parser.add_argument("--out", type=Path, help="also write the figures as JSON here")
     parser.add_argument(
-        "--controller-arg", action="append", default=[], help="extra controller flag (repeatable), e.g. --no-admission"
+        "--controller-arg", action="append", default=[], help="extra controller flag (repeatable), e.g. --workers=8"
     )
     args = parser.parse_args(argv)
+    claims, nodes = CLUSTER_SCALE if args.cluster_scale else (args.claims, args.nodes)
     with tempfile.TemporaryDirectory(prefix="fracgpu-ctlbench-", dir="/tmp") as tmp:
-        result = run(args.claims, args.nodes, args.memory, Path(tmp), tuple(args.controller_arg))
-    print(table({"allocation -> status written": result["allocation_to_status_written"]}))
+        result = run(
+            claims,
+            nodes,
+            args.memory,
+            Path(tmp),
+            controller_args=tuple(args.controller_arg),
+            component_qps=args.component_qps,
+            admission_rate=args.admission_rate,
+        )
+    rows = {
+        "allocation -> status written": result["allocation_to_status_written"],
+        "admission, idle": result["admission_idle"],
+        "admission, during the burst": result["admission_during_burst"],
+    }
+    print(table({k: v for k, v in rows.items() if v}))
     for key, value in result.items():
-        if key != "allocation_to_status_written":
-            print(f"{key:32} {value}")
+        if key not in SUMMARIES:
+            print(f"{key:40} {value}")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")

@@ -61,9 +61,18 @@ class ControlPlane:
     """etcd + kube-apiserver + kube-controller-manager + kube-scheduler under `state_dir`."""
 
     def __init__(
-        self, state_dir: Path, *, host: str = "127.0.0.1", detached: bool = False, netns: Netns | None = None
+        self,
+        state_dir: Path,
+        *,
+        host: str = "127.0.0.1",
+        detached: bool = False,
+        netns: Netns | None = None,
+        component_qps: int | None = None,
     ) -> None:
+        """`component_qps`: requests per second the controller-manager and the scheduler may send (their
+        `--kube-api-qps`, burst twice that); None keeps their defaults (20 and 50)."""
         self.state_dir = state_dir.resolve()
+        self.component_qps = component_qps
         self.netns = netns
         self.host = netns.address if netns else host
         self.procs = ProcessGroup(self.state_dir, detached=detached, prefix=netns.exec_prefix() if netns else ())
@@ -198,9 +207,15 @@ class ControlPlane:
                     "--leader-elect=false",
                     "--v=1",
                     *extra,
+                    *self._qps_flags(),
                 ],
             )
             self._wait(name, f"https://{host}:{port}/healthz", timeout)
+
+    def _qps_flags(self) -> list[str]:
+        if self.component_qps is None:
+            return []
+        return [f"--kube-api-qps={self.component_qps}", f"--kube-api-burst={2 * self.component_qps}"]
 
     def _wait(self, name: str, url: str, timeout: float) -> None:
         """Poll `url` until it answers 200, failing early with the log when the process dies."""

@@ -3,7 +3,7 @@
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.claim_status import apply_body, plan_status
 from controller.model import ClaimView, DeviceRecord, SliceView, claim_view, current_devices, slice_view
-from tests.unit.test_controller_model import NODE, claim, gpu, result, slices
+from tests.unit.controller_factories import NODE, claim, gpu, result, slices
 
 
 def devices() -> dict[tuple[str, str], DeviceRecord]:

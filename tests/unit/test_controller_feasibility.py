@@ -7,11 +7,12 @@ import pytest
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import MiB
+from controller import feasibility
 from controller.feasibility import plan_unsatisfiable
 from controller.model import DeviceClassView, DeviceRecord, claim_view, current_devices, slice_view
 from controller.selectors import NotEvaluated, evaluate
 from kubelet_plugin.slices import build_slices
-from tests.unit.test_controller_model import claim, gpu
+from tests.unit.controller_factories import claim, gpu, memory_request
 
 A100 = "NVIDIA A100-SXM4-40GB"
 H100 = "NVIDIA H100 80GB HBM3"
@@ -145,3 +146,23 @@ def test_nothing_is_said_without_published_gpus_or_once_allocated() -> None:
     view = _pending("100Gi")
     assert plan_unsatisfiable(view, [], CLASS, DRIVER_NAME) == ()
     assert plan_unsatisfiable(view.model_copy(update={"allocated": True}), CLUSTER, CLASS, DRIVER_NAME) == ()
+
+
+def test_a_claim_that_fits_stops_at_the_first_device_that_satisfies_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a pending claim is re-checked on each of its events: it must not evaluate selectors on every GPU
+    evaluated: list[str] = []
+
+    def counting(expression: str, device: DeviceRecord, driver: str) -> bool | NotEvaluated:
+        evaluated.append(device.device)
+        return evaluate(expression, device, driver)
+
+    monkeypatch.setattr(feasibility, "evaluate", counting)
+    many = devices(*[(H100, 80)] * 8)
+    fits = claim_view(claim(requests=[memory_request("gpu", "10Gi")]), DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert fits is not None
+    assert plan_unsatisfiable(fits, many, CLASS, DRIVER_NAME) == ()
+    assert evaluated == ["gpu-0"], "one device's selectors, not all eight"
+    evaluated.clear()
+    big = claim_view(claim(requests=[memory_request("gpu", "100Gi")]), DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert big is not None
+    assert plan_unsatisfiable(big, many, CLASS, DRIVER_NAME), "still found unsatisfiable"

@@ -11,9 +11,8 @@ from typing import Any
 from api.names import DRIVER_NAME
 from controller.reconciler import Controller
 from controller.settings import Settings
+from tests.unit.controller_factories import NODE, FakeWriter, claim, eventually, result, slices
 from tests.unit.kopf_world import KopfWorld
-from tests.unit.test_controller_model import NODE, claim, result, slices
-from tests.unit.test_controller_reconciler import FakeWriter, eventually
 
 OTHER_CLASS = "other-class.fracgpu.dev"
 
@@ -61,10 +60,11 @@ def test_a_deallocated_claim_of_another_class_leaves_the_index_and_the_ledger() 
         assert ("ns", "c1") not in world.index("fracgpu_claims"), "kopf kept the claim's old index entry"
         await eventually(lambda: _allocated("gpu-0")(writer) == "0")
         # claims that were never ours (or are no longer) do not wake the ledger
-        controller._ledger_dirty.clear()
+        await controller.stop()  # no loop takes the marks from here on
+        await controller.ledger_pass()
         await world.event("ADDED", _claim(name="foreign", requests=requests))
         await world.event("MODIFIED", deallocated)
-        assert not controller._ledger_dirty.is_set()
+        assert not controller.ledger_pending()
 
     run(test)
 

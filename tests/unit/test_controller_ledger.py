@@ -13,7 +13,7 @@ from controller.ledger import (
     status_body,
 )
 from controller.model import ClaimView, DeviceKey, DeviceRecord, SliceView, claim_view, current_devices, slice_view
-from tests.unit.test_controller_model import NODE, claim, gpu, result, slices
+from tests.unit.controller_factories import NODE, claim, gpu, result, slices
 
 MANAGER = "fracgpu-controller"
 

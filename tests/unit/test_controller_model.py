@@ -1,90 +1,14 @@
 """Unit tests of the controller's views of slices and claims (controller/model.py).
 
 The slices are built by the node plugin's own `build_slices`, so the controller reads what the plugin writes.
-Helpers here are shared by the other `test_controller_*` modules.
+The factories are in tests/unit/controller_factories.py.
 """
-
-from typing import Any
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB, MiB
 from controller.model import claim_view, current_devices, device_class_view, quantity_bytes, slice_view
-from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.slices import build_slices
-
-NODE = "node-a"
-
-
-def gpu(index: int, memory_gib: int = 80, model: str = "NVIDIA H100 80GB HBM3") -> GpuInfo:
-    return GpuInfo(
-        index=index,
-        uuid=f"GPU-{index:08d}-1111-2222-3333-444444444444",
-        product_name=model,
-        memory_total_bytes=memory_gib * GiB,
-        minor=index,
-        pci_bus_id=f"0000:{index + 16:02x}:00.0",
-        architecture="Hopper",
-        cuda_compute_capability="9.0",
-        driver_version="580.65.06",
-    )
-
-
-def slices(node: str = NODE, count: int = 2, generation: int = 1, memory_gib: int = 80) -> list[dict[str, Any]]:
-    return build_slices(
-        node,
-        "uid-" + node,
-        DRIVER_NAME,
-        [gpu(i, memory_gib) for i in range(count)],
-        step=256 * MiB,
-        reserve=0,
-        generation=generation,
-    )
-
-
-def result(request: str, device: str, memory: str | None, share: str | None, pool: str = NODE) -> dict[str, Any]:
-    out: dict[str, Any] = {"request": request, "driver": DRIVER_NAME, "pool": pool, "device": device}
-    if share:
-        out["shareID"] = share
-    if memory:
-        out["consumedCapacity"] = {"memory": memory}
-    return out
-
-
-def claim(
-    name: str = "c1",
-    *,
-    results: list[dict[str, Any]] | None = None,
-    requests: list[dict[str, Any]] | None = None,
-    devices_status: list[dict[str, Any]] | None = None,
-    namespace: str = "ns",
-    node: str = NODE,
-) -> dict[str, Any]:
-    body: dict[str, Any] = {
-        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
-        "spec": {
-            "devices": {
-                "requests": requests
-                if requests is not None
-                else [{"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS_NAME}}]
-            }
-        },
-        "status": {},
-    }
-    if results is not None:
-        body["status"]["allocation"] = {
-            "devices": {"results": results},
-            "nodeSelector": {
-                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
-            },
-        }
-    if devices_status is not None:
-        body["status"]["devices"] = devices_status
-    return body
-
-
-def memory_request(name: str, memory: str, device_class: str = DEVICE_CLASS_NAME) -> dict[str, Any]:
-    return {"name": name, "exactly": {"deviceClassName": device_class, "capacity": {"requests": {"memory": memory}}}}
-
+from tests.unit.controller_factories import NODE, claim, gpu, memory_request, result, slices
 
 # ----- slices ------------------------------------------------------------------------------------------
 

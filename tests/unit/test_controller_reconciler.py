@@ -6,79 +6,23 @@ from typing import Any
 
 import pytest
 
+from api.gpu import NODE_LABEL
 from api.kube_rest import ApiError
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB
-from controller.ledger import ExistingGpu
-from controller.model import ClaimView, SliceView, claim_view, slice_view
-from controller.reconciler import REASON_DEVICE_GONE, REASON_UNSATISFIABLE, Controller, EventPostError, describe
-from controller.settings import Settings
-from tests.unit.test_controller_model import NODE, claim, memory_request, result, slices
-
-
-class FakeWriter:
-    """Records writes; `fail` makes the next calls raise the given errors in turn.
-
-    `event_results` makes the next Event posts answer these results in turn (True: posted).
-    """
-
-    def __init__(self) -> None:
-        self.claims: list[tuple[str, str, dict[str, Any]]] = []
-        self.gpus: list[tuple[str, bool]] = []
-        self.gpu_status: dict[str, dict[str, Any]] = {}
-        self.deleted: list[str] = []
-        self.events: list[tuple[str, str, str]] = []
-        self.event_attempts: list[tuple[str, ...]] = []
-        self.event_results: list[bool] = []
-        self.fail: list[Exception] = []
-
-    def _maybe_fail(self) -> None:
-        if self.fail:
-            raise self.fail.pop(0)
-
-    def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
-        self._maybe_fail()
-        self.claims.append((namespace, name, body))
-
-    def apply_gpu(self, body: dict[str, Any], *, status: bool) -> None:
-        self._maybe_fail()
-        self.gpus.append((body["metadata"]["name"], status))
-        if status:
-            self.gpu_status[body["metadata"]["name"]] = body["status"]
-
-    def delete_gpu(self, name: str) -> None:
-        self._maybe_fail()
-        self.deleted.append(name)
-
-    def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
-        self.event_attempts.append((claim.uid, *key))
-        if self.event_results and not self.event_results.pop(0):
-            return False
-        self.events.append((claim.name, reason, message))
-        return True
-
-
-class World:
-    """kopf-shaped indexes (key -> list of values) the tests edit directly."""
-
-    def __init__(self, gpu_count: int = 2) -> None:
-        self.slices: dict[str, list[SliceView]] = {}
-        self.claims: dict[tuple[str, str], list[ClaimView]] = {}
-        self.gpus: dict[str, list[ExistingGpu]] = {}
-        self.publish(gpu_count)
-
-    def publish(self, count: int, generation: int = 1) -> None:
-        self.slices.clear()
-        for body in slices(count=count, generation=generation):
-            view = slice_view(body, DRIVER_NAME)
-            assert view is not None
-            self.slices[view.name] = [view]
-
-    def put(self, body: dict[str, Any]) -> tuple[str, str]:
-        view = claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME)
-        assert view is not None
-        self.claims[view.key] = [view]
-        return view.key
+from controller import reconciler
+from controller.ledger import MANAGED_BY_LABEL, ExistingGpu, GpuObject, desired_gpu
+from controller.model import DeviceClassView, DeviceRecord, slice_view
+from controller.reconciler import (
+    REASON_DEVICE_GONE,
+    REASON_UNSATISFIABLE,
+    AdmissionFacts,
+    Controller,
+    EventPostError,
+    describe,
+)
+from controller.settings import FIELD_MANAGER, Settings
+from tests.unit.controller_factories import NODE, FakeWriter, World, claim, eventually, memory_request, result, slices
 
 
 def run(test: Callable[[Controller, World, FakeWriter], Coroutine[Any, Any, None]], **settings: Any) -> None:
@@ -93,13 +37,6 @@ def run(test: Callable[[Controller, World, FakeWriter], Coroutine[Any, Any, None
             await controller.stop()
 
     asyncio.run(main())
-
-
-async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not check():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.01)
 
 
 def test_status_is_written_once_and_not_again_when_unchanged() -> None:
@@ -286,18 +223,115 @@ def test_failed_event_posts_are_retried_by_the_workers() -> None:
 
 def test_unchanged_slices_do_not_recheck_claims_or_the_ledger() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
-        world.put(claim(results=[result("a", "gpu-0", "1Gi", "s-1")]))
+        key = world.put(claim(results=[result("a", "gpu-0", "1Gi", "s-1")]))
         controller.slices_changed()
-        assert controller._queue.qsize() == 1 and controller._ledger_dirty.is_set()
-        controller._queue.get_nowait()
-        controller._queued.clear()
-        controller._ledger_dirty.clear()
+        assert controller.queue.queued() == {key} and controller.ledger_pending()
+        controller.queue.done(await controller.queue.get())
+        assert await controller.ledger_pass()
+        assert not controller.ledger_pending()
         for _ in range(3):  # a re-list delivers every slice again
             controller.slices_changed()
-        assert controller._queue.qsize() == 0 and not controller._ledger_dirty.is_set()
+        assert not controller.queue.queued() and not controller.ledger_pending()
         world.publish(4, generation=2)
         controller.slices_changed()
-        assert controller._queue.qsize() == 1 and controller._ledger_dirty.is_set()
+        assert controller.queue.queued() == {key} and controller.ledger_pending()
+
+    run(test)
+
+
+def _count_recomputes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The names of the GPU objects each ledger pass recomputes one by one, in order."""
+    computed: list[str] = []
+    real = desired_gpu
+
+    def counting(device: DeviceRecord, *args: Any) -> GpuObject:
+        out = real(device, *args)
+        computed.append(out.name)
+        return out
+
+    monkeypatch.setattr(reconciler, "desired_gpu", counting)
+    return computed
+
+
+def _index_written(world: World, writer: FakeWriter) -> None:
+    """What the watch brings back after the GPU writes: the written objects in the GPU index."""
+    for name, status in writer.gpu_status.items():
+        spec = {"driver": DRIVER_NAME, "pool": NODE, "device": name.removeprefix(f"{NODE}-"), "node": NODE}
+        labels = {NODE_LABEL: NODE, MANAGED_BY_LABEL: FIELD_MANAGER}
+        world.gpus[name] = [ExistingGpu(name=name, labels=labels, spec=spec, status=status)]
+
+
+def test_a_claim_change_recomputes_only_the_gpus_its_shares_were_and_are_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        world.publish(4)
+        controller.slices_changed()
+        key = world.put(claim(results=[result("a", "gpu-1", "10Gi", "s-1")]))
+        controller.claim_changed(key)
+        assert await controller.ledger_pass()  # the first pass after a slice change: every GPU
+        _index_written(world, writer)
+        computed = _count_recomputes(monkeypatch)
+        writer.gpus.clear()
+        world.put(claim(results=[result("a", "gpu-2", "10Gi", "s-1")]))  # reallocated elsewhere
+        controller.claim_changed(key)
+        assert await controller.ledger_pass()
+        assert sorted(computed) == [f"{NODE}-gpu-1", f"{NODE}-gpu-2"]
+        assert sorted(writer.gpus) == [(f"{NODE}-gpu-1", True), (f"{NODE}-gpu-2", True)]
+        assert writer.gpu_status[f"{NODE}-gpu-1"]["shares"] == 0 and writer.gpu_status[f"{NODE}-gpu-2"]["shares"] == 1
+
+    run(test)
+
+
+def test_the_echo_of_our_own_gpu_write_is_recomputed_alone_and_not_written(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        controller.slices_changed()
+        key = world.put(claim(results=[result("a", "gpu-0", "10Gi", "s-1")]))
+        controller.claim_changed(key)
+        assert await controller.ledger_pass()
+        _index_written(world, writer)
+        computed = _count_recomputes(monkeypatch)
+        writer.gpus.clear()
+        controller.gpus_changed(f"{NODE}-gpu-0")  # the watch event of our status write
+        assert await controller.ledger_pass()
+        assert computed == [f"{NODE}-gpu-0"] and not writer.gpus
+        # someone else edits the ledger: its event brings it back
+        edited = world.gpus[f"{NODE}-gpu-0"][0]
+        world.gpus[edited.name] = [edited.model_copy(update={"status": {**(edited.status or {}), "shares": 7}})]
+        controller.gpus_changed(edited.name)
+        assert await controller.ledger_pass()
+        assert writer.gpus == [(edited.name, True)] and writer.gpu_status[edited.name]["shares"] == 1
+
+    run(test)
+
+
+def test_a_deleted_claim_leaves_its_gpu_and_a_stray_object_of_our_driver_is_deleted() -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        controller.slices_changed()
+        key = world.put(claim(results=[result("a", "gpu-0", "10Gi", "s-1")]))
+        controller.claim_changed(key)
+        assert await controller.ledger_pass()
+        del world.claims[key]
+        controller.claim_event(key, "uid-c1", deleted=True, indexed=False)
+        stray = ExistingGpu(name="stray", labels={}, spec={"driver": DRIVER_NAME}, status=None)
+        world.gpus[stray.name] = [stray]
+        controller.gpus_changed(stray.name)
+        assert await controller.ledger_pass()
+        assert writer.gpu_status[f"{NODE}-gpu-0"]["shares"] == 0 and writer.deleted == ["stray"]
+
+    run(test)
+
+
+def test_a_failed_ledger_write_keeps_its_gpu_marked_for_the_next_pass() -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        controller.slices_changed()
+        assert await controller.ledger_pass()
+        _index_written(world, writer)
+        key = world.put(claim(results=[result("a", "gpu-0", "10Gi", "s-1")]))
+        controller.claim_changed(key)
+        writer.fail = [ApiError(status=500, reason="boom")]
+        assert not await controller.ledger_pass()
+        assert controller.ledger_pending()
+        assert await controller.ledger_pass()
+        assert writer.gpu_status[f"{NODE}-gpu-0"]["shares"] == 1 and not controller.ledger_pending()
 
     run(test)
 
@@ -330,3 +364,21 @@ def test_failures_are_described_by_the_api_servers_message() -> None:
     assert describe(err) == "422 changing status.devices requires resource=resourceclaims/driver"
     assert describe(ApiError(status=500, reason="boom")) == "500 boom"
     assert describe(TimeoutError("slow")) == "TimeoutError: slow"
+
+
+def test_admission_facts_are_published_when_devices_or_the_class_change() -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        assert controller.admission == AdmissionFacts(), "nothing known before the first slice event"
+        controller.slices_changed()
+        facts = controller.admission
+        assert (facts.largest, facts.hami_core, facts.device_class) == (80 * GiB, False, None)
+        classes: dict[str, list[DeviceClassView]] = {DEVICE_CLASS_NAME: [DeviceClassView(name=DEVICE_CLASS_NAME)]}
+        controller.bind(world.slices, world.claims, world.gpus, classes)
+        controller.slices_changed()
+        controller.classes_changed()
+        assert controller.admission.device_class == classes[DEVICE_CLASS_NAME][0]
+        world.slices.clear()
+        controller.slices_changed()
+        assert controller.admission.largest is None and controller.admission.nvml is None
+
+    run(test)

@@ -6,6 +6,7 @@ import base64
 import json
 import logging
 import ssl
+import threading
 import urllib.request
 from typing import Any, cast
 
@@ -179,3 +180,37 @@ def test_server_registers_its_client_config_and_unregisters_when_it_stops() -> N
     assert registered == [webhooks("hooks", cast(kopf.WebhookClientConfig, config), fail=True)]
     assert registered[0][0]["clientConfig"]["caBundle"] == config["caBundle"]
     assert fake.patches[-1] == ("hooks", {"webhooks": []})  # emptied at the end
+
+
+def test_reviews_are_served_while_the_main_event_loop_is_busy() -> None:
+    # the server has its own thread and loop: a main loop busy with watch events does not hold reviews up
+    port = _free_port()
+    server = WebhookServer(addr="127.0.0.1", port=port)
+    served_on: list[int] = []
+
+    async def fn(data: Any, **_: Any) -> Any:
+        served_on.append(threading.get_ident())
+        return {"echo": data["uid"]}
+
+    async def main() -> bool:
+        configs = server(fn)  # type: ignore[arg-type]
+        config: dict[str, Any] = dict(await anext(configs))
+        context = ssl.create_default_context(cadata=base64.b64decode(config["caBundle"]).decode())
+        req = urllib.request.Request(
+            f"https://127.0.0.1:{port}/handler", data=json.dumps({"uid": "u9"}).encode(), method="POST"
+        )
+        answered = threading.Event()
+
+        def post() -> None:
+            with urllib.request.urlopen(req, context=context, timeout=5) as resp:
+                if json.loads(resp.read()) == {"echo": "u9"}:
+                    answered.set()
+
+        threading.Thread(target=post, daemon=True).start()
+        try:
+            return answered.wait(5)  # blocks the main loop on purpose
+        finally:
+            await configs.aclose()  # type: ignore[attr-defined]
+
+    assert asyncio.run(main()), "no answer while the main loop was blocked"
+    assert served_on and served_on[0] != threading.get_ident()

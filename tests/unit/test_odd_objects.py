@@ -19,8 +19,7 @@ from controller.admission import review_claim_spec
 from controller.model import MalformedObjectError, claim_view, slice_view
 from controller.reconciler import REASON_SKIPPED_PARTS, Controller
 from controller.settings import Settings
-from tests.unit.test_controller_model import claim, memory_request, result, slices
-from tests.unit.test_controller_reconciler import FakeWriter, World
+from tests.unit.controller_factories import FakeWriter, World, claim, memory_request, result, slices
 
 HEAD = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig"}
 ODD_NUMBERS = st.sampled_from([10**400, -(10**30), 2**63, 1e308, -0.0, float("inf"), 1e-320, 0, -1, 101, 1.0])

@@ -1,0 +1,158 @@
+"""Factories and fakes shared by the controller's unit tests: slices as the node plugin builds them, claims,
+allocation results, an in-memory `Writer`, kopf-shaped indexes, and `eventually`."""
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
+from api.quantity import GiB, MiB
+from controller.ledger import ExistingGpu
+from controller.model import ClaimView, SliceView, claim_view, slice_view
+from kubelet_plugin.model import GpuInfo
+from kubelet_plugin.slices import build_slices
+
+NODE = "node-a"
+
+
+def gpu(index: int, memory_gib: int = 80, model: str = "NVIDIA H100 80GB HBM3") -> GpuInfo:
+    return GpuInfo(
+        index=index,
+        uuid=f"GPU-{index:08d}-1111-2222-3333-444444444444",
+        product_name=model,
+        memory_total_bytes=memory_gib * GiB,
+        minor=index,
+        pci_bus_id=f"0000:{index + 16:02x}:00.0",
+        architecture="Hopper",
+        cuda_compute_capability="9.0",
+        driver_version="580.65.06",
+    )
+
+
+def slices(node: str = NODE, count: int = 2, generation: int = 1, memory_gib: int = 80) -> list[dict[str, Any]]:
+    return build_slices(
+        node,
+        "uid-" + node,
+        DRIVER_NAME,
+        [gpu(i, memory_gib) for i in range(count)],
+        step=256 * MiB,
+        reserve=0,
+        generation=generation,
+    )
+
+
+def result(request: str, device: str, memory: str | None, share: str | None, pool: str = NODE) -> dict[str, Any]:
+    out: dict[str, Any] = {"request": request, "driver": DRIVER_NAME, "pool": pool, "device": device}
+    if share:
+        out["shareID"] = share
+    if memory:
+        out["consumedCapacity"] = {"memory": memory}
+    return out
+
+
+def claim(
+    name: str = "c1",
+    *,
+    results: list[dict[str, Any]] | None = None,
+    requests: list[dict[str, Any]] | None = None,
+    devices_status: list[dict[str, Any]] | None = None,
+    namespace: str = "ns",
+    node: str = NODE,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{name}"},
+        "spec": {
+            "devices": {
+                "requests": requests
+                if requests is not None
+                else [{"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS_NAME}}]
+            }
+        },
+        "status": {},
+    }
+    if results is not None:
+        body["status"]["allocation"] = {
+            "devices": {"results": results},
+            "nodeSelector": {
+                "nodeSelectorTerms": [{"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}]
+            },
+        }
+    if devices_status is not None:
+        body["status"]["devices"] = devices_status
+    return body
+
+
+def memory_request(name: str, memory: str, device_class: str = DEVICE_CLASS_NAME) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": device_class, "capacity": {"requests": {"memory": memory}}}}
+
+
+class FakeWriter:
+    """Records writes; `fail` makes the next calls raise the given errors in turn.
+
+    `event_results` makes the next Event posts answer these results in turn (True: posted).
+    """
+
+    def __init__(self) -> None:
+        self.claims: list[tuple[str, str, dict[str, Any]]] = []
+        self.gpus: list[tuple[str, bool]] = []
+        self.gpu_status: dict[str, dict[str, Any]] = {}
+        self.deleted: list[str] = []
+        self.events: list[tuple[str, str, str]] = []
+        self.event_attempts: list[tuple[str, ...]] = []
+        self.event_results: list[bool] = []
+        self.fail: list[Exception] = []
+
+    def _maybe_fail(self) -> None:
+        if self.fail:
+            raise self.fail.pop(0)
+
+    def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self._maybe_fail()
+        self.claims.append((namespace, name, body))
+
+    def apply_gpu(self, body: dict[str, Any], *, status: bool) -> None:
+        self._maybe_fail()
+        self.gpus.append((body["metadata"]["name"], status))
+        if status:
+            self.gpu_status[body["metadata"]["name"]] = body["status"]
+
+    def delete_gpu(self, name: str) -> None:
+        self._maybe_fail()
+        self.deleted.append(name)
+
+    def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
+        self.event_attempts.append((claim.uid, *key))
+        if self.event_results and not self.event_results.pop(0):
+            return False
+        self.events.append((claim.name, reason, message))
+        return True
+
+
+class World:
+    """kopf-shaped indexes (key -> list of values) the tests edit directly."""
+
+    def __init__(self, gpu_count: int = 2) -> None:
+        self.slices: dict[str, list[SliceView]] = {}
+        self.claims: dict[tuple[str, str], list[ClaimView]] = {}
+        self.gpus: dict[str, list[ExistingGpu]] = {}
+        self.publish(gpu_count)
+
+    def publish(self, count: int, generation: int = 1) -> None:
+        self.slices.clear()
+        for body in slices(count=count, generation=generation):
+            view = slice_view(body, DRIVER_NAME)
+            assert view is not None
+            self.slices[view.name] = [view]
+
+    def put(self, body: dict[str, Any]) -> tuple[str, str]:
+        view = claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME)
+        assert view is not None
+        self.claims[view.key] = [view]
+        return view.key
+
+
+async def eventually(check: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.01)
