@@ -3,8 +3,9 @@
     python -m e2e.bench.handover_bench [--rollouts 3] [--pods 7] [--interval 1.5] [--out build/bench/handover.json]
 
 Real parts: a single-node local cluster (control plane, containerd, the real kubelet), fracgpu installed by its
-chart. Two modes, one after the other on the same cluster: `no-handover` (FRACGPU_HANDOVER_TIMEOUT=0: the plugin
-stops at SIGTERM, the behaviour before the handover) and `handover` (the chart's default). Per mode, `--rollouts`
+chart. Two modes, one after the other on the same cluster: `before` (main's behaviour here: the plugin stops at
+SIGTERM, FRACGPU_HANDOVER_TIMEOUT=0, and the DaemonSet replaces it without surge) and `handover` (the chart's
+default: surge, 25 s). Per mode, `--rollouts`
 restarts of the plugin DaemonSet; during each, `--pods` pods of a 1Gi share each are created `--interval` s apart,
 and creation to container start is taken from the pods' own timestamps. Prints p50/p99 per mode and how many pods
 met "driver is not registered"; asserts nothing. Needs root.
@@ -24,13 +25,26 @@ from e2e.bench.stats import summary_ms, table
 from e2e.cluster.node import SingleNodeCluster
 from e2e.install import NAMESPACE, install, remove_dev_char_links
 
-MODES = {"no-handover": "0", "handover": "25"}  # FRACGPU_HANDOVER_TIMEOUT; 25: the chart's default
+#: mode -> (FRACGPU_HANDOVER_TIMEOUT, maxSurge): `before` is main's behaviour in this cluster (host network and
+#: a metrics port made its chart pick maxUnavailable 1 / maxSurge 0; the plugin stopped at SIGTERM).
+MODES = {"before": ("0", 0), "handover": ("25", 1)}
 
 
-def _set_handover(cluster: SingleNodeCluster, timeout: str) -> None:
-    """Set the plugin's handover timeout and wait until the DaemonSet rolled to it."""
+def _set_mode(cluster: SingleNodeCluster, timeout: str, surge: int) -> None:
+    """Set the plugin's handover timeout and update strategy; wait until the DaemonSet rolled to them."""
     ds = r.daemonset_name(cluster)
     old = {p["metadata"]["uid"] for p in r.plugin_pods(cluster)}
+    strategy = {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1 - surge, "maxSurge": surge}}
+    cluster.kubectl(
+        "patch",
+        "daemonset",
+        ds,
+        "-n",
+        NAMESPACE,
+        "--type=merge",
+        "-p",
+        json.dumps({"spec": {"updateStrategy": strategy}}),
+    )
     cluster.kubectl("set", "env", f"daemonset/{ds}", "-n", NAMESPACE, f"FRACGPU_HANDOVER_TIMEOUT={timeout}")
     r.wait_rolled(cluster, old, timeout=120)
 
@@ -68,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         installed = install(cluster, image_out=state_dir / "image")
         results = {}
-        for mode, timeout in MODES.items():
-            _set_handover(cluster, timeout)
+        for mode, (timeout, surge) in MODES.items():
+            _set_mode(cluster, timeout, surge)
             results[mode] = _one_mode(cluster, args.rollouts, args.pods, args.interval)
     finally:
         cluster.stop()
