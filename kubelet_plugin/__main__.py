@@ -6,8 +6,6 @@ import sys
 import threading
 from collections.abc import Callable
 
-from prometheus_client import start_http_server
-
 from api import kube_config
 from api.kube_rest import ApiError, KubeConnection, KubeRest
 from api.logs import configure_logging
@@ -17,6 +15,8 @@ from kubelet_plugin.driver_edits import DriverEdits, GeneratorConfig
 from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.events import post_node_event
 from kubelet_plugin.grpc_server import PluginServer
+from kubelet_plugin.handover import await_replacement
+from kubelet_plugin.http_server import HttpEndpoint
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.preparer import Preparer
@@ -66,6 +66,20 @@ def start_usage_sampler(
         ledger_threshold_bytes=settings.memory_step_bytes,
     )
     threading.Thread(target=sampler.run, args=(stop,), name="usage-sampler", daemon=True).start()
+
+
+def hand_over(server: PluginServer, http: HttpEndpoint | None, settings: Settings) -> None:
+    """After SIGTERM: stop reporting ready and free the metrics port, but keep serving the kubelet until
+    another instance (named by its own instance id) is registered or ``handover_timeout_seconds`` passed.
+    Without an instance id no other instance can overlap this one, so there is nothing to wait for."""
+    server.withdraw()
+    if http is not None:
+        http.close()
+    if settings.instance_id:
+        log.info(
+            "SIGTERM: serving until a replacement is registered", extra={"timeout": settings.handover_timeout_seconds}
+        )
+        await_replacement(server.dra_socket, settings.handover_timeout_seconds)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -120,12 +134,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     server.start()
     start_usage_sampler(settings, api, gpus, metrics, stop)
-    if settings.metrics_port:  # after the sockets exist: the chart's readiness probe is this endpoint
-        start_http_server(settings.metrics_port, settings.metrics_address, registry=metrics.registry)
+    http = None
+    if settings.metrics_port:  # /metrics, and /readyz: the chart's readiness probe
+        http = HttpEndpoint(settings.metrics_address, settings.metrics_port, metrics.registry, lambda: server.ready)
+        http.start()
     log.info(
         "serving the kubelet", extra={"registration": str(server.registration_socket), "dra": str(server.dra_socket)}
     )
     stop.wait()
+    hand_over(server, http, settings)
     log.info("shutting down; ResourceSlices stay published")
     server.stop(grace=5)
     if not preparer.wait_ready_writes(timeout=5):  # a lost one is written again by the next prepare

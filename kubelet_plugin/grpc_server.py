@@ -25,6 +25,7 @@ from typing import Any, Protocol, Self
 import grpc
 from typing_extensions import override
 
+from kubelet_plugin import handover
 from kubelet_plugin.model import ClaimRef, PreparedDevice, PrepareResult
 from kubelet_plugin.proto import (
     dra_health_v1_pb2,
@@ -306,10 +307,17 @@ class DRAResourceHealthV1alpha1Servicer(dra_health_v1alpha1_pb2_grpc.DRAResource
 class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
     """``pluginregistration.Registration`` on the registry socket.
 
-    ``registered`` is set when the kubelet reports success and cleared when it reports failure.
+    ``registered`` is set when the kubelet reports success and cleared when it reports failure;
+    ``on_status(registered)`` is called after each report.
     """
 
-    def __init__(self, driver_name: str, endpoint: Path, supported_versions: Sequence[str]) -> None:
+    def __init__(
+        self,
+        driver_name: str,
+        endpoint: Path,
+        supported_versions: Sequence[str],
+        on_status: Callable[[bool], None] = lambda _: None,
+    ) -> None:
         self._info = pluginregistration_pb2.PluginInfo(
             type=PLUGIN_TYPE,
             name=driver_name,
@@ -319,6 +327,7 @@ class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
         self.registered = threading.Event()
         self._lock = threading.Lock()
         self._last_status: tuple[bool, str] | None = None
+        self._on_status = on_status
 
     @property
     def last_status(self) -> tuple[bool, str] | None:
@@ -346,6 +355,7 @@ class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
                 self.registered.set()
             else:
                 self.registered.clear()
+            self._on_status(request.plugin_registered)
         if request.plugin_registered:
             log.info("registered with the kubelet as %s", self._info.name)
         else:
@@ -399,7 +409,9 @@ class PluginServer:
     ``instance_id`` (the pod UID) gives each instance its own sockets, so that during a rolling update
     two instances can be registered at once. :meth:`start` starts the DRA server before the
     registration server (the kubelet connects to the endpoint right after registration);
-    :meth:`stop` stops both and removes only this instance's socket files.
+    :meth:`stop` stops both and removes only this instance's socket files. While the kubelet reports it
+    registered (and until :meth:`withdraw`) the instance keeps a handover marker next to its DRA socket
+    (:mod:`kubelet_plugin.handover`), by which a terminating instance knows its replacement took over.
     """
 
     def __init__(
@@ -430,7 +442,10 @@ class PluginServer:
         self._health_interval = health_interval
         self._health = HealthStreams(health_source, health_interval)  # validates the interval
         self._max_workers = max_workers
-        self._registration = RegistrationServicer(driver_name, self.dra_socket, SUPPORTED_VERSIONS)
+        self._withdrawn = False
+        self._registration = RegistrationServicer(
+            driver_name, self.dra_socket, SUPPORTED_VERSIONS, on_status=self._mark_registered
+        )
         self._dra_server: Any = None
         self._reg_server: Any = None
         self._socket_ids: dict[Path, tuple[int, int]] = {}
@@ -444,6 +459,20 @@ class PluginServer:
     def registration_status(self) -> tuple[bool, str] | None:
         """``(plugin_registered, error)`` last reported by the kubelet, None before any report."""
         return self._registration.last_status
+
+    def _mark_registered(self, registered: bool) -> None:
+        """Keep the handover marker in step with the kubelet's verdict (never again once withdrawn)."""
+        handover.set_marker(self.dra_socket, registered and not self._withdrawn)
+
+    def withdraw(self) -> None:
+        """Stop counting as a replacement for other instances (SIGTERM); keeps serving the kubelet."""
+        self._withdrawn = True
+        handover.set_marker(self.dra_socket, False)
+
+    @property
+    def ready(self) -> bool:
+        """Registered with the kubelet, serving, and not withdrawn: what the pod's readiness reports."""
+        return self._dra_server is not None and self.registered.is_set() and not self._withdrawn
 
     def _serve(self, socket_path: Path, add: Callable[[Any], None], workers: int) -> Any:
         _unlink_own(socket_path)
@@ -472,6 +501,8 @@ class PluginServer:
         ):
             for path in directory.glob(pattern):
                 _unlink_if_dead(path)
+        handover.remove_dead_markers(self.dra_socket)
+        self._withdrawn = False
         self._health = HealthStreams(self._health_source, self._health_interval)
 
         def add_dra(server: Any) -> None:
@@ -501,6 +532,7 @@ class PluginServer:
         path that now holds another file (e.g. a newer instance's socket) is left alone. Idempotent.
         """
         self._health.close()
+        self.withdraw()
         for attr in ("_reg_server", "_dra_server"):
             server = getattr(self, attr)
             if server is not None:

@@ -73,6 +73,9 @@ class Settings(BaseModel):
     proc_root: Path = Field(Path("/proc"), description="the host's /proc (process cgroups of the usage sampler)")
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     log_format: Literal["json", "text"] = "json"
+    handover_timeout_seconds: float = Field(
+        25.0, ge=0, description="after SIGTERM, serve at most this long while no replacement instance is registered"
+    )
 
     @field_validator("memory_step_bytes")
     @classmethod
@@ -252,6 +255,13 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         default=_env("FRACGPU_LOG_FORMAT", "json"),
         help="(FRACGPU_LOG_FORMAT)",
     )
+    add(
+        "--handover-timeout",
+        type=float,
+        default=_env("FRACGPU_HANDOVER_TIMEOUT", "25"),
+        help="seconds the plugin keeps serving after SIGTERM until a replacement instance has registered with the "
+        "kubelet; keep it below the pod's termination grace period (FRACGPU_HANDOVER_TIMEOUT)",
+    )
     args = p.parse_args(argv)
     if not args.node_name:
         p.error("--node-name (or env NODE_NAME) is required: the plugin publishes this node's GPUs")
@@ -283,6 +293,7 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
             proc_root=Path(args.proc_root),
             log_level=args.log_level,
             log_format=args.log_format,
+            handover_timeout_seconds=args.handover_timeout,
         )
     except ValidationError as err:
         p.error("; ".join(map(_problem, err.errors())))

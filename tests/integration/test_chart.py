@@ -68,6 +68,7 @@ CUSTOM: dict[str, Any] = {
     "kubeletPlugin": {
         "hostNetwork": True,
         "metricsPort": 9102,
+        "terminationGracePeriodSeconds": 3,  # less than the 5 s the plugin keeps for its stop: no handover wait
         "nodeSelector": {"nvidia.com/gpu.present": None, "example.test/gpu": "yes"},
         "extraEnv": [{"name": "FRACGPU_MOCK_NVML_PROFILE", "value": "/opt/fracgpu/nvml-host/gpu80x2.profile"}],
         "usage": {"interval": 2.5, "ledgerInterval": 60},
@@ -246,6 +247,13 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
     assert env["LD_LIBRARY_PATH"] == "/opt/fracgpu/nvml"
+    # handover: serve after SIGTERM until the replacement registered, within the grace period; ready = registered
+    assert (spec["terminationGracePeriodSeconds"], env["FRACGPU_HANDOVER_TIMEOUT"]) == (30, "25")
+    assert plugin["readinessProbe"]["exec"]["command"] == [
+        "/bin/sh",
+        "-c",
+        'test -e /var/lib/kubelet/plugins/gpu.fracgpu.dev/dra-"$POD_UID".registered',
+    ]
     assert "KUBERNETES_SERVICE_HOST" not in env
     mounts = mounts_of(spec, plugin)
     for path in (
@@ -411,8 +419,9 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
     spec = ds["spec"]["template"]["spec"]
     (plugin,) = spec["containers"]
     assert spec["hostNetwork"] is True
-    # host network + metrics port: no overlapping plugin pods on a node
-    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 1, "maxSurge": 0}
+    # host network: still a surge update (handover); the metrics port is no host port the scheduler would guard
+    assert ds["spec"]["updateStrategy"]["rollingUpdate"] == {"maxUnavailable": 0, "maxSurge": 1}
+    assert "ports" not in plugin
     assert spec["nodeSelector"] == {"example.test/gpu": "yes"}
     env = env_of(plugin)
     assert {k: env[k] for k in env if k.startswith(("FRACGPU_", "KUBERNETES_"))} == {
@@ -431,6 +440,7 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
         "FRACGPU_ENFORCEMENT": "hami-core",
         "FRACGPU_HAMI_CORE_LIBRARY": "/opt/hami/lib/libvgpu.so",
         "FRACGPU_METRICS_PORT": "9102",
+        "FRACGPU_HANDOVER_TIMEOUT": "0",
         "FRACGPU_LOG_LEVEL": "debug",
         "FRACGPU_LOG_FORMAT": "text",
         "FRACGPU_MOCK_NVML_PROFILE": "/opt/fracgpu/nvml-host/gpu80x2.profile",

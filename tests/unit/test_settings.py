@@ -52,6 +52,14 @@ def test_usage_sampling_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.proc_root == Path("/host/proc")
 
 
+def test_handover_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "node-a")
+    assert parse_settings([]).handover_timeout_seconds == 25.0
+    monkeypatch.setenv("FRACGPU_HANDOVER_TIMEOUT", "0")  # the chart: grace period less 5 s
+    assert parse_settings([]).handover_timeout_seconds == 0.0
+    assert parse_settings(["--handover-timeout", "7.5"]).handover_timeout_seconds == 7.5
+
+
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -62,6 +70,10 @@ def test_usage_sampling_settings(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--node-name", "n", "--enforcement", "nvml"], "--enforcement=nvml needs --driver-edits=toolkit"),
         (["--node-name", "n", "--api-timeout", "0"], "api_timeout_seconds: Input should be greater than 0"),
         (["--node-name", "n", "--api-timeout", "ten"], "invalid float value: 'ten'"),
+        (
+            ["--node-name", "n", "--handover-timeout", "-1"],
+            "handover_timeout_seconds: Input should be greater than or equal to 0",
+        ),
         (
             ["--node-name", "n", "--usage-interval", "-1"],
             "usage_interval_seconds: Input should be greater than or equal to 0",
