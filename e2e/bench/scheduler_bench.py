@@ -37,6 +37,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
+from api.quantity import to_bytes
 from e2e.bench import scheduler_figures as figures
 from e2e.cluster.controlplane import ControlPlane, free_port
 from kubelet_plugin.slices import MAX_DEVICES_PER_SLICE, build_slices, slice_name
@@ -45,6 +46,7 @@ from tests.integration import kube
 MiB = 1 << 20
 STEP = 256 * MiB
 SHARE = "10Gi"
+GPU_GIB = 80  # each simulated GPU's memory
 METRICS = (
     "scheduler_scheduling_attempt_duration_seconds",
     "scheduler_plugin_execution_duration_seconds",
@@ -132,8 +134,8 @@ class Variant:
 
 
 def parse_variant(text: str) -> Variant:
-    """`shape` or `shape+N`; ValueError naming the shapes when unknown, or when an exclusive shape is
-    preallocated (its GPUs would be full before the burst)."""
+    """`shape` or `shape+N`; ValueError naming the shapes when unknown, or when N claims per GPU and the
+    burst's one would not fit a GPU (an exclusive device takes one claim)."""
     shape, _, count = text.partition("+")
     if shape not in SHAPES:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
@@ -142,6 +144,10 @@ def parse_variant(text: str) -> Variant:
     pre = int(count or 0)
     if pre and not SHAPES[shape].shared:
         raise ValueError(f"{text!r}: devices of shape {shape} take one claim each; nothing can be preallocated")
+    memory = SHAPES[shape].memory
+    fits = GPU_GIB * (1 << 30) // to_bytes(memory) if memory else None
+    if fits is not None and pre + 1 > fits:
+        raise ValueError(f"{text!r}: a {GPU_GIB}Gi GPU holds {fits} claims of {memory}; preallocate at most {fits - 1}")
     return Variant(shape, pre)
 
 
@@ -263,7 +269,9 @@ class Bench:
         self.resource = client.ResourceV1Api(self.api)
         kube.ensure_device_class(self.dyn, DEVICE_CLASS_NAME, DRIVER_NAME)
         self.nodes = [kube.create_fake_node(self.api, f"sched-node-{i:03d}") for i in range(nodes)]
-        self.gpus = {n["metadata"]["name"]: kube.simulated_gpus(n["metadata"]["name"], gpus) for n in self.nodes}
+        self.gpus = {
+            n["metadata"]["name"]: kube.simulated_gpus(n["metadata"]["name"], gpus, GPU_GIB) for n in self.nodes
+        }
         self.gpu_count = nodes * gpus
         self.published: str | None = None
         self.rounds = 0
@@ -493,6 +501,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(err))
     if not variants:
         parser.error("--variants names no variant")
+    for flag in ("nodes", "gpus", "rounds", "scheduler_qps", "profile_seconds"):
+        if getattr(args, flag) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be at least 1")
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="fracgpu-schedbench-", dir="/tmp") as tmp:
         bench = Bench(Path(tmp), args.nodes, args.gpus, args.scheduler_qps)

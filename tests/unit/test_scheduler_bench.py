@@ -104,6 +104,10 @@ def test_parse_variant() -> None:
         parse_variant("exclusive+1")
     with pytest.raises(ValueError, match="number of claims per GPU"):
         parse_variant("fracgpu+x")
+    assert parse_variant("fracgpu+7") == Variant("fracgpu", 7)  # 7 + the burst's 1 fill 80Gi in 10Gi shares
+    with pytest.raises(ValueError, match="holds 8 claims of 10Gi; preallocate at most 7"):
+        parse_variant("fracgpu+8")
+    assert parse_variant("shared-no-capacity+20").preallocated == 20
 
 
 def test_fracgpu_shape_is_what_the_plugin_publishes() -> None:
