@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import threading
@@ -26,19 +25,7 @@ from kubelet_plugin.model import ClaimRef
 from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.settings import KUBELET_CALL_TIMEOUT_S, Settings
 from tests.unit.fake_apiserver import FakeApiServer, serve
-from tests.unit.test_preparer import (
-    GPUS,
-    NS,
-    SHARE_B,
-    UID_A,
-    UID_B,
-    host_settings,
-    make_claim,
-    make_host_root,
-    ref,
-)
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
+from tests.unit.plugin_host import NS, SHARE_B, UID_A, UID_B, host_root, host_settings, make_claim, make_preparer, ref
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 #: Opaque parameters nested as deep as kube-apiserver stores them: 10 KiB of `[` and `]` in `{"a": …}`.
@@ -73,7 +60,7 @@ def add(api: FakeApiServer, claim: dict[str, Any], parameters: bytes | None = No
 
 
 def node_settings(tmp_path: Path, **overrides: Any) -> Settings:
-    return host_settings(tmp_path, make_host_root(tmp_path), **overrides)
+    return host_settings(tmp_path, host_root(tmp_path), **overrides)
 
 
 @dataclass
@@ -92,7 +79,7 @@ def node(tmp_path: Path, host: str, **overrides: Any) -> Node:
     store = CheckpointStore(tmp_path / "ckpt.json", current_boot_id="boot-1")
     metrics = PluginMetrics()
     api = client.ApiClient(client.Configuration(host=host))
-    return Node(settings, store, metrics, Preparer(api, settings, GPUS, store, metrics))
+    return Node(settings, store, metrics, make_preparer(api, settings, store, metrics))
 
 
 def timed_prepare(preparer: Preparer, refs: list[ClaimRef]) -> tuple[dict[str, Any], float]:
@@ -267,7 +254,7 @@ def test_a_call_of_this_plugin_holding_the_lock_times_out_the_next(
     api, host = api_server
     plugin = node(tmp_path, host, node_lock_timeout_seconds=0.5)
     claim = add(api, make_claim(UID_A, "a"))
-    with plugin.preparer._locked():  # another call of this process in the middle of its writes
+    with plugin.preparer.node_lock.hold():  # another call of this process in the middle of its writes
         results, _ = timed_prepare(plugin.preparer, [claim])
     assert (
         results[UID_A].error == "another call of this fracgpu plugin held the node lock for 0.5 s; the kubelet retries"
