@@ -15,6 +15,7 @@ from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin import cdi, container_info
 from kubelet_plugin.checkpoint import Checkpoint, ClaimEntry
+from kubelet_plugin.claim_spec import hami_cache_dir
 from kubelet_plugin.claim_status import FIELD_MANAGER
 from kubelet_plugin.model import ClaimRef
 from tests.unit.plugin_host import (
@@ -446,3 +447,14 @@ def test_api_error_is_a_claim_error(env: Env, monkeypatch: pytest.MonkeyPatch) -
     results = env.preparer.prepare([ClaimRef(namespace=NS, name="x", uid=UID_A)])
     assert "500" in results[UID_A].error
     assert env.sample("fracgpu_plugin_errors_total", operation="prepare", type="api_error") == 1
+
+
+def test_recover_removes_the_hami_core_cache_of_a_claim_it_does_not_know(env: Env) -> None:
+    env.preparer.prepare([ref(env.api.add(make_claim(UID_A, "a")))])
+    kept, orphan = hami_cache_dir(env.settings, UID_A), hami_cache_dir(env.settings, UID_C)
+    kept.mkdir(parents=True)
+    orphan.mkdir(parents=True)
+    (orphan / "vgpu.cache").write_bytes(b"x")
+    env.new_preparer().recover()
+    assert kept.is_dir()
+    assert not orphan.exists()
