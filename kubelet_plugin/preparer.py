@@ -209,6 +209,7 @@ class Preparer:
                     own = fetched[ref.uid]
                     self._fail(results, ref, own if isinstance(own, PrepareError) else refusal)
             for claim, tiers in ready:
+                self._metrics.requests.labels("prepare", "ok").inc()
                 self._ready.prepared(claim, tiers)
             return results
 
@@ -246,7 +247,6 @@ class Preparer:
                 if before is None or before.state != "PrepareCompleted":
                     written.add(ref.uid)
             results[ref.uid] = PrepareResult(devices=devices)
-            self._metrics.requests.labels("prepare", "ok").inc()
             ready.append((claim, tiers))
         return updated, written
 

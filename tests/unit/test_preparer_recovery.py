@@ -17,7 +17,6 @@ from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin import cdi, container_info
 from kubelet_plugin.checkpoint import SCHEMA_VERSION, Checkpoint, CheckpointStore, ClaimEntry
-from kubelet_plugin.grpc_server import _call_prepare
 from tests.unit.plugin_host import (
     NS,
     SHARE_B,
@@ -399,7 +398,7 @@ def test_a_newer_schema_is_refused_with_an_event_and_touched_nowhere(env: Env, m
     preparer = env.new_preparer()
     preparer.recover()  # does not raise: the plugin keeps running and registers
     c = env.api.add(make_claim(UID_C, "claim-c", share="c0ffee00-0000-4000-8000-000000000000"))
-    prepared = _call_prepare(preparer, [ref(a), ref(c)])
+    prepared = preparer.prepare([ref(a), ref(c)])
     unprepared = preparer.unprepare([ref(b)])
 
     expected = (
