@@ -128,7 +128,7 @@ class Preparer:
                     checkpoint = checkpoint.without_claim(uid)
             specs = self._files.spec_uids()
             for what, which in self._files.remove_orphans(set(checkpoint.claims)):
-                log.warning(f"removed the orphaned {what} of a claim", extra={"claim": which})
+                log.warning("removed an orphaned file of a claim", extra={"what": what, "claim": which})
             for tmp in self._journal.remove_temp_files():
                 log.warning("removed a temp file of an interrupted write", extra={"path": tmp})
             if checkpoint.node_boot_id != self._journal.boot_id:
