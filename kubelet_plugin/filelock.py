@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import fcntl
 import os
 import tempfile
@@ -120,7 +119,7 @@ def fs_type(path: Path) -> int:
     """statfs(2) ``f_type`` of the file system holding `path` (or its nearest existing parent). Raises OSError."""
     while not path.exists() and path != path.parent:
         path = path.parent
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter runs on (no ldconfig lookup)
     buf = ctypes.create_string_buffer(256)  # struct statfs; f_type (a long) comes first on Linux
     if libc.statfs(os.fsencode(path), buf) != 0:
         err = ctypes.get_errno()
