@@ -1,30 +1,55 @@
-"""Plain-JSON Kubernetes requests on top of `kubernetes.client.ApiClient`.
+"""Plain-JSON Kubernetes requests on urllib3: the node plugin's whole API client.
 
-The ApiClient still does configuration, authentication, TLS and retries; this skips the generated
-per-method layer, whose pydantic validators cost ~25 MiB of memory on first use — more than the whole rest
-of the node plugin. Objects are dicts exactly as the API server sends them (no model drops a field).
+The kubernetes package's client imports about a thousand generated model modules (~32 MiB of memory in a
+process that needs none of them); the node plugin sends a handful of JSON requests by API path, so this is
+all it uses. Objects are dicts exactly as the API server sends them (no model drops a field).
 
-Errors: every request raises only `ApiException` — `ApiUnreachable` (status 0) when the API server cannot
-be reached, its subclass `ApiTimeout` when it did not answer in time, and `UndecodableResponse` when it
-answered with a body this client cannot decode. kube-apiserver stores, and serves byte for byte, opaque
-parameters (10 KiB at most) that Python's `json` cannot decode: arrays nested 5117 levels deep (objects
-1706), past the decoder's recursion limit of about 1000 levels, and strings that are not valid UTF-8.
+`KubeConnection` holds one process's TLS context, credentials (`api.kube_config`) and connection pool
+(thread-safe; shared by every `KubeRest` on it). `KubeRest` sends requests on it with its own per-attempt
+timeout and retries.
+
+Errors: every request raises only `ApiError` — with the HTTP status when the API server answered with
+an error, `ApiUnreachable` (status 0) when it cannot be reached, its subclass `ApiTimeout` when it did not
+answer in time, and `UndecodableResponse` when it answered with a body this client cannot decode.
+kube-apiserver stores, and serves byte for byte, opaque parameters (10 KiB at most) that Python's `json`
+cannot decode: arrays nested 5117 levels deep (objects 1706), past the decoder's recursion limit of about
+1000 levels, and strings that are not valid UTF-8.
 """
 
-import copy
 import json
-from collections.abc import Iterator
+import os
+import ssl
+import tempfile
+from collections.abc import Generator
+from contextlib import ExitStack
 from typing import Any
+from urllib.parse import urlencode, urlsplit
 
 import urllib3
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+
+from api.kube_config import KubeConfig, from_client_configuration
 
 JSON = "application/json"
 APPLY = "application/apply-patch+yaml"
 
 
-class ApiUnreachable(ApiException):  # type: ignore[misc]  # the kubernetes client is untyped here
+class ApiError(Exception):
+    """A request failed: the API server answered with HTTP `status` (`reason`, and the answer's `body`), or
+    (status 0, in the subclasses below) it did not answer."""
+
+    def __init__(self, status: int = 0, reason: str = "", body: str = "") -> None:
+        super().__init__(status, reason, body)
+        self.status = status
+        self.reason = reason
+        self.body = body
+
+    def __str__(self) -> str:
+        if not self.status:
+            return self.reason
+        return f"{self.status} {self.reason}" + (f": {self.body}" if self.body else "")
+
+
+class ApiUnreachable(ApiError):  # noqa: N818  # names the condition, as ApiTimeout does
     """No answer from the API server: connection refused or reset, TLS failure (status 0)."""
 
     def __init__(self, reason: str) -> None:
@@ -35,7 +60,7 @@ class ApiTimeout(ApiUnreachable):
     """The API server did not answer within the request's time budget (status 0)."""
 
 
-class UndecodableResponse(ApiException):  # type: ignore[misc]
+class UndecodableResponse(ApiError):  # noqa: N818  # names the condition
     """The API server answered (`status` is its HTTP status) with a body this client cannot decode."""
 
 
@@ -61,31 +86,99 @@ def _is_timeout(err: object) -> bool:
     )
 
 
-def _unreachable(err: urllib3.exceptions.HTTPError, timeout: float | None) -> ApiUnreachable:
+def _unreachable(err: urllib3.exceptions.HTTPError, timeout: float) -> ApiUnreachable:
     if _is_timeout(err) or _is_timeout(getattr(err, "reason", None)):  # MaxRetryError wraps the last try's error
         return ApiTimeout(f"the API server did not answer (waited {timeout:g} s per attempt): {err}")
     return ApiUnreachable(f"cannot reach the API server: {err}")
 
 
+def _load_client_cert(context: ssl.SSLContext, config: KubeConfig) -> None:
+    """Load the client certificate and key; inline PEM goes through private temporary files (the ssl module
+    reads key material only from files), removed as soon as it is loaded."""
+    if not (config.cert_file or config.cert_data):
+        return
+    with ExitStack() as cleanup:
+
+        def as_file(data: str | None, path: str | None) -> str | None:
+            if data is None:
+                return path
+            fd, name = tempfile.mkstemp(prefix="fracgpu-kube-")  # mode 0600
+            cleanup.callback(os.unlink, name)
+            with os.fdopen(fd, "w") as out:
+                out.write(data)
+            return name
+
+        cert = as_file(config.cert_data, config.cert_file)
+        key = as_file(config.key_data, config.key_file)
+        assert cert is not None
+        context.load_cert_chain(cert, key)
+
+
+def ssl_context(config: KubeConfig) -> ssl.SSLContext:
+    """The TLS context for `config`'s server: its CA (else the system's), client certificate, verification."""
+    try:
+        context = ssl.create_default_context(cafile=config.ca_file, cadata=config.ca_data)
+        if config.insecure:
+            context.check_hostname = False
+            context.verify_mode = ssl.CERT_NONE
+        _load_client_cert(context, config)
+    except (OSError, ssl.SSLError) as err:
+        raise ApiError(reason=f"cannot load the TLS certificates of {config.server}: {err}") from None
+    return context
+
+
+class KubeConnection:
+    """The connection pool to one API server with `config`'s credentials; thread-safe, one per process."""
+
+    def __init__(self, config: KubeConfig) -> None:
+        """Raises ApiError (status 0) when the certificates cannot be loaded."""
+        self.config = config
+        url = urlsplit(config.server)
+        if url.scheme not in ("http", "https") or not url.hostname:
+            raise ApiError(reason=f"the API server address {config.server!r} is not an http(s) URL")
+        self.prefix = url.path.rstrip("/")
+        pool_args: dict[str, Any] = {"maxsize": config.pool_size, "block": False, "retries": False}
+        if url.scheme == "https":
+            pool_args |= {"ssl_context": ssl_context(config), "server_hostname": config.tls_server_name}
+            if config.insecure:
+                pool_args |= {"cert_reqs": "CERT_NONE", "assert_hostname": False}
+            self.pool: urllib3.HTTPConnectionPool = urllib3.HTTPSConnectionPool(url.hostname, url.port, **pool_args)
+        else:
+            self.pool = urllib3.HTTPConnectionPool(url.hostname, url.port, **pool_args)
+
+    @classmethod
+    def of(cls, api_client: Any) -> "KubeConnection":
+        """A connection with the credentials of a `kubernetes.client.ApiClient` (code that also uses the
+        kubernetes package, such as the controller and tests)."""
+        return cls(from_client_configuration(api_client.configuration))
+
+    def authorization(self) -> str | None:
+        return self.config.authorization()
+
+
+def retries(attempts: int) -> urllib3.Retry:
+    """`attempts` tries in all: a retry only after a connection error or a timeout (answers, even 5xx, are
+    final; a timed-out POST or PATCH is not sent again, as urllib3 retries reads of idempotent methods only)."""
+    return urllib3.Retry(total=attempts - 1, redirect=0, status=0, backoff_factor=0, raise_on_redirect=False)
+
+
 class KubeRest:
     """GET/POST/PUT/PATCH/DELETE and watch by API path, e.g. `/apis/resource.k8s.io/v1/resourceslices`.
 
-    `timeout` (seconds) bounds each attempt of a request: connecting and waiting for the answer. How many
-    attempts there are is the ApiClient's `configuration.retries`; `bounded` sets both for a total budget.
+    `timeout` (seconds) bounds each attempt of a request: connecting and waiting for the answer; there are
+    `attempts` tries (see `retries`). `bounded` sets both for a total budget.
     """
 
-    def __init__(self, api: client.ApiClient, timeout: float = 30.0) -> None:
-        self.api = api
+    def __init__(self, connection: KubeConnection, timeout: float = 30.0, attempts: int = 4) -> None:
+        self.connection = connection
         self.timeout = timeout
+        self._retries = retries(attempts)
 
     @classmethod
-    def bounded(cls, api: client.ApiClient, budget: float, attempts: int = 2) -> "KubeRest":
-        """A KubeRest on its own copy of `api` whose requests take at most about `budget` seconds, retries
-        included: `attempts` tries (a retry only after a connection error or a timeout; answers, even 5xx,
-        are final) of `budget / attempts` seconds each."""
-        configuration = copy.deepcopy(api.configuration)
-        configuration.retries = urllib3.Retry(total=attempts - 1, redirect=0, status=0, backoff_factor=0)
-        return cls(client.ApiClient(configuration), timeout=budget / attempts)
+    def bounded(cls, connection: KubeConnection, budget: float, attempts: int = 2) -> "KubeRest":
+        """A KubeRest on `connection` whose requests take at most about `budget` seconds, retries included:
+        `attempts` tries of `budget / attempts` seconds each."""
+        return cls(connection, timeout=budget / attempts, attempts=attempts)
 
     def _call(
         self,
@@ -96,25 +189,36 @@ class KubeRest:
         body: Any = None,
         content_type: str = JSON,
         timeout: float | None = None,
-    ) -> Any:
+        stream: bool = False,
+    ) -> urllib3.BaseHTTPResponse:
         timeout = self.timeout if timeout is None else timeout
         headers = {"Accept": JSON, "Content-Type": content_type}
-        _, url, headers, body, _ = self.api.param_serialize(
-            method,
-            path,
-            query_params=[(k, v) for k, v in (query or {}).items() if v is not None],
-            header_params=headers,
-            body=body,
-            auth_settings=["BearerToken"],
-        )
+        authorization = self.connection.authorization()
+        if authorization:
+            headers["Authorization"] = authorization
+        params = {k: v for k, v in (query or {}).items() if v is not None}
+        url = self.connection.prefix + path + (f"?{urlencode(params)}" if params else "")
+        data = body.encode() if isinstance(body, str) else json.dumps(body).encode() if body is not None else None
         try:
-            return self.api.call_api(method, url, header_params=headers, body=body, _request_timeout=timeout)
-        except urllib3.exceptions.HTTPError as err:  # connection refused, timeouts: the client passes them on raw
+            return self.connection.pool.urlopen(
+                method,
+                url,
+                body=data,
+                headers=headers,
+                retries=self._retries,
+                redirect=False,
+                timeout=urllib3.Timeout(connect=timeout, read=timeout),
+                preload_content=not stream,
+            )
+        except urllib3.exceptions.HTTPError as err:  # refused, reset, TLS failures, timeouts, a cut-off answer
             raise _unreachable(err, timeout) from err
-        except ApiException as err:
-            if err.status == 0 and not isinstance(err, ApiUnreachable):  # the client's own wrapping of TLS errors
-                raise ApiUnreachable(f"cannot reach the API server: {err.reason}") from err
-            raise
+
+    def decode(self, data: bytes, status: int) -> dict[str, Any]:
+        """A successful answer's body as a JSON object; raises UndecodableResponse."""
+        decoded = decode_json(data, status) if data else {}
+        if not isinstance(decoded, dict):
+            raise UndecodableResponse(status=status, reason="the API server's answer is not a JSON object")
+        return decoded
 
     def request(
         self,
@@ -125,19 +229,13 @@ class KubeRest:
         body: Any = None,
         content_type: str = JSON,
     ) -> dict[str, Any]:
-        """One request; the decoded JSON object. Raises only ApiException: with the HTTP status on HTTP
-        errors, `ApiUnreachable` / `ApiTimeout`, and `UndecodableResponse` (see the module doc)."""
+        """One request (`body`: JSON-encoded unless already a str); the decoded JSON object. Raises only
+        ApiError: with the HTTP status on HTTP errors, `ApiUnreachable` / `ApiTimeout`, and
+        `UndecodableResponse` (see the module doc)."""
         resp = self._call(method, path, query, body=body, content_type=content_type)
-        try:
-            data: bytes = resp.read()
-        except urllib3.exceptions.HTTPError as err:  # the answer stopped half-way
-            raise _unreachable(err, self.timeout) from err
         if not 200 <= resp.status < 300:
-            raise ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
-        decoded = decode_json(data, resp.status) if data else {}
-        if not isinstance(decoded, dict):
-            raise UndecodableResponse(status=resp.status, reason="the API server's answer is not a JSON object")
-        return decoded
+            raise ApiError(status=resp.status, reason=resp.reason or "", body=resp.data.decode(errors="replace"))
+        return self.decode(resp.data, resp.status)
 
     def get(self, path: str, **query: Any) -> dict[str, Any]:
         return self.request("GET", path, query)
@@ -156,19 +254,20 @@ class KubeRest:
         query = {"fieldManager": field_manager, "force": "true" if force else None}
         return self.request("PATCH", path, query, body=json.dumps(body), content_type=APPLY)
 
-    def watch(self, path: str, timeout_seconds: int, **query: Any) -> Iterator[dict[str, Any]]:
+    def watch(self, path: str, timeout_seconds: int, **query: Any) -> Generator[dict[str, Any]]:
         """Watch events (`{"type", "object"}`) of a collection until the server closes after `timeout_seconds`.
 
-        Raises only ApiException, as `request` does; an event that cannot be decoded ends the watch with
+        Raises only ApiError, as `request` does; an event that cannot be decoded ends the watch with
         `UndecodableResponse`."""
         query = {**query, "watch": "true", "timeoutSeconds": timeout_seconds, "allowWatchBookmarks": "false"}
         timeout = timeout_seconds + 10
-        resp = self._call("GET", path, query, timeout=timeout)
-        if resp.status != 200:
-            raise ApiException(status=resp.status, reason=resp.reason, body=resp.read().decode(errors="replace"))
-        buffer = b""
+        resp = self._call("GET", path, query, timeout=timeout, stream=True)
+        buffer, complete = b"", False
         try:
-            for chunk in resp.response.stream(amt=None, decode_content=False):
+            if resp.status != 200:
+                data, complete = resp.read(), True
+                raise ApiError(status=resp.status, reason=resp.reason or "", body=data.decode(errors="replace"))
+            for chunk in resp.stream(None, decode_content=False):
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
@@ -177,10 +276,13 @@ class KubeRest:
                         if not isinstance(event, dict):
                             raise UndecodableResponse(status=200, reason="a watch event is not a JSON object")
                         yield event
+            complete = True
         except urllib3.exceptions.HTTPError as err:
             raise _unreachable(err, timeout) from err
         finally:
-            resp.response.release_conn()
+            if not complete:  # left early: the rest of the stream must not reach the connection's next user
+                resp.close()
+            resp.release_conn()
 
 
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"

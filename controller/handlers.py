@@ -15,7 +15,7 @@ import kopf
 from kubernetes import client
 
 from api.gpu import GPU_PLURAL, GPU_VERSION
-from api.kube_rest import KubeRest
+from api.kube_rest import KubeConnection, KubeRest
 from api.names import API_GROUP
 from controller import kube, metrics
 from controller.admission import Review, review_claim_spec
@@ -60,7 +60,9 @@ def operator_settings(settings: Settings, api: client.ApiClient) -> kopf.Operato
             service=(service[0], service[1]) if service else None,
             service_port=settings.webhook_port if service else None,
             registration=Registration(
-                KubeRest(api), settings.webhook_config_name, fail=settings.webhook_failure_policy == "Fail"
+                KubeRest(KubeConnection.of(api)),
+                settings.webhook_config_name,
+                fail=settings.webhook_failure_policy == "Fail",
             ),
         )
     return out

@@ -14,11 +14,10 @@ from typing import Any
 
 import kopf
 from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
 
 from api import bounded_json
 from api.gpu import GPU_PLURAL, GPU_VERSION
-from api.kube_rest import JSON, KubeRest, claim_path
+from api.kube_rest import ApiError, KubeConnection, KubeRest, claim_path
 from api.names import API_GROUP
 from controller.model import ClaimView
 from controller.settings import COMPONENT, FIELD_MANAGER, Settings
@@ -81,7 +80,7 @@ def delete_gpu(rest: KubeRest, name: str) -> None:
     """Delete a GPU object; already gone is fine."""
     try:
         rest.delete(gpu_path(name))
-    except ApiException as err:
+    except ApiError as err:
         if err.status != 404:
             raise
 
@@ -130,7 +129,7 @@ def post_claim_event(
     }
     try:
         rest.create(f"/api/v1/namespaces/{namespace}/events", body)
-    except ApiException as err:
+    except ApiError as err:
         if err.status == 409:
             return True  # posted before (by this process or an earlier one)
         extra = {"reason": reason, "claim": f"{namespace}/{name}", "status": err.status}
@@ -150,13 +149,7 @@ class BoundedRest(KubeRest):
     """`KubeRest` decoding answers with `api.bounded_json`: the answer to a claim status apply is the whole
     claim, which may be nested as deep as the API server stores (json.loads raises RecursionError)."""
 
-    def request(
-        self, method: str, path: str, query: dict[str, Any] | None = None, *, body: Any = None, content_type: str = JSON
-    ) -> dict[str, Any]:
-        resp = self._call(method, path, query, body=body, content_type=content_type)
-        data = resp.read()
-        if not 200 <= resp.status < 300:
-            raise ApiException(status=resp.status, reason=resp.reason, body=data.decode(errors="replace"))
+    def decode(self, data: bytes, status: int) -> dict[str, Any]:
         decoded: dict[str, Any] = bounded_json.loads(data) if data else {}
         return decoded
 
@@ -165,7 +158,7 @@ class KubeWriter:
     """The controller's `Writer` (controller/reconciler.py) against the API server."""
 
     def __init__(self, api: client.ApiClient) -> None:
-        self.rest = BoundedRest(api)
+        self.rest = BoundedRest(KubeConnection.of(api))
 
     def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         apply_claim_status(self.rest, namespace, name, body)

@@ -14,10 +14,9 @@ from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol, TypeVar
 
-from kubernetes.client.exceptions import ApiException
-
 from api.gpu import GPU_CRD_NAME
 from api.gpu_config import MAX_PARAMETERS_DEPTH
+from api.kube_rest import ApiError
 from controller import metrics
 from controller.claim_status import apply_body, plan_status
 from controller.feasibility import plan_unsatisfiable
@@ -55,7 +54,7 @@ Index = Mapping[Any, Iterable[Any]]
 
 def describe(err: BaseException) -> str:
     """A one-line reason for a failed API call: the API server's message when it sent one."""
-    if isinstance(err, ApiException):
+    if isinstance(err, ApiError):
         try:
             message = json.loads(err.body or "{}").get("message")
         except (ValueError, AttributeError):
@@ -268,8 +267,8 @@ class Controller:
                     self.enqueue(key)
 
     def _retry(self, key: ClaimKey, err: Exception) -> None:
-        status = err.status if isinstance(err, ApiException) else None
-        body = str(err.body).lower() if isinstance(err, ApiException) else ""
+        status = err.status if isinstance(err, ApiError) else None
+        body = str(err.body).lower() if isinstance(err, ApiError) else ""
         if status == 404 or (status == 409 and "uid" in body):
             log.info("claim gone or replaced; not retrying", extra={"claim": "/".join(key), "status": status})
             self._attempts.pop(key, None)
@@ -414,7 +413,7 @@ class Controller:
             async with limit:
                 try:
                     await self._run(fn, *args, **kwargs)
-                except ApiException as err:
+                except ApiError as err:
                     metrics.LEDGER_WRITES.labels(kind, "error").inc()
                     failures.append(f"{kind}: {describe(err)}")
                     return False

@@ -15,9 +15,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import kopf
-from kubernetes.client.exceptions import ApiException
 
-from api.kube_rest import KubeRest
+from api.kube_rest import ApiError, KubeRest
 
 log = logging.getLogger(__name__)
 CONFIGS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
@@ -105,7 +104,7 @@ class Registration:
         while True:
             try:
                 await asyncio.to_thread(self._patch, hooks)
-            except ApiException as err:
+            except ApiError as err:
                 log.error(
                     "cannot register the admission webhooks; retrying",
                     extra={"configuration": self.name, "status": err.status, "problem": _why(err, self.name)},
@@ -121,7 +120,7 @@ class Registration:
         """Empty the webhooks again (so that no request goes to a stopped controller); never raises."""
         try:
             await asyncio.to_thread(self._patch, [])
-        except ApiException as err:
+        except ApiError as err:
             log.warning(
                 "cannot unregister the admission webhooks",
                 extra={"configuration": self.name, "status": err.status, "problem": _why(err, self.name)},
@@ -131,7 +130,7 @@ class Registration:
             log.info("admission webhooks unregistered", extra={"configuration": self.name})
 
 
-def _why(err: ApiException, name: str) -> str:
+def _why(err: ApiError, name: str) -> str:
     """What a failed patch of the configuration `name` means, and what to do."""
     if err.status == 404:
         return (

@@ -13,13 +13,17 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from e2e import mocknvml
 from e2e.cluster import binaries, nvidia_runtime
+from e2e.cluster.mountns import NODE_ROOT
+from e2e.cluster.multinode import MultiNodeCluster
 from e2e.cluster.node import SingleNodeCluster
 from e2e.image.build import build_image
 from e2e.image.glibc import build_glibc_workload
 from e2e.mocknvml.driver_root import DriverInstall, make_faithful_driver_root
+from e2e.workloads import Cluster
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "fracgpu"
@@ -28,6 +32,7 @@ RELEASE = "fracgpu"
 USAGE_CONTROL = "processes"  # the mock NVML's per-process control file, in the NVML directory
 USAGE_INTERVAL_S = 2
 NAMESPACE = "fracgpu-system"
+NODE_GPUS = NODE_ROOT / "gpus"  # each node of a MultiNodeCluster: its simulated GPUs (driver root, NVML)
 
 
 @dataclass(frozen=True)
@@ -52,12 +57,54 @@ class Installation:
         return subprocess.run(argv, check=check, capture_output=True, text=True, timeout=300)
 
 
-def simulated_gpus(root: Path) -> tuple[DriverInstall, Path]:
-    """The mock NVML library next to its profile under `root/nvml`; the faithful driver root `root/driver`."""
+def simulated_gpus(root: Path, profile: Path = PROFILE) -> tuple[DriverInstall, Path]:
+    """The mock NVML library next to `profile` under `root/nvml` (named PROFILE's name, where the chart values
+    point, whatever the profile); the faithful driver root of that profile `root/driver`."""
     nvml_dir = mocknvml.build(root / "nvml")
-    (nvml_dir / PROFILE.name).write_text(PROFILE.read_text())
-    driver = make_faithful_driver_root(root / "driver", PROFILE, root / "driver-build")
+    (nvml_dir / PROFILE.name).write_text(profile.read_text())
+    driver = make_faithful_driver_root(root / "driver", profile, root / "driver-build")
     return driver, nvml_dir
+
+
+def chart_values(
+    image: str, *, api_host: str, api_port: int, kubelet_dir: Path, cdi_dir: Path, driver_root: Path, nvml_dir: Path
+) -> dict[str, Any]:
+    """The chart values of a local cluster: our image (never pulled), the API server at `api_host` (no kube-proxy)
+    and the node's paths; the controller's webhook on `api_host` too (it runs on that node, in its host network)."""
+    repository, tag = image.rsplit(":", 1)
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "kubernetesServiceHost": api_host,  # never the default Service's ClusterIP: there is no kube-proxy
+        "kubernetesServicePort": str(api_port),
+        "kubeletDir": str(kubelet_dir),
+        "cdiDir": str(cdi_dir),
+        "driverRoot": str(driver_root),
+        # hooks at <kubeletDir>/plugins/<driver>/nvidia-cdi-hook, a host path: the runtime runs them there
+        "driverEdits": "toolkit",
+        "nvml": {"libraryPath": str(nvml_dir)},
+        "logging": {"format": "text"},
+        "controller": {"hostNetwork": True, "webhook": {"host": api_host}},
+        "kubeletPlugin": {
+            "hostNetwork": True,
+            "extraEnv": [
+                {"name": "FRACGPU_MOCK_NVML_PROFILE", "value": f"/opt/fracgpu/nvml-host/{PROFILE.name}"},
+                # the processes the mock NVML reports: written by e2e/test_usage.py (Installation.usage_control)
+                {"name": "FRACGPU_MOCK_NVML_PROCESSES", "value": f"/opt/fracgpu/nvml-host/{USAGE_CONTROL}"},
+            ],
+            "usage": {"interval": USAGE_INTERVAL_S, "ledgerInterval": USAGE_INTERVAL_S},
+        },
+    }
+
+
+def helm_install(kubeconfig: Path, values: dict[str, Any], values_file: Path, timeout: float) -> None:
+    """`helm upgrade --install` of the chart with `values` (written to `values_file`), waiting for its pods."""
+    values_file.write_text(json.dumps(values, indent=2))
+    argv = [
+        str(binaries.binary("helm")), f"--kubeconfig={kubeconfig}", "upgrade", "--install", RELEASE, str(CHART),
+        "--namespace", NAMESPACE, "--create-namespace", "--values", str(values_file), "--wait",
+        f"--timeout={int(timeout)}s",
+    ]  # fmt: skip
+    subprocess.run(argv, check=True, capture_output=True, text=True, timeout=timeout + 60)
 
 
 def install(cluster: SingleNodeCluster, *, image_out: Path, timeout: float = 300) -> Installation:
@@ -70,46 +117,52 @@ def install(cluster: SingleNodeCluster, *, image_out: Path, timeout: float = 300
         nvidia_runtime.write_node_spec(driver_root, cluster.cdi_dir)
     workload = build_glibc_workload(image_out / "workload", driver.cuda_probe)
     cluster.import_image(workload.path)
-    repository, tag = image.name.rsplit(":", 1)
-    host = cluster.netns.address
-    values = {
-        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
-        "kubernetesServiceHost": host,  # never the default Service's ClusterIP: there is no kube-proxy
-        "kubernetesServicePort": str(cluster.plane.api_port),
-        "kubeletDir": str(cluster.kubelet_dir),
-        "cdiDir": str(cluster.cdi_dir),
-        "driverRoot": str(driver_root),
-        # hooks at <kubeletDir>/plugins/<driver>/nvidia-cdi-hook, a host path: the runtime runs them there
-        "driverEdits": "toolkit",
-        "nvml": {"libraryPath": str(nvml_dir)},
-        "logging": {"format": "text"},
-        "controller": {"hostNetwork": True, "webhook": {"host": host}},
-        "kubeletPlugin": {
-            "hostNetwork": True,
-            "extraEnv": [
-                {"name": "FRACGPU_MOCK_NVML_PROFILE", "value": f"/opt/fracgpu/nvml-host/{PROFILE.name}"},
-                # the processes the mock NVML reports: written by e2e/test_usage.py (Installation.usage_control)
-                {"name": "FRACGPU_MOCK_NVML_PROCESSES", "value": f"/opt/fracgpu/nvml-host/{USAGE_CONTROL}"},
-            ],
-            "usage": {"interval": USAGE_INTERVAL_S, "ledgerInterval": USAGE_INTERVAL_S},
-        },
-    }
-    installation = Installation(cluster, driver_root, nvml_dir, image.name, driver, workload.name)
-    values_file = cluster.state_dir / "fracgpu-values.json"
-    values_file.write_text(json.dumps(values, indent=2))
-    installation.helm(
-        "upgrade", "--install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
-        "--values", str(values_file), "--wait", f"--timeout={int(timeout)}s",
+    values = chart_values(
+        image.name, api_host=cluster.netns.address, api_port=cluster.plane.api_port, kubelet_dir=cluster.kubelet_dir,
+        cdi_dir=cluster.cdi_dir, driver_root=driver_root, nvml_dir=nvml_dir,
     )  # fmt: skip
+    installation = Installation(cluster, driver_root, nvml_dir, image.name, driver, workload.name)
+    helm_install(cluster.kubeconfig, values, cluster.state_dir / "fracgpu-values.json", timeout)
     wait_serving(cluster, timeout)
     return installation
 
 
-def wait_serving(cluster: SingleNodeCluster, timeout: float) -> None:
-    """Until the node's GPUs are published and the controller's webhook is registered."""
+@dataclass(frozen=True)
+class ClusterInstallation:
+    """fracgpu installed on every node of a MultiNodeCluster: one release, one DaemonSet, each node's own GPUs."""
+
+    cluster: MultiNodeCluster
+    image: str
+    driver_root: Path  # as every node sees it (NODE_GPUS/driver): a different directory on each
+
+
+def install_cluster(cluster: MultiNodeCluster, *, image_out: Path, timeout: float = 300) -> ClusterInstallation:
+    """Build and import the image on every node, give each node the simulated GPUs of its profile at the same
+    path (its own directory), helm-install the chart once, wait until every node's GPUs are published.
+    The controller runs on the first node, whose network namespace holds the API server that calls its webhook."""
+    image = build_image(image_out)
+    cluster.import_image(image.archive.path)
+    for node in cluster.nodes:
+        simulated_gpus(node.host_path(NODE_GPUS), node.profile.gpus)
+    first = cluster.nodes[0]
+    values = chart_values(
+        image.name, api_host=first.netns.address, api_port=cluster.plane.api_port, kubelet_dir=first.kubelet_dir,
+        cdi_dir=first.cdi_dir, driver_root=NODE_GPUS / "driver", nvml_dir=NODE_GPUS / "nvml",
+    )  # fmt: skip
+    values["controller"]["nodeSelector"] = {"kubernetes.io/hostname": first.name}
+    helm_install(cluster.kubeconfig, values, cluster.state_dir / "fracgpu-values.json", timeout)
+    wait_serving(cluster, timeout, frozenset(n.name for n in cluster.nodes))
+    return ClusterInstallation(cluster, image.name, NODE_GPUS / "driver")
+
+
+def wait_serving(cluster: Cluster, timeout: float, nodes: frozenset[str] = frozenset()) -> None:
+    """Until the GPUs of every node in `nodes` (of some node when empty) are published and the controller's
+    webhook is registered."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        slices = cluster.kubectl("get", "resourceslices", "-o", "name", check=False).stdout.split()
+        listed = cluster.kubectl("get", "resourceslices", "-o", "jsonpath={.items[*].spec.nodeName}", check=False)
+        published = set(listed.stdout.split())
+        slices = published >= nodes if nodes else published
         # the chart makes the configuration empty; the controller patches its webhooks in once it serves
         webhook = cluster.kubectl(
             "get",

@@ -1,12 +1,21 @@
 """Pods and claims for the end-to-end tests and the demo (all hostNetwork: the node has no pod network)."""
 
 import json
+import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
-from e2e.cluster.node import SingleNodeCluster
 from e2e.image.small import BUSYBOX_IMAGE
+
+
+class Cluster(Protocol):
+    """What these helpers need of a cluster (SingleNodeCluster, MultiNodeCluster): kubectl against it."""
+
+    def kubectl(
+        self, *args: str, check: bool = True, input_: str | None = None
+    ) -> subprocess.CompletedProcess[str]: ...
+
 
 DEVICE_CLASS = "gpu.fracgpu.dev"
 # Prints what the container got, then stays up: the lines `report` parses and the demo shows. `OPEN` tries
@@ -130,7 +139,7 @@ def cuda_pod(name: str, template: str, image: str) -> dict[str, Any]:
 
 
 def cuda_report(
-    cluster: SingleNodeCluster, namespace: str, pod: str, timeout: float = 30, container: str = "app"
+    cluster: Cluster, namespace: str, pod: str, timeout: float = 30, container: str = "app"
 ) -> dict[str, list[str]]:
     """The lines a container printed up to `END` by tag (CUDA_REPORT: LDCONFIG, SMI, PROBE, ENV)."""
     deadline = time.monotonic() + timeout
@@ -191,7 +200,7 @@ def _claim_ref(used: str) -> dict[str, str]:
     return {"name": claim, "request": request} if request else {"name": claim}
 
 
-def apply(cluster: SingleNodeCluster, namespace: str, *objects: dict[str, Any]) -> None:
+def apply(cluster: Cluster, namespace: str, *objects: dict[str, Any]) -> None:
     cluster.kubectl(
         "apply",
         "-n",
@@ -202,12 +211,12 @@ def apply(cluster: SingleNodeCluster, namespace: str, *objects: dict[str, Any]) 
     )
 
 
-def get(cluster: SingleNodeCluster, *args: str) -> Any:
+def get(cluster: Cluster, *args: str) -> Any:
     """`kubectl get ... -o json`, decoded."""
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
 
 
-def wait_running(cluster: SingleNodeCluster, namespace: str, pods: list[str], timeout: float = 240) -> None:
+def wait_running(cluster: Cluster, namespace: str, pods: list[str], timeout: float = 240) -> None:
     """Until every pod is Running. Generous: the kubelet backs off when the node authorizer has not yet
     linked a new pod to its claim ("no relationship found"), an upstream race that costs a retry."""
     deadline = time.monotonic() + timeout
@@ -221,7 +230,7 @@ def wait_running(cluster: SingleNodeCluster, namespace: str, pods: list[str], ti
     raise TimeoutError(f"pods not Running after {timeout}s: {phases}\n{events[-3000:]}")
 
 
-def report(cluster: SingleNodeCluster, namespace: str, pod: str, container: str = "app", timeout: float = 30) -> Seen:
+def report(cluster: Cluster, namespace: str, pod: str, container: str = "app", timeout: float = 30) -> Seen:
     """What the container printed at start."""
     deadline = time.monotonic() + timeout
     while True:
@@ -234,7 +243,7 @@ def report(cluster: SingleNodeCluster, namespace: str, pod: str, container: str 
         time.sleep(0.5)
 
 
-def claim_of(cluster: SingleNodeCluster, namespace: str, pod: str, claim: str = "gpu") -> dict[str, Any]:
+def claim_of(cluster: Cluster, namespace: str, pod: str, claim: str = "gpu") -> dict[str, Any]:
     """The ResourceClaim generated for the pod's claim `claim`."""
     status = get(cluster, "pod", "-n", namespace, pod)["status"]
     (entry,) = [s for s in status.get("resourceClaimStatuses", []) if s["name"] == claim]

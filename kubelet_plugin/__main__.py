@@ -1,16 +1,15 @@
 """Entry point of `fracgpu-kubelet-plugin`: discover GPUs, publish them, serve the kubelet until SIGTERM."""
 
 import logging
-import os
 import signal
 import sys
 import threading
 from collections.abc import Callable
 
-from kubernetes import client, config
 from prometheus_client import start_http_server
 
-from api.kube_rest import KubeRest
+from api import kube_config
+from api.kube_rest import ApiError, KubeConnection, KubeRest
 from api.logs import configure_logging
 from kubelet_plugin.checkpoint import CheckpointStore
 from kubelet_plugin.discovery import DiscoveryError, discover_gpus, driver_version
@@ -29,12 +28,9 @@ from kubelet_plugin.usage_sampler import UsageSampler
 log = logging.getLogger("fracgpu.kubelet_plugin")
 
 
-def kube_client() -> client.ApiClient:
-    """In-cluster credentials in a pod, else $KUBECONFIG / ~/.kube/config."""
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-        return client.ApiClient()
-    return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
+def kube_connection() -> KubeConnection:
+    """In-cluster credentials in a pod, else $KUBECONFIG / ~/.kube/config; raises ConfigError or ApiError."""
+    return KubeConnection(kube_config.load())
 
 
 def make_driver_edits(
@@ -53,7 +49,7 @@ def make_driver_edits(
 
 
 def start_usage_sampler(
-    settings: Settings, api: client.ApiClient, gpus: list[GpuInfo], metrics: PluginMetrics, stop: threading.Event
+    settings: Settings, api: KubeConnection, gpus: list[GpuInfo], metrics: PluginMetrics, stop: threading.Event
 ) -> None:
     """With ``--usage-interval`` > 0, sample GPU memory use in a thread of its own (see usage_sampler)."""
     if not settings.usage_interval_seconds:
@@ -85,7 +81,11 @@ def main(argv: list[str] | None = None) -> int:
         "discovered GPUs",
         extra={"node": settings.node_name, "gpus": [f"{g.device_name}={g.uuid} {g.product_name}" for g in gpus]},
     )
-    api = kube_client()
+    try:
+        api = kube_connection()
+    except (kube_config.ConfigError, ApiError) as err:
+        log.error("cannot load cluster credentials", extra={"error": str(err)})
+        return 2
     metrics = PluginMetrics()
     stop = threading.Event()
     driver_edits = None

@@ -9,9 +9,7 @@ import logging
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
-from api.kube_rest import ApiTimeout, KubeRest, UndecodableResponse, claim_path
+from api.kube_rest import ApiError, ApiTimeout, KubeRest, UndecodableResponse, claim_path
 from kubelet_plugin.errors import ErrorKind, PrepareError
 from kubelet_plugin.model import ClaimRef
 
@@ -83,7 +81,7 @@ class ClaimReader:
             ) from None
         except ApiTimeout:
             raise PrepareError(ErrorKind.API_TIMEOUT, no_answer(ref, self._budget)) from None
-        except ApiException as err:
+        except ApiError as err:
             if err.status == 404:
                 raise PrepareError(ErrorKind.CLAIM_NOT_FOUND, f"ResourceClaim {show(ref)} not found") from None
             raise PrepareError(

@@ -4,9 +4,7 @@ import datetime
 import logging
 import uuid
 
-from kubernetes.client.exceptions import ApiException
-
-from api.kube_rest import KubeRest
+from api.kube_rest import ApiError, KubeRest
 
 log = logging.getLogger(__name__)
 COMPONENT = "fracgpu-kubelet-plugin"
@@ -30,5 +28,5 @@ def post_node_event(rest: KubeRest, node_name: str, reason: str, message: str, t
     }
     try:
         rest.create("/api/v1/namespaces/default/events", body)
-    except ApiException as err:
+    except ApiError as err:
         log.warning("could not post Event", extra={"reason": reason, "status": err.status})

@@ -41,9 +41,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from kubernetes import client
-
-from api.kube_rest import KubeRest
+from api.kube_rest import KubeConnection, KubeRest
 from kubelet_plugin import cdi
 from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry, NewerSchemaError
 from kubelet_plugin.claim_journal import ClaimJournal
@@ -73,7 +71,7 @@ class Preparer:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: KubeConnection,
         settings: Settings,
         gpus: list[GpuInfo],
         store: CheckpointStore,

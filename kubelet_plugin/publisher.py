@@ -8,10 +8,7 @@ import logging
 import threading
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
-from api.kube_rest import SLICES, KubeRest, node_path
+from api.kube_rest import SLICES, ApiError, KubeConnection, KubeRest, node_path
 from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.filelock import serialize_lock
 from kubelet_plugin.model import GpuInfo
@@ -34,7 +31,7 @@ class SlicePublisher:
 
     def __init__(
         self,
-        api: client.ApiClient,
+        api: KubeConnection,
         settings: Settings,
         gpus: list[GpuInfo],
         enforcement: EnforcementDetector | None = None,
@@ -125,7 +122,7 @@ class SlicePublisher:
                 try:
                     self.sync()
                     self._watch_until_change(stop)
-                except ApiException as err:
+                except ApiError as err:
                     log.warning(
                         "ResourceSlice sync failed; retrying", extra={"status": err.status, "reason": err.reason}
                     )

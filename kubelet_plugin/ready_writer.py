@@ -12,9 +12,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
-from api.kube_rest import KubeRest, UndecodableResponse
+from api.kube_rest import ApiError, KubeRest, UndecodableResponse
 from kubelet_plugin.claim_status import Tiers, apply_ready, is_ready
 
 log = logging.getLogger(__name__)
@@ -24,12 +22,12 @@ Write = Callable[[dict[str, Any]], None]
 
 
 def _describe(err: Exception) -> str:
-    if isinstance(err, ApiException):
+    if isinstance(err, ApiError):
         return f"{err.status} {err.reason}"
     return f"{type(err).__name__}: {err}"
 
 
-def _transient(err: ApiException) -> bool:
+def _transient(err: ApiError) -> bool:
     return err.status in (0, 429) or (err.status or 0) >= 500
 
 
@@ -70,7 +68,7 @@ class ReadyWriter:
             pass  # written: only the answer, the claim as it is now, could not be decoded
         except Exception as err:
             self._on_failure()
-            retry = isinstance(err, ApiException) and _transient(err) and attempt < self._attempts
+            retry = isinstance(err, ApiError) and _transient(err) and attempt < self._attempts
             log.warning(
                 "cannot set Ready on claim status" + ("; trying again" if retry else ""),
                 extra={"claim": f"{meta['namespace']}/{meta['name']}", "attempt": attempt, "error": _describe(err)},

@@ -17,11 +17,10 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
 from pydantic import ValidationError
 
 from api.gpu import GPU_API_VERSION, GPU_KIND, GPU_PLURAL, gpu_object_name
-from api.kube_rest import KubeRest, claim_path
+from api.kube_rest import ApiError, KubeRest, claim_path
 from api.quantity import MiB, format_bytes
 from kubelet_plugin import cgroups, container_info
 from kubelet_plugin.container_info import RequestInfo
@@ -110,7 +109,7 @@ class ClaimPods:
                 continue
             try:
                 claim = self._rest.get(claim_path(share.namespace, share.name))
-            except ApiException as err:
+            except ApiError as err:
                 log.warning(
                     "cannot read a claim's pods",
                     extra={"claim": f"{share.namespace}/{share.name}", "status": err.status, "error": str(err.reason)},
@@ -144,7 +143,7 @@ def post_event(rest: KubeRest, involved: dict[str, str], node: str, reason: str,
     }
     try:
         rest.create(f"/api/v1/namespaces/{namespace}/events", body)
-    except ApiException as err:
+    except ApiError as err:
         log.warning("could not post Event", extra={"reason": reason, "status": err.status})
         return False
     return True
@@ -314,7 +313,7 @@ class UsageSampler:
             }
             try:
                 self._rest.apply(gpu_status_path(name), body, FIELD_MANAGER)
-            except ApiException as err:
+            except ApiError as err:
                 self._metrics.ledger_writes.labels("error").inc()
                 self._ledger.failed(gpu, now)
                 log.warning(

@@ -1,4 +1,4 @@
-"""Command line: `python -m e2e.cluster up|down [--state-dir DIR]`."""
+"""Command line: `python -m e2e.cluster up|down [--state-dir DIR] [--node | --nodes N]`."""
 
 import argparse
 import shutil
@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from e2e.cluster.controlplane import ControlPlane
+from e2e.cluster.multinode import MultiNodeCluster, default_profiles
 from e2e.cluster.node import SingleNodeCluster, down
 
 DEFAULT_STATE_DIR = Path(".cluster")
@@ -16,8 +17,16 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m e2e.cluster", description=__doc__)
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR, help="default: %(default)s")
-    parser.add_argument(
+    nodes = parser.add_mutually_exclusive_group()
+    nodes.add_argument(
         "--node", action="store_true", help="a whole single-node cluster (kubelet, containerd) in its own netns"
+    )
+    nodes.add_argument(
+        "--nodes",
+        type=int,
+        metavar="N",
+        help="N kubelet nodes, each in its own network and mount namespace, against one control plane "
+        "(simulated GPU profiles alternate 2x H100 80GB, 1x A100 40GB; install fracgpu with e2e.install)",
     )
     args = parser.parse_args(argv)
     state_dir: Path = args.state_dir.resolve()
@@ -26,9 +35,15 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(state_dir, ignore_errors=True)
         print(f"stopped: {', '.join(stopped) or 'nothing was running'}")
         return 0
-    plane: ControlPlane | SingleNodeCluster = (
-        SingleNodeCluster(state_dir, detached=True) if args.node else ControlPlane(state_dir, detached=True)
-    )
+    if args.nodes is not None and args.nodes < 1:
+        parser.error(f"--nodes must be at least 1, not {args.nodes}")
+    plane: ControlPlane | SingleNodeCluster | MultiNodeCluster
+    if args.nodes:
+        plane = MultiNodeCluster(state_dir, default_profiles(args.nodes), detached=True)
+    elif args.node:
+        plane = SingleNodeCluster(state_dir, detached=True)
+    else:
+        plane = ControlPlane(state_dir, detached=True)
     plane.start()
     print(f"control plane ready at {plane.server}\nexport KUBECONFIG={plane.kubeconfig}")
     print(f"logs: {plane.procs.logs}\nstop with: python -m e2e.cluster down --state-dir {args.state_dir}")

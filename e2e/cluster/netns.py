@@ -88,3 +88,27 @@ def free_slot() -> int:
         if not (NETNS_DIR / f"fracgpu-{slot}").exists():
             return slot
     raise RuntimeError("all 64 fracgpu network namespaces are in use; remove stale ones with `ip netns delete`")
+
+
+def free_slots(count: int) -> list[int]:
+    """The `count` lowest slots without a namespace."""
+    free = [s for s in range(64) if not (NETNS_DIR / f"fracgpu-{s}").exists()][:count]
+    if len(free) < count:
+        raise RuntimeError(
+            f"fewer than {count} free fracgpu network namespaces; remove stale ones with `ip netns delete`"
+        )
+    return free
+
+
+def link(hub: Netns, spoke: Netns) -> None:
+    """A veth pair between two namespaces, so each reaches the other's address (and nothing else) directly.
+
+    The link carries no address of its own: a /32 route each way names the peer's cluster address, so two
+    nodes of one cluster talk (API server, kubelet, webhooks) while neither gains a route anywhere else.
+    Deleting either namespace deletes the pair.
+    """
+    hub_if, spoke_if = f"fg{hub.slot}x{spoke.slot}", f"fg{spoke.slot}x{hub.slot}"
+    _ip("link", "add", hub_if, "netns", hub.name, "type", "veth", "peer", "name", spoke_if, "netns", spoke.name)
+    for ns, iface, peer, own in ((hub, hub_if, spoke, hub), (spoke, spoke_if, hub, spoke)):
+        _ip("-n", ns.name, "link", "set", iface, "up")
+        _ip("-n", ns.name, "route", "add", f"{peer.address}/32", "dev", iface, "src", own.address)

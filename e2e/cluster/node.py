@@ -22,7 +22,7 @@ from e2e.cluster import nvidia_runtime as nvidia_runtime_module
 from e2e.cluster.containerd import Containerd, ContainerdSettings, kill_shims
 from e2e.cluster.controlplane import ControlPlane, write_kubeconfig
 from e2e.cluster.netns import Netns, free_slot
-from e2e.cluster.processes import stop_recorded
+from e2e.cluster.processes import ProcessGroup, stop_recorded
 from e2e.image import small
 
 NODE_NAME = "fracgpu-node"
@@ -124,58 +124,14 @@ class SingleNodeCluster:
         self.containerd.ctr("images", "import", "--no-unpack=false", str(archive), namespace="k8s.io")
 
     def _start_kubelet(self) -> None:
-        pki = self.plane.pki
-        node = self.node_name
-        client = pki.issue("kubelet-client", f"system:node:{node}", organizations=("system:nodes",), client=True)
-        serving = pki.issue("kubelet-serving", node, ips=(self.netns.address,), dns=(node,), server=True)
-        kubeconfig = write_kubeconfig(
-            self.state_dir / "kubelet.kubeconfig", self.server, pki.ca.cert, client, f"system:node:{node}"
-        )
-        resolv = self.state_dir / "resolv.conf"
-        resolv.write_text("")  # pods get no name servers: nothing to query outside the namespace
-        config = {
-            "apiVersion": "kubelet.config.k8s.io/v1beta1",
-            "kind": "KubeletConfiguration",
-            "failCgroupV1": False,  # this machine has cgroup v1 (hybrid); kubelet >= 1.35 refuses it otherwise
-            "cgroupDriver": "cgroupfs",  # no systemd as PID 1
-            "containerRuntimeEndpoint": f"unix://{self.containerd.socket}",
-            "address": self.netns.address,
-            "port": 10250,
-            "readOnlyPort": 0,
-            "healthzBindAddress": self.netns.address,
-            "healthzPort": 10248,
-            "tlsCertFile": str(serving.cert),
-            "tlsPrivateKeyFile": str(serving.key),
-            "authentication": {
-                "anonymous": {"enabled": False},
-                "webhook": {"enabled": True},
-                "x509": {"clientCAFile": str(pki.ca.cert)},
-            },
-            "authorization": {"mode": "Webhook"},
-            "resolvConf": str(resolv),
-            "failSwapOn": False,
-            "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
-            "imageGCHighThresholdPercent": 100,
-            "imageGCLowThresholdPercent": 99,
-            "serializeImagePulls": False,
-            "maxPods": 32,
-        }
-        config_path = self.state_dir / "kubelet-config.json"
-        config_path.write_text(json.dumps(config, indent=2))
-        kubelet = binaries.ensure_built("kubelet")["kubelet"]
-        self.procs.start(
-            "kubelet",
-            [
-                kubelet,
-                f"--config={config_path}",
-                f"--kubeconfig={kubeconfig}",
-                f"--root-dir={self.kubelet_dir}",
-                f"--cert-dir={self.state_dir / 'kubelet-pki'}",
-                f"--hostname-override={node}",
-                f"--node-ip={self.netns.address}",
-                "--node-labels=nvidia.com/gpu.present=true",
-                "--v=1",
-            ],
+        start_kubelet(
+            self.procs,
+            self.plane,
+            self.state_dir,
+            node=self.node_name,
+            address=self.netns.address,
+            containerd_socket=self.containerd.socket,
+            root_dir=self.kubelet_dir,
         )
 
     def restart_kubelet(self) -> None:
@@ -215,6 +171,75 @@ class SingleNodeCluster:
         shutil.rmtree(self.short_dir, ignore_errors=True)
 
 
+def start_kubelet(
+    procs: ProcessGroup,
+    plane: ControlPlane,
+    state_dir: Path,
+    *,
+    node: str,
+    address: str,
+    containerd_socket: Path,
+    root_dir: Path,
+    config_extra: dict[str, object] | None = None,
+) -> None:
+    """Start the kubelet of `node` (certificates from the plane's PKI, files under `state_dir`) in `procs`:
+    serving on `address`, root dir `root_dir`, containerd at `containerd_socket`, `config_extra` merged into
+    its KubeletConfiguration."""
+    pki = plane.pki
+    client = pki.issue(f"kubelet-client-{node}", f"system:node:{node}", organizations=("system:nodes",), client=True)
+    serving = pki.issue(f"kubelet-serving-{node}", node, ips=(address,), dns=(node,), server=True)
+    kubeconfig = write_kubeconfig(
+        state_dir / "kubelet.kubeconfig", plane.server, pki.ca.cert, client, f"system:node:{node}"
+    )
+    resolv = state_dir / "resolv.conf"
+    resolv.write_text("")  # pods get no name servers: nothing to query outside the namespace
+    config = {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "failCgroupV1": False,  # this machine has cgroup v1 (hybrid); kubelet >= 1.35 refuses it otherwise
+        "cgroupDriver": "cgroupfs",  # no systemd as PID 1
+        "containerRuntimeEndpoint": f"unix://{containerd_socket}",
+        "address": address,
+        "port": 10250,
+        "readOnlyPort": 0,
+        "healthzBindAddress": address,
+        "healthzPort": 10248,
+        "tlsCertFile": str(serving.cert),
+        "tlsPrivateKeyFile": str(serving.key),
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": True},
+            "x509": {"clientCAFile": str(pki.ca.cert)},
+        },
+        "authorization": {"mode": "Webhook"},
+        "resolvConf": str(resolv),
+        "failSwapOn": False,
+        "evictionHard": {"memory.available": "100Mi", "nodefs.available": "1%", "imagefs.available": "1%"},
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "serializeImagePulls": False,
+        "maxPods": 32,
+        **(config_extra or {}),
+    }
+    config_path = state_dir / "kubelet-config.json"
+    config_path.write_text(json.dumps(config, indent=2))
+    kubelet = binaries.ensure_built("kubelet")["kubelet"]
+    procs.start(
+        "kubelet",
+        [
+            kubelet,
+            f"--config={config_path}",
+            f"--kubeconfig={kubeconfig}",
+            f"--root-dir={root_dir}",
+            f"--cert-dir={state_dir / 'kubelet-pki'}",
+            f"--hostname-override={node}",
+            f"--node-ip={address}",
+            "--node-labels=nvidia.com/gpu.present=true",
+            "--v=1",
+        ],
+    )
+
+
 def down(state_dir: Path) -> list[str]:
     """Tear down a detached cluster from its recorded state: processes, containers, mounts, namespace."""
     state_dir = state_dir.resolve()
@@ -223,6 +248,10 @@ def down(state_dir: Path) -> list[str]:
     if not info_file.exists():
         return stopped
     info = json.loads(info_file.read_text())
+    if "nodes" in info:  # a MultiNodeCluster
+        from e2e.cluster.multinode import down_nodes  # a cycle at import time: multinode builds on node
+
+        return stopped + down_nodes(info["nodes"])
     stopped += [f"shim {pid}" for pid in kill_shims(Path(info["socket"]))]  # they outlive containerd
     time.sleep(0.5)
     for directory in (state_dir, Path(info["short_dir"])):

@@ -14,6 +14,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
+from api.kube_rest import KubeRest
+
 T = TypeVar("T")
 
 GiB = 1 << 30
@@ -529,11 +531,9 @@ def service_account_token(
     return token
 
 
-def whoami(api_client: client.ApiClient) -> dict[str, Any]:
+def whoami(rest: KubeRest) -> dict[str, Any]:
     """The caller's user info as the API server sees it (SelfSubjectReview): username, groups, extra."""
-    from api.kube_rest import KubeRest
-
-    review = KubeRest(api_client).create(
+    review = rest.create(
         "/apis/authentication.k8s.io/v1/selfsubjectreviews",
         {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"},
     )

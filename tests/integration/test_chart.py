@@ -24,7 +24,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from api.gpu import GpuStatus
-from api.kube_rest import SLICES, KubeRest, claim_path
+from api.kube_rest import SLICES, ApiError, KubeConnection, KubeRest, claim_path
 from controller.admission import review_claim_spec
 from controller.rbac import cluster_role_rules
 from controller.webhook import self_signed_certificate
@@ -142,8 +142,8 @@ def mounts_of(pod_spec: dict[str, Any], container: dict[str, Any]) -> dict[str, 
 
 
 def refused(call: Callable[[], object], status: int = 403) -> str:
-    """Run `call`, expect an ApiException with `status`; return its message."""
-    with pytest.raises(ApiException) as caught:
+    """Run `call` (a kubernetes client or KubeRest request), expect its error with `status`; its message."""
+    with pytest.raises((ApiException, ApiError)) as caught:
         call()
     assert caught.value.status == status, f"expected {status}, got {caught.value.status}: {caught.value.body}"
     body = caught.value.body
@@ -672,7 +672,7 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
 ) -> None:
     ns, driver = installed.namespace, installed.driver
     core = client.CoreV1Api(api_client)
-    admin = KubeRest(api_client)
+    admin = KubeRest(KubeConnection.of(api_client))
     nodes = [kube.create_fake_node(api_client, kube.unique("chart-node")) for _ in range(2)]
     node_a, node_b = (n["metadata"]["name"] for n in nodes)
     try:
@@ -684,14 +684,14 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
                     api_client, ns, kube.unique("sa-pod"), node=pod_on, service_account=service_account
                 )
             token = kube.service_account_token(api_client, ns, service_account, bound_pod=pod)
-            return KubeRest(kube.token_client(control_plane.server, control_plane.ca_cert, token))
+            return KubeRest(KubeConnection.of(kube.token_client(control_plane.server, control_plane.ca_cert, token)))
 
         plugin_a = act_as(installed.plugin_sa, node_a)
         plugin_b = act_as(installed.plugin_sa, node_b)
         plugin_unbound = act_as(installed.plugin_sa, None)
         controller = act_as(installed.controller_sa, None)
         # the token of a pod on node A carries that node's name, as a DaemonSet pod's token does
-        me = kube.whoami(plugin_a.api)
+        me = kube.whoami(plugin_a)
         assert me["username"] == f"system:serviceaccount:{ns}:{installed.plugin_sa}"
         assert me["extra"]["authentication.kubernetes.io/node-name"] == [node_a]
 
@@ -705,7 +705,7 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
         def policy_active() -> bool:
             try:
                 create_slice(plugin_a, slice_b, dry)
-            except ApiException as err:
+            except ApiError as err:
                 assert err.status == 403, err.body
                 return True
             return False
@@ -731,7 +731,7 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
         other_driver = slice_for("other.fracgpu.test", nodes[0])
         assert "may only write ResourceSlices of driver" in refused(lambda: create_slice(plugin_a, other_driver))
         assert "no node name" in refused(lambda: create_slice(plugin_unbound, slice_a, dry))
-        create_slice(KubeRest(api_client), slice_b)  # node B's slice, published by node B's plugin
+        create_slice(KubeRest(KubeConnection.of(api_client)), slice_b)  # node B's slice, published by node B's plugin
         theirs = admin.get(f"{SLICES}/{slice_b['metadata']['name']}")
         theirs["spec"]["pool"]["generation"] = 2
         message = refused(lambda: plugin_a.replace(f"{SLICES}/{slice_b['metadata']['name']}", theirs))
@@ -868,7 +868,7 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
         def gpu_policy_active() -> bool:
             try:
                 apply_usage(plugin_a, node_b)
-            except ApiException as err:
+            except ApiError as err:
                 assert err.status == 403, err.body
                 return True
             return False
@@ -941,7 +941,7 @@ def test_helm_upgrade_keeps_the_webhooks_the_controller_patched_in(
         assert not made.webhooks and made.metadata.annotations["meta.helm.sh/release-name"] == release
 
         token = kube.service_account_token(api_client, namespace, controller_sa)
-        rest = KubeRest(kube.token_client(control_plane.server, control_plane.ca_cert, token))
+        rest = KubeRest(KubeConnection.of(kube.token_client(control_plane.server, control_plane.ca_cert, token)))
         ca = base64.b64encode(self_signed_certificate(["127.0.0.1"])[0]).decode()
         client_config = kopf.WebhookClientConfig(url="https://127.0.0.1:1", caBundle=ca)
         registration = Registration(rest, driver, fail=False, retry=(0.2, 1.0))

@@ -563,7 +563,7 @@ def test_the_tier_the_plugin_reports_reaches_status_data_and_the_ledger(
 ) -> None:
     """The node plugin's MemoryEnforcement condition (its own field manager) and the controller's `data` (atomic,
     the controller's) coexist on one entry; the controller copies the tier into data and the ledger."""
-    from api.kube_rest import KubeRest
+    from api.kube_rest import KubeConnection, KubeRest
     from kubelet_plugin.claim_status import FIELD_MANAGER, apply_ready
 
     node_body = kube.create_fake_node(api_client, kube.unique("tiernode"))
@@ -578,7 +578,7 @@ def test_the_tier_the_plugin_reports_reaches_status_data_and_the_ledger(
     assert all("enforcement" not in d for d in _our_entries(claim).values()), "no tier before the plugin says one"
     results = {r["request"]: r for r in _our_results(claim)}
     nvml_key = (results["a"]["pool"], results["a"]["device"], results["a"]["shareID"])
-    apply_ready(KubeRest(api_client), claim, DRIVER_NAME, node, {nvml_key: "nvml"})
+    apply_ready(KubeRest(KubeConnection.of(api_client)), claim, DRIVER_NAME, node, {nvml_key: "nvml"})
 
     def tiers() -> dict[str, Any] | None:
         fresh = _claims(dyn).get(namespace=namespace, name="tiered").to_dict()

@@ -1,19 +1,27 @@
 """A fake kube-apiserver on 127.0.0.1 for unit tests: plain HTTP/JSON, raw bytes, requests it never answers.
 
-It serves objects as the exact bytes it holds (so bodies Python's `json` cannot decode reach the real
+It serves objects as the exact bytes it holds (a watch, `?watch=true`, as those bytes' lines, one chunk each,
+held open for `timeoutSeconds` as the real server holds it) (so bodies Python's `json` cannot decode reach the real
 `KubeRest`), answers a missing object with a 404 Status, accepts every write with `{}`, and can hold a
-request open without answering, as a stopped API server does.
+request open without answering, as a stopped API server does. Over TLS (`serve(tls=...)`) it asks for a
+client certificate and takes requests without one too, as kube-apiserver does (a token may authenticate).
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import ssl
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
+
+from api.kube_config import KubeConfig
+from api.kube_rest import KubeConnection
 
 
 @dataclass
@@ -27,6 +35,9 @@ class FakeApiServer:
     log: list[tuple[str, str, str]] = field(default_factory=list)  # (event, method, path), in order
     pending: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: (Authorization header or None, client certificate's common name or None) of each request, in order
+    credentials: list[tuple[str | None, str | None]] = field(default_factory=list)
+    connections: int = 0  # connections accepted
 
     def record(self, event: str, method: str, path: str) -> None:
         with self.lock:
@@ -45,10 +56,22 @@ def handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:
             pass
 
+        def setup(self) -> None:
+            super().setup()
+            with api.lock:
+                api.connections += 1
+
+        def _client_name(self) -> str | None:
+            peer: Any = self.connection.getpeercert() if isinstance(self.connection, ssl.SSLSocket) else None
+            names = [attr[1] for rdn in (peer or {}).get("subject", ()) for attr in rdn if attr[0] == "commonName"]
+            return str(names[0]) if names else None
+
         def _serve(self) -> None:
             path = self.path.split("?", 1)[0]
             length = int(self.headers.get("Content-Length") or 0)
             self.rfile.read(length)
+            with api.lock:
+                api.credentials.append((self.headers.get("Authorization"), self._client_name()))
             api.record("start", self.command, path)
             with api.lock:
                 hang = path in api.hang or path in api.hang_once
@@ -64,6 +87,9 @@ def handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                     ).encode()
             else:  # status apply, Events: accepted
                 status, body = 200, b"{}"
+            if status == 200 and "watch=true" in self.path:
+                self._stream(body, path)
+                return
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
@@ -74,22 +100,67 @@ def handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 return  # the client gave up on this request
             api.record("answer", self.command, path)
 
+        def _stream(self, events: bytes, path: str) -> None:
+            """A watch as kube-apiserver sends it: chunked, one event per chunk, open until `timeoutSeconds`."""
+            query = dict(p.split("=", 1) for p in self.path.partition("?")[2].split("&") if "=" in p)
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for line in events.splitlines(keepends=True):
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+                    self.wfile.flush()
+                api.release.wait(float(query.get("timeoutSeconds", "60")))
+                self.wfile.write(b"0\r\n\r\n")
+            except OSError:
+                return
+            api.record("answer", self.command, path)
+
         do_GET = do_PATCH = do_POST = _serve  # noqa: N815  # http.server dispatches on these names
 
     return Handler
 
 
+@dataclass(frozen=True)
+class ServerTls:
+    """The fake's serving certificate and key, and the CA its clients' certificates are checked against."""
+
+    cert: Path
+    key: Path
+    client_ca: Path
+
+
 @contextmanager
-def serve() -> Iterator[tuple[FakeApiServer, str]]:
-    """A running fake API server and its URL; held requests are let go and the server stopped on exit."""
+def serve(tls: ServerTls | None = None) -> Iterator[tuple[FakeApiServer, str]]:
+    """A running fake API server and its URL (https with `tls`); held requests are let go and the server
+    stopped on exit."""
     api = FakeApiServer()
     server = ThreadingHTTPServer(("127.0.0.1", 0), handler(api))
     server.daemon_threads = True
+    if tls is not None:
+        context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        context.load_cert_chain(tls.cert, tls.key)
+        context.load_verify_locations(tls.client_ca)
+        context.verify_mode = ssl.CERT_OPTIONAL
+        server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield api, f"http://127.0.0.1:{server.server_address[1]}"
+        yield api, f"{'https' if tls else 'http'}://127.0.0.1:{server.server_address[1]}"
     finally:
         api.release.set()
         server.shutdown()
         server.server_close()
+
+
+def connection(url: str) -> KubeConnection:
+    """A plain-HTTP connection to `url` (a fake API server, or `refused_url()`), no credentials."""
+    return KubeConnection(KubeConfig(server=url))
+
+
+def refused_url() -> str:
+    """The URL of a port on 127.0.0.1 nothing listens on: connections to it are refused."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{sock.getsockname()[1]}"

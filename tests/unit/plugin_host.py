@@ -10,10 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
 
-from api.kube_rest import KubeRest, claim_path
+from api.kube_rest import ApiError, KubeConnection, KubeRest, claim_path
 from api.names import DRIVER_NAME
 from api.quantity import MiB
 from kubelet_plugin import cdi
@@ -23,6 +21,7 @@ from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.model import ClaimRef, GpuInfo, PreparedDevice
 from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.settings import Settings
+from tests.unit.fake_apiserver import connection, refused_url
 
 NODE = "node-a"
 NS = "team-a"
@@ -94,7 +93,7 @@ def host_settings(tmp_path: Path, root: Path, **overrides: Any) -> Settings:
 
 
 def make_preparer(
-    api: client.ApiClient,
+    api: KubeConnection,
     settings: Settings,
     store: CheckpointStore,
     metrics: PluginMetrics,
@@ -183,7 +182,7 @@ class FakeApi:
         self.reads.append((namespace, name))
         claim = self.claims.get((namespace, name))
         if claim is None:
-            raise ApiException(status=404, reason="Not Found")
+            raise ApiError(status=404, reason="Not Found")
         return copy.deepcopy(claim)
 
     def apply(self, path: str, body: Any, field_manager: str, force: bool = True) -> dict[str, Any]:
@@ -233,7 +232,7 @@ class Env:
         self.store = CheckpointStore(self.store.path, current_boot_id=boot)
         self.metrics = PluginMetrics()
         self.preparer = make_preparer(
-            client.ApiClient(), self.settings, self.store, self.metrics, gpus=gpus, nodes=self.nodes
+            connection(refused_url()), self.settings, self.store, self.metrics, gpus=gpus, nodes=self.nodes
         )
         return self.preparer
 
@@ -245,5 +244,5 @@ def make_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **overrides: Any) 
     store = CheckpointStore(tmp_path / "ckpt.json", current_boot_id="boot-1")
     metrics = PluginMetrics()
     nodes = HostNodes(settings.driver_root)
-    preparer = make_preparer(client.ApiClient(), settings, store, metrics, nodes=nodes)
+    preparer = make_preparer(connection(refused_url()), settings, store, metrics, nodes=nodes)
     return Env(api, settings, store, metrics, preparer, nodes)

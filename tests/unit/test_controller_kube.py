@@ -2,9 +2,7 @@
 
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
-from api.kube_rest import KubeRest
+from api.kube_rest import ApiError, KubeRest
 from controller.kube import event_name, post_claim_event
 from controller.model import ClaimView
 
@@ -50,9 +48,9 @@ def test_posted_events_carry_the_deterministic_name() -> None:
 
 
 def test_already_existing_events_count_as_posted_and_failures_do_not() -> None:
-    assert post(FakeRest(ApiException(status=409, reason="AlreadyExists")))
-    assert not post(FakeRest(ApiException(status=500, reason="boom")))
+    assert post(FakeRest(ApiError(status=409, reason="AlreadyExists")))
+    assert not post(FakeRest(ApiError(status=500, reason="boom")))
     assert not post(FakeRest(ConnectionResetError("reset")))
-    terminating = ApiException(status=403, reason="Forbidden")
+    terminating = ApiError(status=403, reason="Forbidden")
     terminating.body = '{"message": "namespace ns is being terminated"}'
     assert post(FakeRest(terminating)), "never postable: not worth retrying"

@@ -5,8 +5,8 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
+from api.kube_rest import ApiError
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB
 from controller.ledger import ExistingGpu
@@ -122,11 +122,11 @@ def test_status_is_written_once_and_not_again_when_unchanged() -> None:
 def test_failed_writes_are_retried_and_gone_claims_are_not() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         await controller.start()
-        writer.fail = [ApiException(status=500, reason="boom")]
+        writer.fail = [ApiError(status=500, reason="boom")]
         key = world.put(claim(results=[result("a", "gpu-0", "1Gi", "s-1")]))
         controller.claim_changed(key)
         await eventually(lambda: len(writer.claims) == 1)
-        writer.fail = [ApiException(status=404, reason="gone")]
+        writer.fail = [ApiError(status=404, reason="gone")]
         other = world.put(claim("other", results=[result("a", "gpu-0", "1Gi", "s-2")]))
         controller.claim_changed(other)
         await asyncio.sleep(1.0)  # longer than the first retry delay
@@ -228,7 +228,7 @@ def test_ledger_creates_updates_and_deletes_objects() -> None:
 
 def test_ledger_reports_failed_writes() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
-        writer.fail = [ApiException(status=403, reason="forbidden")]
+        writer.fail = [ApiError(status=403, reason="forbidden")]
         assert not await controller.reconcile_ledger()
         assert await controller.reconcile_ledger()
 
@@ -325,8 +325,8 @@ def test_the_largest_request_is_cached_with_the_devices(monkeypatch: pytest.Monk
 
 
 def test_failures_are_described_by_the_api_servers_message() -> None:
-    err = ApiException(status=422, reason="Unprocessable Entity")
+    err = ApiError(status=422, reason="Unprocessable Entity")
     err.body = '{"kind":"Status","message":"changing status.devices requires resource=resourceclaims/driver"}'
     assert describe(err) == "422 changing status.devices requires resource=resourceclaims/driver"
-    assert describe(ApiException(status=500, reason="boom")) == "500 boom"
+    assert describe(ApiError(status=500, reason="boom")) == "500 boom"
     assert describe(TimeoutError("slow")) == "TimeoutError: slow"

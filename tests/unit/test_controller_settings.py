@@ -63,7 +63,7 @@ def test_missing_credentials_exit_2(tmp_path: Path) -> None:
 
 
 def test_kopf_settings_follow_the_pitfalls() -> None:
-    api = client.ApiClient()
+    api = client.ApiClient(client.Configuration(host="https://127.0.0.1:6443"))
     s = operator_settings(Settings(webhook_address="127.0.0.1", webhook_port=1234), api)
     assert s.peering.standalone and s.posting.level == logging.WARNING
     assert s.posting.reporting_component == "fracgpu-controller"
@@ -85,6 +85,8 @@ def test_webhook_failure_policy_reaches_the_registration(
     monkeypatch.setenv("FRACGPU_WEBHOOK_FAILURE_POLICY", value)
     settings = parse_settings([])
     assert settings.webhook_failure_policy == value
-    server = operator_settings(settings, client.ApiClient()).admission.server
+    server = operator_settings(
+        settings, client.ApiClient(client.Configuration(host="https://127.0.0.1:6443"))
+    ).admission.server
     assert isinstance(server, WebhookServer) and server.registration is not None
     assert server.registration.fail is fail

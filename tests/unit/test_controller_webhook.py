@@ -12,8 +12,8 @@ from typing import Any, cast
 import kopf
 import pytest
 from cryptography import x509
-from kubernetes.client.exceptions import ApiException
 
+from api.kube_rest import ApiError
 from controller.webhook import WebhookServer, self_signed_certificate
 from controller.webhook_config import CONFIGS, MERGE, VALIDATED, Registration, webhooks
 
@@ -103,10 +103,10 @@ class FakeConfigurations:
     def request(self, method: str, path: str, query: Any = None, *, body: Any = None, content_type: str = "") -> Any:
         name = path.removeprefix(f"{CONFIGS}/")
         if method != "PATCH" or content_type != MERGE or "/" in name:
-            raise ApiException(status=403, reason="Forbidden")
+            raise ApiError(status=403, reason="Forbidden")
         self.patches.append((name, body))
         if name not in self.objects:
-            raise ApiException(status=404, reason="Not Found")
+            raise ApiError(status=404, reason="Not Found")
         self.objects[name] |= body
         return self.objects[name]
 

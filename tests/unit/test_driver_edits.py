@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
@@ -41,6 +40,7 @@ from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.errors import ErrorKind, PrepareError
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.settings import Settings, parse_settings
+from tests.unit.fake_apiserver import connection, refused_url
 from tests.unit.plugin_host import (
     GPUS,
     NODE,
@@ -435,7 +435,7 @@ def test_prepare_fails_per_claim_when_generation_failed_and_keeps_what_was_prepa
     edits.refresh()
     metrics = PluginMetrics()
     store = CheckpointStore(tmp_path / "ckpt.json", current_boot_id="b")
-    preparer = make_preparer(client.ApiClient(), settings, store, metrics, driver_edits=edits)
+    preparer = make_preparer(connection(refused_url()), settings, store, metrics, driver_edits=edits)
     first = fake.add(make_claim(UID_A, "a"))
     assert preparer.prepare([ref(first)])[UID_A].error == ""
     spec_a = cdi.spec_path(settings.cdi_dir, DRIVER_NAME, UID_A)
@@ -473,7 +473,7 @@ def test_a_failed_generation_is_one_node_event_and_counted_per_attempt(
     source.write_bytes(b"hook")
     settings = toolkit_settings(tmp_path, driver_root, nvidia_ctk=ctk, nvidia_cdi_hook_source=source)
     metrics = PluginMetrics()
-    edits = make_driver_edits(settings, KubeRest(client.ApiClient()), metrics, lambda: VERSION)
+    edits = make_driver_edits(settings, KubeRest(connection(refused_url())), metrics, lambda: VERSION)
     edits.refresh()
     edits.refresh()
     (event,) = fake.events

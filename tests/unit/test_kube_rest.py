@@ -1,13 +1,14 @@
 """Plain-JSON API access (api/kube_rest.py): only documented errors, whatever the API server sends or
 does not send; against a fake API server on 127.0.0.1 (tests/unit/fake_apiserver.py)."""
 
+import json
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from kubernetes import client
 
-from api.kube_rest import ApiTimeout, ApiUnreachable, KubeRest, UndecodableResponse, decode_json
-from tests.unit.fake_apiserver import FakeApiServer, serve
+from api.kube_rest import ApiError, ApiTimeout, ApiUnreachable, KubeRest, UndecodableResponse, decode_json
+from tests.unit.fake_apiserver import FakeApiServer, connection, serve
 
 #: As deep as kube-apiserver stores opaque parameters: 10 KiB of `[` and `]` inside `{"a": …}`.
 DEEP = b'{"a":' + b"[" * 5117 + b"]" * 5117 + b"}"
@@ -20,7 +21,7 @@ def api_server() -> Iterator[tuple[FakeApiServer, str]]:
 
 
 def rest_for(host: str, budget: float = 10) -> KubeRest:
-    return KubeRest.bounded(client.ApiClient(client.Configuration(host=host)), budget=budget)
+    return KubeRest.bounded(connection(host), budget=budget)
 
 
 @pytest.mark.parametrize(
@@ -86,3 +87,56 @@ def test_a_refused_connection_is_unreachable_not_a_timeout() -> None:
     with pytest.raises(ApiUnreachable, match="cannot reach the API server") as raised:
         rest_for(host).get("/x")
     assert not isinstance(raised.value, ApiTimeout)
+
+
+def test_an_http_error_is_an_api_error_with_status_reason_and_body(api_server: tuple[FakeApiServer, str]) -> None:
+    _, host = api_server
+    with pytest.raises(ApiError) as raised:
+        rest_for(host).get("/absent")
+    err = raised.value
+    assert not isinstance(err, ApiUnreachable)
+    assert (err.status, err.reason) == (404, "Not Found")
+    assert json.loads(err.body)["reason"] == "NotFound"
+    assert str(err).startswith("404 Not Found: {")
+    with pytest.raises(ApiError) as watched:
+        next(rest_for(host).watch("/absent", timeout_seconds=5))
+    assert watched.value.status == 404
+
+
+def test_requests_carry_json_and_the_apply_content_type(api_server: tuple[FakeApiServer, str]) -> None:
+    api, host = api_server
+    rest = rest_for(host)
+    assert rest.create("/things", {"a": 1}) == {}
+    assert rest.apply("/things/x", {"a": 1}, "me") == {}
+    with api.lock:
+        assert [e for e in api.log if e[0] == "answer"] == [
+            ("answer", "POST", "/things"),
+            ("answer", "PATCH", "/things/x"),
+        ]
+
+
+def test_every_kube_rest_on_a_connection_shares_its_pool_also_after_a_watch_left_early(
+    api_server: tuple[FakeApiServer, str],
+) -> None:
+    api, host = api_server
+    api.objects["/things"] = b'{"type":"ADDED","object":{"a":1}}\n{"type":"ADDED","object":{"a":2}}\n'
+    api.objects["/x"] = b'{"x": 1}'
+    shared = connection(host)
+    plain, bounded = KubeRest(shared, attempts=1), KubeRest.bounded(shared, budget=10)
+    assert plain.get("/x") == bounded.get("/x") == {"x": 1}
+    assert api.connections == 1  # one connection, kept open and reused
+    events = bounded.watch("/things", timeout_seconds=5)
+    assert next(events) == {"type": "ADDED", "object": {"a": 1}}
+    events.close()  # the rest of the stream is unread: that connection must not serve the next request
+    assert plain.get("/x") == {"x": 1}
+
+
+def test_sixteen_threads_share_one_connection_pool(api_server: tuple[FakeApiServer, str]) -> None:
+    api, host = api_server
+    for i in range(16):
+        api.objects[f"/claims/{i}"] = json.dumps({"i": i}).encode()
+    rest = rest_for(host)
+    with ThreadPoolExecutor(16) as pool:
+        for _ in range(3):
+            assert list(pool.map(lambda i: rest.get(f"/claims/{i}")["i"], range(16))) == list(range(16))
+    assert api.connections <= 16  # connections are reused from round to round, not opened per request

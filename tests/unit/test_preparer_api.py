@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from api.kube_rest import KubeRest, claim_path
 from api.names import DRIVER_NAME
@@ -24,7 +23,7 @@ from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.model import ClaimRef
 from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.settings import KUBELET_CALL_TIMEOUT_S, Settings
-from tests.unit.fake_apiserver import FakeApiServer, serve
+from tests.unit.fake_apiserver import FakeApiServer, connection, serve
 from tests.unit.plugin_host import NS, SHARE_B, UID_A, UID_B, host_root, host_settings, make_claim, make_preparer, ref
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -78,8 +77,7 @@ def node(tmp_path: Path, host: str, **overrides: Any) -> Node:
     settings = node_settings(tmp_path, **overrides)
     store = CheckpointStore(tmp_path / "ckpt.json", current_boot_id="boot-1")
     metrics = PluginMetrics()
-    api = client.ApiClient(client.Configuration(host=host))
-    return Node(settings, store, metrics, make_preparer(api, settings, store, metrics))
+    return Node(settings, store, metrics, make_preparer(connection(host), settings, store, metrics))
 
 
 def timed_prepare(preparer: Preparer, refs: list[ClaimRef]) -> tuple[dict[str, Any], float]:

@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 
-from api.kube_rest import KubeRest
+from api.kube_rest import ApiError, KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin import cdi, container_info
 from kubelet_plugin.checkpoint import SCHEMA_VERSION, Checkpoint, CheckpointStore, ClaimEntry
@@ -297,7 +296,7 @@ def test_recover_keeps_the_entry_while_the_api_server_is_unreachable(env: Env, m
 
     def unreachable(_self: Any, path: str, **query: Any) -> Any:
         attempts.append(path)
-        raise ApiException(status=0, reason="cannot reach the API server: connection refused")
+        raise ApiError(status=0, reason="cannot reach the API server: connection refused")
 
     with monkeypatch.context() as patch:
         patch.setattr(KubeRest, "get", unreachable)
@@ -377,11 +376,11 @@ class StrictEvents:
         assert resource == "events", path
         meta = body["metadata"]
         if meta.get("namespace", namespace) != namespace:
-            raise ApiException(status=400, reason="BadRequest")
+            raise ApiError(status=400, reason="BadRequest")
         if not (body.get("involvedObject", {}).get("kind") and body.get("reason") and body.get("message")):
-            raise ApiException(status=422, reason="Invalid")
+            raise ApiError(status=422, reason="Invalid")
         if meta["name"] in self.events:
-            raise ApiException(status=409, reason="AlreadyExists")
+            raise ApiError(status=409, reason="AlreadyExists")
         self.events[meta["name"]] = copy.deepcopy(body)
         return {**body, "metadata": {**meta, "uid": str(uuid.uuid4())}}
 

@@ -4,9 +4,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes.client.exceptions import ApiException
 from prometheus_client import CollectorRegistry
 
+from api.kube_rest import ApiError
 from kubelet_plugin import container_info
 from kubelet_plugin.container_info import ClaimName, DeviceInfo, RequestInfo
 from kubelet_plugin.model import GpuInfo
@@ -271,7 +271,7 @@ class FakeRest:
     def get(self, path: str, **query: Any) -> dict[str, Any]:
         self.gets.append(path)
         if path not in self.claims:
-            raise ApiException(status=404, reason="Not Found")
+            raise ApiError(status=404, reason="Not Found")
         return self.claims[path]
 
     def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -280,7 +280,7 @@ class FakeRest:
 
     def apply(self, path: str, body: dict[str, Any], field_manager: str, force: bool = True) -> dict[str, Any]:
         if self.apply_error:
-            raise ApiException(status=self.apply_error, reason="Unprocessable")
+            raise ApiError(status=self.apply_error, reason="Unprocessable")
         self.applied.append((path, body, field_manager))
         return body
 
