@@ -7,7 +7,6 @@ file ``<cdi_dir>/k8s.<driver>-claim_<claimUID>.json``. The writer always stamps 
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -324,8 +323,8 @@ class Spec(_CdiModel):
         return self
 
     def to_json(self) -> str:
-        """The spec as CDI JSON (exact field names, unset fields omitted)."""
-        return json.dumps(self.model_dump(by_alias=True, mode="json"), indent=2, sort_keys=False) + "\n"
+        """The spec as compact CDI JSON (exact field names, unset fields omitted)."""
+        return self.model_dump_json(by_alias=True) + "\n"
 
 
 def _edits_list(spec: Spec) -> list[ContainerEdits]:
@@ -364,16 +363,19 @@ def with_minimum_version(spec: Spec) -> Spec:
 # files
 
 
-def write_spec(cdi_dir: Path, claim_uid: str, spec: Spec, driver: str) -> Path:
+def write_spec(cdi_dir: Path, claim_uid: str, spec: Spec, driver: str, *, fsync: bool = True) -> Path:
     """Atomically write the claim's spec (mode 0644, JSON, minimum cdiVersion); return its path.
 
+    ``fsync``: flush the file to disk before it replaces the old one, so a power loss never leaves a torn spec
+    (for a persistent CDI dir; on tmpfs it buys nothing). The directory is never fsynced: a spec whose
+    directory entry a power loss took is a missing spec, which recovery re-writes.
     Raises ``ValueError`` if ``spec.kind`` is not this driver's kind or a name is invalid.
     """
     expected_kind = cdi_kind(driver)
     if spec.kind != expected_kind:
         raise ValueError(f"CDI spec kind {spec.kind!r} does not match driver kind {expected_kind!r}")
     path = spec_path(cdi_dir, driver, claim_uid)
-    atomic_write(path, with_minimum_version(spec).to_json().encode(), SPEC_FILE_MODE)
+    atomic_write(path, with_minimum_version(spec).to_json().encode(), SPEC_FILE_MODE, durable=fsync, sync_dir=False)
     return path
 
 

@@ -2,8 +2,9 @@
 
 The kubelet does not re-prepare claims after a plugin restart and sends only namespace/name/UID on
 Unprepare, so the plugin persists what it prepared. A claim is recorded as
-``PrepareStarted`` before its CDI spec is written and ``PrepareCompleted`` after. The node boot ID tells
-whether CDI specs (on tmpfs under /var/run/cdi) died with a reboot and must be rewritten.
+``PrepareCompleted`` once its CDI spec is written (``PrepareStarted``, which plugins before that order wrote
+first, is still read; recovery drops such entries). The node boot ID tells whether CDI specs (on tmpfs under
+/var/run/cdi) died with a reboot and must be rewritten.
 
 Schema: ``version`` is the schema version (``SCHEMA_VERSION``). Anything a reader must understand bumps it,
 with a migration from the previous version in ``MIGRATIONS``; an older file is migrated on load and written
@@ -131,7 +132,7 @@ class Checkpoint(_Model):
         """Wire form (camelCase) in the current schema, stable key order of claims; unknown fields kept."""
         data = self.model_dump(by_alias=True, mode="json")
         data["claims"] = dict(sorted(data["claims"].items()))
-        return json.dumps(data, indent=2) + "\n"
+        return json.dumps(data, separators=(",", ":")) + "\n"  # compact: the C encoder, not the indenting one
 
 
 class LoadResult(BaseModel):

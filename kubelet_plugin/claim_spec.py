@@ -16,10 +16,10 @@ from api.names import MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
 from kubelet_plugin import cdi
 from kubelet_plugin import container_info as info
-from kubelet_plugin.devicenodes import DeviceNodeError, HostDeviceNode, gpu_device_nodes
+from kubelet_plugin.devicenodes import DeviceNodeError, DeviceNodeSnapshot, HostDeviceNode
 from kubelet_plugin.driver_edits import VOID, library_problem
 from kubelet_plugin.enforcement import EnforcementUnavailableError, GpuTiers, Tier, applied_tier, weakest
-from kubelet_plugin.enforcement_probe import EnforcementDetector
+from kubelet_plugin.errors import ErrorKind, PrepareError
 from kubelet_plugin.model import GpuInfo, PreparedDevice
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.slices import usable_memory
@@ -29,14 +29,6 @@ HAMI_CACHE_IN_CONTAINER = "/tmp/fracgpu-hami"
 NVML_HOOK = "apply-cuda-memory-limits"
 NVML_REQUEST_ENV = "NVIDIA_GPU_MEMORY_REQUEST"
 NVML_LIMIT_ENV = "NVIDIA_GPU_MEMORY_LIMIT"
-
-
-class PrepareError(Exception):
-    """A claim cannot be prepared; `kind` labels the error metric, the message goes to the kubelet."""
-
-    def __init__(self, kind: str, message: str) -> None:
-        super().__init__(message)
-        self.kind = kind
 
 
 @dataclass(frozen=True)
@@ -82,9 +74,14 @@ def hami_preload_file(settings: Settings) -> Path:
     return settings.plugin_data_dir / "hami" / "ld.so.preload"
 
 
+def hami_cache_root(settings: Settings) -> Path:
+    """Host directory of the per-claim HAMi-core caches."""
+    return settings.plugin_data_dir / "hami" / "claims"
+
+
 def hami_cache_dir(settings: Settings, claim_uid: str) -> Path:
     """Per-claim host directory for HAMi-core's shared memory-accounting cache."""
-    return settings.plugin_data_dir / "hami" / "claims" / claim_uid
+    return hami_cache_root(settings) / claim_uid
 
 
 def _config_for(result: dict[str, Any], configs: list[dict[str, Any]]) -> GpuConfig:
@@ -101,26 +98,29 @@ def _config_for(result: dict[str, Any], configs: list[dict[str, Any]]) -> GpuCon
         return config_for(entries, str(result["request"]))
     except EntryError as err:
         where = "DeviceClass" if err.entry.from_class else "claim"
-        raise PrepareError("invalid_config", f"invalid GpuConfig in the {where} config: {err}") from None
+        raise PrepareError(ErrorKind.INVALID_CONFIG, f"invalid GpuConfig in the {where} config: {err}") from None
     except GpuConfigError as err:
-        raise PrepareError("invalid_config", f"invalid merged GpuConfig: {err}") from None
+        raise PrepareError(ErrorKind.INVALID_CONFIG, f"invalid merged GpuConfig: {err}") from None
 
 
 def plan_claim(
     claim: dict[str, Any],
     settings: Settings,
     gpus: dict[str, GpuInfo],
-    driver_edits: cdi.ContainerEdits | None = None,
-    tiers: Mapping[str, GpuTiers] | None = None,
+    driver_edits: cdi.ContainerEdits | None,
+    tiers: Mapping[str, GpuTiers],
+    *,
+    nodes: DeviceNodeSnapshot,
 ) -> ClaimPlan:
-    """Compute the CDI spec and kubelet answer for an allocated claim; raises PrepareError.
+    """Compute the CDI spec and kubelet answer for an allocated claim; raises PrepareError. Pure: everything
+    about the host comes in as arguments (``nodes``: the device nodes as the caller found them).
 
     With ``settings.driver_edits == "toolkit"``, ``driver_edits`` (the generated driver libraries, binaries and
     hooks) become the spec-level edits and every device says ``NVIDIA_VISIBLE_DEVICES=void``; missing or
     library-less edits are a PrepareError, never a spec without the driver. With ``none`` they are ignored.
 
-    ``tiers`` (device name -> the enforcement tiers that GPU offers; default: HAMi-core where its library is,
-    never nvml) decide each share's tier with the node's mode and the share's GpuConfig
+    ``tiers`` (device name -> the enforcement tiers that GPU offers now, ``EnforcementDetector.tiers()``)
+    decide each share's tier with the node's mode and the share's GpuConfig
     (enforcement.applied_tier); a tier a GPU cannot give is a PrepareError ``enforcement_unavailable``.
     """
     driver = settings.driver_name
@@ -134,7 +134,7 @@ def plan_claim(
         problem = "no driver edits were given" if driver_edits is None else library_problem(driver_edits)
         if problem is not None:
             raise PrepareError(
-                "driver_edits",
+                ErrorKind.DRIVER_EDITS,
                 f"driver edits are on (--driver-edits=toolkit) but {problem}; check the NVIDIA driver root "
                 f"{settings.toolkit_driver_root or settings.driver_root} (chart value driverRoot)",
             )
@@ -143,12 +143,12 @@ def plan_claim(
     for result in results:
         if result["pool"] != settings.node_name:
             raise PrepareError(
-                "unknown_device", f"device {result['pool']}/{result['device']} belongs to another node's pool"
+                ErrorKind.UNKNOWN_DEVICE, f"device {result['pool']}/{result['device']} belongs to another node's pool"
             )
         gpu = gpus.get(result["device"])
         if gpu is None:
             raise PrepareError(
-                "unknown_device",
+                ErrorKind.UNKNOWN_DEVICE,
                 f"allocated device {result['device']} is not a GPU of node {settings.node_name} "
                 f"(known: {', '.join(sorted(gpus)) or 'none'})",
             )
@@ -167,7 +167,7 @@ def plan_claim(
     hami_core = any(s.tier == "hami-core" for s in shares)
     if len(by_request) > 1 and hami_core:
         raise PrepareError(
-            "invalid_config",
+            ErrorKind.INVALID_CONFIG,
             "HAMi-core enforcement supports one request per claim (its CUDA_DEVICE_MEMORY_LIMIT_<i> variables "
             f"are per container); this claim has requests {', '.join(sorted(by_request))}: use one claim per request",
         )
@@ -187,12 +187,12 @@ def plan_claim(
         try:
             file = info.info_file(settings.plugin_data_dir, request_info)
         except info.InfoNameError as err:
-            raise PrepareError("invalid_name", str(err)) from None
+            raise PrepareError(ErrorKind.INVALID_NAME, str(err)) from None
         files.append(file)
         for share, device_info in zip(group, request_info.devices, strict=True):
-            nodes = _nodes(settings, share)
-            host_nodes += nodes
-            edits = _edits(share, group, device_info, request_info, file, settings=settings, nodes=nodes)
+            share_nodes = _nodes(nodes, share)
+            host_nodes += share_nodes
+            edits = _edits(share, group, device_info, request_info, file, settings=settings, nodes=share_nodes)
             name = cdi.cdi_device_name(uid, share.result["device"], share.share_id)
             devices.append(cdi.Device(name=name, container_edits=edits))
             answer.append(
@@ -221,40 +221,37 @@ def plan_claim(
     )
 
 
-def _with_tiers(
-    shares: list[_Share], settings: Settings, tiers: Mapping[str, GpuTiers] | None, uid: str
-) -> list[_Share]:
+def _with_tiers(shares: list[_Share], settings: Settings, tiers: Mapping[str, GpuTiers], uid: str) -> list[_Share]:
     """Each share with its enforcement tier. HAMi-core, once preloaded for one share, limits every GPU the
     container sees, so the claim's other ``none`` shares are ``hami-core`` too. nvml shares of one claim must
     have one grant: NVIDIA's hook reads a single NVIDIA_GPU_MEMORY_LIMIT per container."""
-    if tiers is None:
-        detector = EnforcementDetector.without_nvml(settings, [s.gpu for s in shares], "nvml was not detected")
-        tiers = detector.tiers()
     out = []
     for share in shares:
         where = f"GPU {share.result['device']} ({share.gpu.uuid})"
         try:
             tier = applied_tier(settings.enforcement, share.config.enforcement, tiers[share.gpu.device_name], where)
         except EnforcementUnavailableError as err:
-            raise PrepareError("enforcement_unavailable", f"request {share.result['request']!r}: {err}") from None
+            raise PrepareError(
+                ErrorKind.ENFORCEMENT_UNAVAILABLE, f"request {share.result['request']!r}: {err}"
+            ) from None
         out.append(replace(share, tier=tier))
     if any(s.tier == "hami-core" for s in out):
         out = [replace(s, tier="hami-core") if s.tier == "none" else s for s in out]
     grants = sorted({s.memory_mib for s in out if s.tier == "nvml"})
     if len(grants) > 1:
         raise PrepareError(
-            "invalid_config",
+            ErrorKind.INVALID_CONFIG,
             f"claim {uid} has nvml-enforced shares of different sizes ({', '.join(f'{g} MiB' for g in grants)}), "
             f"but NVIDIA's hook reads one {NVML_LIMIT_ENV} per container: use one claim per share size",
         )
     return out
 
 
-def _nodes(settings: Settings, share: _Share) -> list[HostDeviceNode]:
+def _nodes(nodes: DeviceNodeSnapshot, share: _Share) -> list[HostDeviceNode]:
     try:
-        return gpu_device_nodes(settings.driver_root, share.gpu.minor)
+        return nodes.gpu_nodes(share.gpu.minor)
     except DeviceNodeError as err:
-        raise PrepareError("device_node_missing", str(err)) from None
+        raise PrepareError(ErrorKind.DEVICE_NODE_MISSING, str(err)) from None
 
 
 def _device_info(share: _Share, driver: str, uid: str) -> info.DeviceInfo:
@@ -262,7 +259,7 @@ def _device_info(share: _Share, driver: str, uid: str) -> info.DeviceInfo:
     try:
         prefix = info.env_prefix(name)
     except info.InfoNameError as err:
-        raise PrepareError("invalid_name", str(err)) from None
+        raise PrepareError(ErrorKind.INVALID_NAME, str(err)) from None
     return info.DeviceInfo(
         uuid=share.gpu.uuid,
         memory_mib=share.memory_mib,
@@ -288,7 +285,7 @@ def _check_no_collision(devices: list[cdi.Device]) -> None:
             first = seen.setdefault(key, (value, device.name))
             if first[0] != value:
                 raise PrepareError(
-                    "invalid_config",
+                    ErrorKind.INVALID_CONFIG,
                     f"environment variable {key} would be {first[0]!r} for device {first[1]} and {value!r} for "
                     f"device {device.name} of the same claim, and a container gets only one: give the requests' "
                     "GpuConfigs the same value or different names",
@@ -360,13 +357,9 @@ def nvml_hook(settings: Settings, uuid: str) -> cdi.Hook:
 
 
 def _hami_mounts(settings: Settings, uid: str) -> list[cdi.Mount]:
+    """HAMi-core's mounts; only for a share whose tier is hami-core, which `tiers` offers only while the library
+    is on the node."""
     library = settings.hami_core_library
-    if not library.is_file():
-        raise PrepareError(
-            "hami_core_missing",
-            f"HAMi-core enforcement is configured but its library {library} does not exist on this node; "
-            "install HAMi-core there, set the chart's enforcement.hamiCore.libraryPath, or use enforcement: none",
-        )
     ro = ["ro", "nosuid", "nodev", "rbind", "rprivate"]
     rw = ["rw", "nosuid", "nodev", "rbind", "rprivate"]
     return [

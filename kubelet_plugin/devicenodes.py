@@ -1,9 +1,13 @@
-"""The NVIDIA device nodes a GPU share needs, checked on the host before any CDI spec names them."""
+"""The NVIDIA device nodes a GPU share needs: a snapshot of them taken on the host (the one place that stats
+them for planning) before any CDI spec names them, and the ``/dev/char`` links that keep them reachable."""
+
+from __future__ import annotations
 
 import contextlib
 import logging
 import os
 import stat
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,35 +31,81 @@ class HostDeviceNode:
     minor: int
 
 
-def _stat_node(driver_root: Path, name: str) -> HostDeviceNode | None:
-    host_path = driver_root / "dev" / name
-    try:
-        st = host_path.stat()
-    except FileNotFoundError:
-        return None
-    if not stat.S_ISCHR(st.st_mode):
-        raise DeviceNodeError(f"{host_path} exists but is not a character device; check the driver root")
-    return HostDeviceNode(f"/dev/{name}", host_path, os.major(st.st_rdev), os.minor(st.st_rdev))
+@dataclass(frozen=True)
+class DeviceNodeSnapshot:
+    """The NVIDIA device nodes under ``<driver_root>/dev``, as seen once: what planning reads instead of the host.
 
-
-def gpu_device_nodes(driver_root: Path, minor: int) -> list[HostDeviceNode]:
-    """`/dev/nvidia<minor>` and the control nodes (plus nvidia-modeset when present), each stat-ed.
-
-    Raises DeviceNodeError naming the missing path: a spec without its device nodes would start a
-    container that has no GPU.
+    ``found``: node name (``nvidia0``, ``nvidiactl``, ...) -> the character device there, or a string saying why
+    the entry there is unusable. A name that is absent was not there.
     """
-    nodes: list[HostDeviceNode] = []
-    for name in (f"nvidia{minor}", *CONTROL_NODES):
-        node = _stat_node(driver_root, name)
-        if node is None:
-            raise DeviceNodeError(
-                f"device node {driver_root / 'dev' / name} does not exist; is the NVIDIA driver loaded "
-                f"(nvidia-smi creates the nodes; nvidia-modprobe -u -c=0 creates nvidia-uvm) and is the "
-                f"driver root ({driver_root}) right?"
-            )
-        nodes.append(node)
-    nodes += [n for n in (_stat_node(driver_root, name) for name in OPTIONAL_NODES) if n is not None]
-    return nodes
+
+    driver_root: Path
+    found: Mapping[str, HostDeviceNode | str]
+
+    @classmethod
+    def of(cls, driver_root: Path, nodes: Mapping[str, tuple[int, int]]) -> DeviceNodeSnapshot:
+        """A snapshot of character devices `name -> (major, minor)` under ``<driver_root>/dev`` (no stat)."""
+        return cls(
+            driver_root,
+            {
+                name: HostDeviceNode(f"/dev/{name}", driver_root / "dev" / name, mj, mn)
+                for name, (mj, mn) in nodes.items()
+            },
+        )
+
+    def gpu_nodes(self, minor: int) -> list[HostDeviceNode]:
+        """`/dev/nvidia<minor>` and the control nodes (plus nvidia-modeset when present).
+
+        Raises DeviceNodeError naming the missing or unusable path: a spec without its device nodes would start
+        a container that has no GPU.
+        """
+        nodes: list[HostDeviceNode] = []
+        for name in (f"nvidia{minor}", *CONTROL_NODES):
+            node = self.found.get(name)
+            if node is None:
+                raise DeviceNodeError(
+                    f"device node {self.driver_root / 'dev' / name} does not exist; is the NVIDIA driver loaded "
+                    f"(nvidia-smi creates the nodes; nvidia-modprobe -u -c=0 creates nvidia-uvm) and is the "
+                    f"driver root ({self.driver_root}) right?"
+                )
+            if isinstance(node, str):
+                raise DeviceNodeError(node)
+            nodes.append(node)
+        nodes += [n for n in (self.found.get(name) for name in OPTIONAL_NODES) if isinstance(n, HostDeviceNode)]
+        return nodes
+
+    def present(self, name: str) -> bool:
+        """True if `name` is a character device in the snapshot."""
+        return isinstance(self.found.get(name), HostDeviceNode)
+
+
+def node_names(minors: Iterable[int]) -> list[str]:
+    """The device node names GPUs of `minors` may need: theirs, the control nodes and the optional ones."""
+    return [*(f"nvidia{m}" for m in minors), *CONTROL_NODES, *OPTIONAL_NODES]
+
+
+def snapshot(driver_root: Path, minors: Iterable[int]) -> DeviceNodeSnapshot:
+    """Stat the device nodes GPUs of `minors` need under ``<driver_root>/dev`` (one stat each, no errors)."""
+    found: dict[str, HostDeviceNode | str] = {}
+    for name in node_names(minors):
+        host_path = driver_root / "dev" / name
+        try:
+            st = os.stat(host_path)
+        except OSError:
+            continue
+        if not stat.S_ISCHR(st.st_mode):
+            found[name] = f"{host_path} exists but is not a character device; check the driver root"
+            continue
+        found[name] = HostDeviceNode(f"/dev/{name}", host_path, os.major(st.st_rdev), os.minor(st.st_rdev))
+    return DeviceNodeSnapshot(driver_root, found)
+
+
+def _links_to(link: Path, target: Path) -> bool:
+    """True if `link` is a symlink whose text is `target` (the link this module makes for the node there)."""
+    try:
+        return os.readlink(link) == str(target)
+    except OSError:
+        return False
 
 
 def _is_node(path: Path, node: HostDeviceNode) -> bool:
@@ -69,7 +119,8 @@ def _is_node(path: Path, node: HostDeviceNode) -> bool:
 
 def ensure_char_links(dev_char_dir: Path, nodes: list[HostDeviceNode]) -> None:
     """Make `/dev/char/<major>:<minor>` lead to each node, so systemd's device rules keep granting access after
-    `systemctl daemon-reload`. An entry that already leads to that device (e.g. udev's) is kept; a dangling
+    `systemctl daemon-reload`. An entry that already leads to that device (e.g. udev's), or is the symlink to the
+    node's host path this function makes, is kept; a dangling
     symlink or one leading elsewhere is replaced atomically; anything else there is reported, never touched.
     Problems are logged, never raised: the container can start without the link."""
     try:
@@ -79,7 +130,7 @@ def ensure_char_links(dev_char_dir: Path, nodes: list[HostDeviceNode]) -> None:
         return
     for node in nodes:
         link = dev_char_dir / f"{node.major}:{node.minor}"
-        if _is_node(link, node):
+        if _links_to(link, node.host_path) or _is_node(link, node):
             continue
         if link.exists() and not link.is_symlink():
             log.warning(

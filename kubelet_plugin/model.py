@@ -1,4 +1,8 @@
-"""Value types passed between the node plugin's modules (discovery, gRPC server, prepare logic)."""
+"""Value types passed between the node plugin's modules (discovery, gRPC server, prepare logic).
+
+``GpuInfo`` is validated where it enters (NVML, once at start); the per-call types are frozen dataclasses."""
+
+from dataclasses import dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,20 +28,19 @@ class GpuInfo(BaseModel):
         return f"gpu-{self.index}"
 
 
-class ClaimRef(BaseModel):
-    """A claim as the kubelet names it in NodePrepareResources / NodeUnprepareResources."""
-
-    model_config = ConfigDict(frozen=True)
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as the kubelet names it in NodePrepareResources / NodeUnprepareResources (plain data: built per
+    claim on the hot path, from a protobuf message that is already typed)."""
 
     namespace: str
     uid: str
     name: str
 
 
-class PreparedDevice(BaseModel):
-    """One device of a prepared claim, as returned to the kubelet."""
-
-    model_config = ConfigDict(frozen=True)
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One device of a prepared claim, as returned to the kubelet (plain data, see ClaimRef)."""
 
     request_names: tuple[str, ...]
     pool_name: str
@@ -46,10 +49,9 @@ class PreparedDevice(BaseModel):
     share_id: str | None = None
 
 
-class PrepareResult(BaseModel):
-    """Outcome for one claim: devices on success, or a non-empty error."""
-
-    model_config = ConfigDict(frozen=True)
+@dataclass(frozen=True, slots=True)
+class PrepareResult:
+    """Outcome for one claim: devices on success, or a non-empty error (plain data, see ClaimRef)."""
 
     devices: tuple[PreparedDevice, ...] = ()
     error: str = ""

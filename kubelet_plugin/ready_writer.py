@@ -1,4 +1,5 @@
-"""Writes the `Ready` condition of prepared claims in the background, off the kubelet's reply path.
+"""Writes the `Ready` condition of prepared claims in the background, off the kubelet's reply path
+(`ReadyReporter` decides which claims need it, `ReadyWriter` writes).
 
 A write that fails for want of the API server (no answer, 429, 5xx) is tried again after 1, 2, 4, … s, up
 to `attempts` tries; other failures are final. Either way the next prepare of the claim writes it again,
@@ -11,7 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from api.kube_rest import ApiError, UndecodableResponse
+from api.kube_rest import ApiError, KubeRest, UndecodableResponse
+from kubelet_plugin.claim_status import Tiers, apply_ready, is_ready
 
 log = logging.getLogger(__name__)
 
@@ -88,3 +90,31 @@ class ReadyWriter:
             with self._changed:
                 self._pending.discard(claim["metadata"]["uid"])
                 self._changed.notify_all()
+
+
+class ReadyReporter:
+    """The Ready and MemoryEnforcement conditions of prepared claims: the tiers each claim got, whether the
+    claim as read already says so, and the background write (`ReadyWriter`) when it does not."""
+
+    def __init__(self, rest: KubeRest, driver: str, node: str, on_failure: Callable[[], None]) -> None:
+        self._driver = driver
+        self._applied: dict[str, Tiers] = {}  # claim UID -> tier per share
+        self._writer = ReadyWriter(
+            lambda claim: apply_ready(rest, claim, driver, node, self._applied.get(claim["metadata"]["uid"])),
+            on_failure,
+        )
+
+    def prepared(self, claim: dict[str, Any], tiers: Tiers) -> None:
+        """`claim` (as just read) was prepared with `tiers`: write its conditions unless they are there."""
+        uid = claim["metadata"]["uid"]
+        self._applied[uid] = tiers
+        if tiers and not is_ready(claim, self._driver, tiers):
+            self._writer.submit(claim)
+
+    def forget(self, claim_uid: str) -> None:
+        """The claim was unprepared."""
+        self._applied.pop(claim_uid, None)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until the submitted writes are done (or given up); False on timeout."""
+        return self._writer.wait_idle(timeout)

@@ -38,11 +38,13 @@ from api.names import DRIVER_NAME, MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
 from e2e.gpu import container, report
 from kubelet_plugin import cdi, container_info
-from kubelet_plugin.claim_spec import NVML_HOOK, PrepareError, plan_claim
+from kubelet_plugin.claim_spec import NVML_HOOK, plan_claim
+from kubelet_plugin.devicenodes import snapshot
 from kubelet_plugin.discovery import DiscoveryError, discover_gpus
 from kubelet_plugin.driver_edits import DriverEditsError, GeneratorConfig, generate_driver_edits, install_hook
 from kubelet_plugin.enforcement import GpuTiers
 from kubelet_plugin.enforcement_probe import EnforcementDetector, probe_nvml_limits, static_facts
+from kubelet_plugin.errors import PrepareError
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.settings import Settings
 
@@ -187,7 +189,8 @@ def run(work: Path, driver_root: Path, memory: str) -> tuple[list[str], str]:
     with step(f"claim spec ({memory} of {gpu.device_name})"):
         claim = share_claim(gpu, memory)
         uid = claim["metadata"]["uid"]
-        plan = plan_claim(claim, settings, {g.device_name: g for g in gpus}, edits, tiers)
+        nodes = snapshot(settings.driver_root, [g.minor for g in gpus])
+        plan = plan_claim(claim, settings, {g.device_name: g for g in gpus}, edits, tiers, nodes=nodes)
         if plan.spec is None:
             raise CheckError("claim spec: the plan has no spec")
         container_info.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), list(plan.files))

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
@@ -286,6 +287,68 @@ def test_kill_during_prepare_leaves_no_orphan_spec(
     _consistent(plugin)
     plugin.kubelet.unprepare(_refs(claims))
     _consistent(plugin)
+
+
+KILL_POINTS = Path(__file__).resolve().parent / "kill_points"
+
+
+@pytest.mark.parametrize("point", ["before-checkpoint-save", "before-file-removal"])
+def test_sigkill_at_the_step_between_files_and_checkpoint_is_repaired(
+    control_plane: ControlPlane, api_client: client.ApiClient, dyn: DynamicClient, namespace: str, point: str
+) -> None:
+    """SIGKILL of the real process exactly between a call's file writes and its checkpoint save (prepare), or
+    between its checkpoint save and its file removals (unprepare): the restarted plugin removes the orphaned
+    specs, and the kubelet's retry recreates them (prepare) or succeeds (unprepare)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the simulated GPUs' device nodes are made with mknod")
+    node = kube.unique("killnode")
+    kube.create_fake_node(api_client, node)
+    kube.ensure_device_class(dyn, DRIVER, DRIVER)
+    workdir = Path(tempfile.mkdtemp(prefix="fgkp-", dir="/tmp"))
+    control = workdir / "kill-at"
+    env = {"PYTHONPATH": os.pathsep.join([str(KILL_POINTS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    process = NodePluginProcess(
+        workdir,
+        node,
+        control_plane.kubeconfig,
+        PROFILE,
+        mocknvml.build(workdir / "nvml"),
+        env={**env, "FRACGPU_TEST_KILL_AT": str(control)},
+    )
+    plugin = Plugin(process, process.start(), node)
+    try:
+        kube.wait_for(lambda: plugin.slices(api_client), 30, what="ResourceSlices of the plugin")
+        claims = kube.allocate_claims(api_client, dyn, namespace, node, device_class=DRIVER, memories=["1Gi"] * 3)
+        kept, *batch = claims
+        assert plugin.kubelet.prepare(_refs([kept])).claims[kept["metadata"]["uid"]].error == ""
+        uids = {c["metadata"]["uid"] for c in batch}
+        if point == "before-file-removal":
+            assert all(r.error == "" for r in plugin.kubelet.prepare(_refs(batch)).claims.values())
+        control.write_text(point)
+        call = plugin.kubelet.prepare if point == "before-checkpoint-save" else plugin.kubelet.unprepare
+        with pytest.raises(grpc.RpcError):  # the process died in the middle of the call
+            call(_refs(batch))
+        assert not control.exists(), "the kill point was reached"
+        assert plugin.process.procs.procs["plugin"].wait(10) == -9, "killed by SIGKILL"
+        specs = cdi.list_spec_claim_uids(process.cdi_dir, DRIVER)
+        assert uids <= specs, "the batch's specs were written (prepare) or not yet removed (unprepare)"
+        assert not uids & set(json.loads(process.checkpoint.read_text())["claims"]), "but not in the checkpoint"
+        plugin.restart(kill=True)  # the dead process is reaped; the new one runs recover() before it registers
+        assert _invariant_problems(plugin) == []
+        assert cdi.list_spec_claim_uids(process.cdi_dir, DRIVER) == {kept["metadata"]["uid"]}, "orphans removed"
+        if point == "before-checkpoint-save":  # the kubelet retries the prepare: the specs are written again
+            assert all(r.error == "" for r in plugin.kubelet.prepare(_refs(batch)).claims.values())
+            assert uids <= cdi.list_spec_claim_uids(process.cdi_dir, DRIVER)
+        else:  # the kubelet retries the unprepare of claims the plugin no longer knows: it succeeds
+            assert all(r.error == "" for r in plugin.kubelet.unprepare(_refs(batch)).claims.values())
+        assert _invariant_problems(plugin) == []
+        plugin.kubelet.unprepare(_refs(claims))
+        _consistent(plugin)
+    finally:
+        plugin.kubelet.close()
+        with contextlib.suppress(Exception):
+            process.stop()
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 def _ignore_errors(call: Any) -> None:

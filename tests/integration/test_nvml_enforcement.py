@@ -38,6 +38,7 @@ from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make
 from e2e.nodeplugin import DRIVER, NodePluginProcess, toolkit_args
 from kubelet_plugin import cdi, container_info
 from kubelet_plugin.claim_spec import NVML_HOOK, plan_claim
+from kubelet_plugin.devicenodes import snapshot
 from kubelet_plugin.enforcement import NodeFacts, NvmlLimits, gpu_tiers
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.settings import Settings
@@ -166,7 +167,10 @@ def write_claim_spec(node: Node) -> tuple[str, Any]:
     }
     every_fact = NodeFacts(cgroup_problem=None, driver_edits_problem=None, hami_core_problem="no HAMi-core here")
     tiers = {node.gpu.device_name: gpu_tiers(every_fact, NvmlLimits(problem=None))}
-    plan = plan_claim(claim, node.settings, {node.gpu.device_name: node.gpu}, driver_edits(node.driver), tiers)
+    nodes = snapshot(node.settings.driver_root, [node.gpu.minor])
+    plan = plan_claim(
+        claim, node.settings, {node.gpu.device_name: node.gpu}, driver_edits(node.driver), tiers, nodes=nodes
+    )
     assert plan.spec is not None
     assert plan.tiers == ((node.settings.node_name, node.gpu.device_name, SHARE, "nvml"),)
     container_info.write_claim_files(

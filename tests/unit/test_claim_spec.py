@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +10,7 @@ import pytest
 
 from api.names import DRIVER_NAME
 from api.quantity import MiB
-from kubelet_plugin import cdi
+from kubelet_plugin import cdi, devicenodes
 from kubelet_plugin import container_info as info
 from kubelet_plugin.cdi import ContainerEdits, Device
 from kubelet_plugin.claim_spec import (
@@ -20,18 +18,18 @@ from kubelet_plugin.claim_spec import (
     HAMI_LIBRARY_IN_CONTAINER,
     LAST_WINS_ENV,
     ClaimPlan,
-    PrepareError,
     hami_cache_dir,
     hami_preload_file,
     plan_claim,
 )
+from kubelet_plugin.devicenodes import DeviceNodeSnapshot
 from kubelet_plugin.enforcement import GpuTiers, NodeFacts, NvmlLimits, gpu_tiers
+from kubelet_plugin.enforcement_probe import EnforcementDetector
+from kubelet_plugin.errors import ErrorKind, PrepareError
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.slices import usable_memory
 from kubelet_plugin.spec_rebuild import entry_from_spec
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
 
 NODE = "node-a"
 UID = "0b6f3c2e-5d1a-4b8e-9c7f-2a1d3e4f5a6b"
@@ -50,18 +48,35 @@ NODES: dict[str, tuple[int, int]] = {
 }
 
 
-def make_node(root: Path, name: str, major: int, minor: int) -> None:
-    os.mknod(root / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
-
-
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
-    """A driver root with the NVIDIA device nodes of two GPUs."""
+    """A driver root; its device nodes are those of two GPUs (NODES), given to the planner as a snapshot."""
     r = tmp_path / "driver-root"
     (r / "dev").mkdir(parents=True)
-    for name, (major, minor) in NODES.items():
-        make_node(r, name, major, minor)
     return r
+
+
+def planned(
+    allocated: dict[str, Any],
+    settings: Settings,
+    gpus: dict[str, GpuInfo],
+    driver_edits: ContainerEdits | None = None,
+    tiers: dict[str, GpuTiers] | None = None,
+    *,
+    nodes: dict[str, tuple[int, int]] | DeviceNodeSnapshot | None = None,
+) -> ClaimPlan:
+    """`plan_claim` with the tests' defaults: the device nodes NODES (or `nodes`) under the driver root, and the
+    tiers a node without nvml offers (HAMi-core where its library is), as the plugin detects them."""
+    if tiers is None:
+        tiers = EnforcementDetector.without_nvml(settings, list(gpus.values()), "nvml was not detected").tiers()
+    if not isinstance(nodes, DeviceNodeSnapshot):
+        nodes = DeviceNodeSnapshot.of(settings.driver_root, NODES if nodes is None else nodes)
+    return plan_claim(allocated, settings, gpus, driver_edits, tiers, nodes=nodes)
+
+
+def without(name: str) -> dict[str, tuple[int, int]]:
+    """NODES without `name`."""
+    return {k: v for k, v in NODES.items() if k != name}
 
 
 def make_settings(root: Path, **overrides: Any) -> Settings:
@@ -179,7 +194,7 @@ def node_paths(device: Device) -> list[str]:
 
 
 def test_env_of_one_share(settings: Settings) -> None:
-    plan = plan_claim(claim([result()]), settings, GPUS)
+    plan = planned(claim([result()]), settings, GPUS)
     device = only_device(plan)
     env = env_of(device.container_edits)
     assert env["NVIDIA_VISIBLE_DEVICES"] == UUID0
@@ -203,19 +218,19 @@ def test_env_of_one_share(settings: Settings) -> None:
 
 
 def test_env_names_the_allocated_gpu(settings: Settings) -> None:
-    device = only_device(plan_claim(claim([result("gpu-1", memory="512Mi")]), settings, GPUS))
+    device = only_device(planned(claim([result("gpu-1", memory="512Mi")]), settings, GPUS))
     assert env_of(device.container_edits)["NVIDIA_VISIBLE_DEVICES"] == UUID1
     assert (own_vars(device)["UUID"], own_vars(device)["MEMORY_LIMIT_MIB"]) == (UUID1, "512")
 
 
 def test_without_consumed_capacity_the_whole_usable_memory(settings: Settings) -> None:
-    device = only_device(plan_claim(claim([result(memory=None)]), settings, GPUS))
+    device = only_device(planned(claim([result(memory=None)]), settings, GPUS))
     whole = usable_memory(GPUS["gpu-0"], settings.memory_step_bytes, settings.memory_reserve_bytes)
     assert own_vars(device)["MEMORY_LIMIT_MIB"] == str(whole // MiB) == "81408"
 
 
 def test_without_share_id_no_share_env(settings: Settings) -> None:
-    plan = plan_claim(claim([result(share=None)]), settings, GPUS)
+    plan = planned(claim([result(share=None)]), settings, GPUS)
     device = only_device(plan)
     assert "SHARE_ID" not in own_vars(device)
     assert device.name == f"{UID}-gpu-0"
@@ -236,8 +251,8 @@ def two_request_claim() -> dict[str, Any]:
 
 
 def test_devices_that_can_meet_in_a_container_never_set_one_name_to_two_values(settings: Settings) -> None:
-    first = plan_claim(two_request_claim(), settings, GPUS)
-    second = plan_claim(claim([result("gpu-1", share=SHARE_C, memory="30Gi")], uid=UID_2, name="other"), settings, GPUS)
+    first = planned(two_request_claim(), settings, GPUS)
+    second = planned(claim([result("gpu-1", share=SHARE_C, memory="30Gi")], uid=UID_2, name="other"), settings, GPUS)
     devices = [d for p in (first, second) for d in (p.spec.devices if p.spec else [])]
     assert len(devices) == 3
     values: dict[str, set[str]] = {}
@@ -252,7 +267,7 @@ def test_devices_that_can_meet_in_a_container_never_set_one_name_to_two_values(s
 
 def test_nvidia_visible_devices_names_only_gpus_the_device_brings(settings: Settings) -> None:
     """A request's devices always reach a container together, so listing the request's GPUs never widens."""
-    plan = plan_claim(
+    plan = planned(
         claim([result("gpu-1", request="a", share=SHARE_B), result(request="a"), result(request="b", share=SHARE_C)]),
         settings,
         GPUS,
@@ -277,7 +292,7 @@ def test_request_files_agree_with_the_allocation(settings: Settings) -> None:
             result(request="b/small", share=SHARE_C, memory="1Gi"),
         ]
     )
-    plan = plan_claim(allocated, settings, GPUS)
+    plan = planned(allocated, settings, GPUS)
     assert plan.spec is not None
     files = {f.info.request: f for f in plan.files}
     assert set(files) == {"a", "b"}
@@ -318,17 +333,15 @@ def test_gpu_config_env_that_differs_between_requests_is_refused(settings: Setti
         config(gpu_config(env={"MODE": "eval"}), requests=["b"]),
     ]
     with pytest.raises(PrepareError) as refused:
-        plan_claim(claim([result(request="a"), result("gpu-1", request="b", share=SHARE_B)], configs), settings, GPUS)
-    assert refused.value.kind == "invalid_config"
+        planned(claim([result(request="a"), result("gpu-1", request="b", share=SHARE_B)], configs), settings, GPUS)
+    assert refused.value.kind == ErrorKind.INVALID_CONFIG
     assert "MODE" in str(refused.value) and "'train'" in str(refused.value) and "'eval'" in str(refused.value)
     same = [config(gpu_config(env={"MODE": "train"}), requests=["a", "b"])]
-    assert plan_claim(
-        claim([result(request="a"), result("gpu-1", request="b", share=SHARE_B)], same), settings, GPUS
-    ).spec
+    assert planned(claim([result(request="a"), result("gpu-1", request="b", share=SHARE_B)], same), settings, GPUS).spec
 
 
 def test_spec_names_its_claim_for_recovery(settings: Settings) -> None:
-    plan = plan_claim(claim([result()]), settings, GPUS)
+    plan = planned(claim([result()]), settings, GPUS)
     assert plan.spec is not None
     path = cdi.write_spec(settings.cdi_dir, UID, plan.spec, DRIVER_NAME)
     entry = entry_from_spec(path.read_text(), UID, DRIVER_NAME, settings.node_name)
@@ -342,7 +355,7 @@ def test_spec_names_its_claim_for_recovery(settings: Settings) -> None:
 
 def test_device_nodes_are_own_gpu_and_control_nodes(root: Path, settings: Settings) -> None:
     for device_name, own, other in (("gpu-0", "nvidia0", "nvidia1"), ("gpu-1", "nvidia1", "nvidia0")):
-        device = only_device(plan_claim(claim([result(device_name)]), settings, GPUS))
+        device = only_device(planned(claim([result(device_name)]), settings, GPUS))
         paths = node_paths(device)
         assert sorted(paths) == sorted(f"/dev/{n}" for n in (own, "nvidiactl", "nvidia-uvm", "nvidia-uvm-tools"))
         assert f"/dev/{other}" not in paths
@@ -354,17 +367,14 @@ def test_device_nodes_are_own_gpu_and_control_nodes(root: Path, settings: Settin
 
 
 def test_major_minor_come_from_the_real_nodes(root: Path, settings: Settings) -> None:
-    (root / "dev" / "nvidia-uvm").unlink()
-    make_node(root, "nvidia-uvm", 237, 42)
-    device = only_device(plan_claim(claim([result()]), settings, GPUS))
+    device = only_device(planned(claim([result()]), settings, GPUS, nodes={**NODES, "nvidia-uvm": (237, 42)}))
     uvm = next(n for n in device.container_edits.device_nodes if n.path == "/dev/nvidia-uvm")
     assert (uvm.major, uvm.minor) == (237, 42)
 
 
 def test_modeset_only_when_present(root: Path, settings: Settings) -> None:
-    assert "/dev/nvidia-modeset" not in node_paths(only_device(plan_claim(claim([result()]), settings, GPUS)))
-    make_node(root, "nvidia-modeset", 195, 254)
-    device = only_device(plan_claim(claim([result()]), settings, GPUS))
+    assert "/dev/nvidia-modeset" not in node_paths(only_device(planned(claim([result()]), settings, GPUS)))
+    device = only_device(planned(claim([result()]), settings, GPUS, nodes={**NODES, "nvidia-modeset": (195, 254)}))
     modeset = next(n for n in device.container_edits.device_nodes if n.path == "/dev/nvidia-modeset")
     assert (modeset.major, modeset.minor) == (195, 254)
     assert modeset.host_path == str(root / "dev" / "nvidia-modeset")
@@ -372,24 +382,23 @@ def test_modeset_only_when_present(root: Path, settings: Settings) -> None:
 
 @pytest.mark.parametrize(("missing", "device"), [("nvidia-uvm", "gpu-0"), ("nvidiactl", "gpu-0"), ("nvidia1", "gpu-1")])
 def test_missing_node_is_an_error_naming_the_path(root: Path, settings: Settings, missing: str, device: str) -> None:
-    (root / "dev" / missing).unlink()
     with pytest.raises(PrepareError) as err:
-        plan_claim(claim([result(device)]), settings, GPUS)
-    assert err.value.kind == "device_node_missing"
+        planned(claim([result(device)]), settings, GPUS, nodes=without(missing))
+    assert err.value.kind == ErrorKind.DEVICE_NODE_MISSING
     assert str(root / "dev" / missing) in str(err.value)
 
 
 def test_other_gpus_missing_node_does_not_matter(root: Path, settings: Settings) -> None:
-    (root / "dev" / "nvidia1").unlink()
-    assert node_paths(only_device(plan_claim(claim([result("gpu-0")]), settings, GPUS)))
+    assert node_paths(only_device(planned(claim([result("gpu-0")]), settings, GPUS, nodes=without("nvidia1"))))
 
 
 def test_regular_file_instead_of_node_is_an_error(root: Path, settings: Settings) -> None:
-    (root / "dev" / "nvidiactl").unlink()
     (root / "dev" / "nvidiactl").write_text("")
+    found = {n: v for n, v in DeviceNodeSnapshot.of(root, NODES).found.items() if n != "nvidiactl"}
+    seen = DeviceNodeSnapshot(root, {**found, **devicenodes.snapshot(root, []).found})  # nvidiactl as stat finds it
     with pytest.raises(PrepareError) as err:
-        plan_claim(claim([result()]), settings, GPUS)
-    assert err.value.kind == "device_node_missing"
+        planned(claim([result()]), settings, GPUS, nodes=seen)
+    assert err.value.kind == ErrorKind.DEVICE_NODE_MISSING
     assert str(root / "dev" / "nvidiactl") in str(err.value)
 
 
@@ -398,34 +407,34 @@ def test_regular_file_instead_of_node_is_an_error(root: Path, settings: Settings
 
 def test_results_of_other_drivers_are_ignored(settings: Settings) -> None:
     foreign = result("gpu-7", request="nic", driver="nic.example.com", pool="elsewhere")
-    plan = plan_claim(claim([foreign, result()]), settings, GPUS)
+    plan = planned(claim([foreign, result()]), settings, GPUS)
     assert [d.device_name for d in plan.devices] == ["gpu-0"]
     assert plan.devices[0].request_names == ("gpu",)
 
 
 def test_claim_with_only_foreign_results_has_no_spec(settings: Settings) -> None:
     foreign = result("gpu-0", driver="other.example.com")
-    plan = plan_claim(claim([foreign], [config({"anything": 1}, driver="other.example.com")]), settings, GPUS)
+    plan = planned(claim([foreign], [config({"anything": 1}, driver="other.example.com")]), settings, GPUS)
     assert plan.spec is None
     assert plan.devices == ()
 
 
 def test_foreign_configs_are_not_decoded(settings: Settings) -> None:
-    plan = plan_claim(claim([result()], [config({"not": "ours"}, driver="other.example.com")]), settings, GPUS)
+    plan = planned(claim([result()], [config({"not": "ours"}, driver="other.example.com")]), settings, GPUS)
     assert plan.spec is not None
 
 
 def test_device_unknown_on_this_node(settings: Settings) -> None:
     with pytest.raises(PrepareError) as err:
-        plan_claim(claim([result("gpu-9")]), settings, GPUS)
-    assert err.value.kind == "unknown_device"
+        planned(claim([result("gpu-9")]), settings, GPUS)
+    assert err.value.kind == ErrorKind.UNKNOWN_DEVICE
     assert "gpu-9" in str(err.value)
 
 
 def test_pool_of_another_node(settings: Settings) -> None:
     with pytest.raises(PrepareError) as err:
-        plan_claim(claim([result(pool="node-b")]), settings, GPUS)
-    assert err.value.kind == "unknown_device"
+        planned(claim([result(pool="node-b")]), settings, GPUS)
+    assert err.value.kind == ErrorKind.UNKNOWN_DEVICE
     assert "node-b" in str(err.value)
 
 
@@ -433,7 +442,7 @@ def test_pool_of_another_node(settings: Settings) -> None:
 
 
 def test_cdi_names_and_answer(settings: Settings) -> None:
-    plan = plan_claim(claim([result()]), settings, GPUS)
+    plan = planned(claim([result()]), settings, GPUS)
     device = only_device(plan)
     assert device.name == f"{UID}-gpu-0-{SHARE_A}"
     assert plan.spec is not None
@@ -446,7 +455,7 @@ def test_cdi_names_and_answer(settings: Settings) -> None:
 
 
 def test_two_shares_of_one_gpu_in_one_claim(settings: Settings) -> None:
-    plan = plan_claim(
+    plan = planned(
         claim([result(request="a", share=SHARE_A, memory="4Gi"), result(request="b", share=SHARE_B, memory="6Gi")]),
         settings,
         GPUS,
@@ -465,7 +474,7 @@ def test_two_shares_of_one_gpu_in_one_claim(settings: Settings) -> None:
 
 
 def test_request_names_are_base_names(settings: Settings) -> None:
-    plan = plan_claim(claim([result(request="gpu/large")]), settings, GPUS)
+    plan = planned(claim([result(request="gpu/large")]), settings, GPUS)
     assert plan.devices[0].request_names == ("gpu",)
 
 
@@ -477,20 +486,20 @@ def test_class_config_before_claim_config(settings: Settings) -> None:
         config(gpu_config(env={"MODE": "claim", "CLAIM_ONLY": "1"})),  # listed first, still applied last
         config(gpu_config(env={"MODE": "class", "CLASS_ONLY": "1"}), source="FromClass"),
     ]
-    env = env_of(only_device(plan_claim(claim([result()], configs), settings, GPUS)).container_edits)
+    env = env_of(only_device(planned(claim([result()], configs), settings, GPUS)).container_edits)
     assert env["MODE"] == "claim"
     assert env["CLAIM_ONLY"] == env["CLASS_ONLY"] == "1"
 
 
 def test_config_for_another_request_not_applied(settings: Settings) -> None:
     configs = [config(gpu_config(env={"OTHER": "1"}), requests=["other"])]
-    env = env_of(only_device(plan_claim(claim([result()], configs), settings, GPUS)).container_edits)
+    env = env_of(only_device(planned(claim([result()], configs), settings, GPUS)).container_edits)
     assert "OTHER" not in env
 
 
 def test_invalid_config_for_another_request_not_applied(settings: Settings) -> None:
     configs = [config({"bogus": True}, requests=["other"])]
-    assert plan_claim(claim([result()], configs), settings, GPUS).spec is not None
+    assert planned(claim([result()], configs), settings, GPUS).spec is not None
 
 
 def test_config_for_base_request_applies_to_subrequest(settings: Settings) -> None:
@@ -499,23 +508,21 @@ def test_config_for_base_request_applies_to_subrequest(settings: Settings) -> No
         config(gpu_config(env={"SUB": "1"}), requests=["gpu/large"]),
         config(gpu_config(env={"SMALL": "1"}), requests=["gpu/small"]),
     ]
-    env = env_of(only_device(plan_claim(claim([result(request="gpu/large")], configs), settings, GPUS)).container_edits)
+    env = env_of(only_device(planned(claim([result(request="gpu/large")], configs), settings, GPUS)).container_edits)
     assert env["BASE"] == env["SUB"] == "1"
     assert "SMALL" not in env
 
 
 def test_config_without_requests_applies_to_all(settings: Settings) -> None:
     configs = [config(gpu_config(env={"ALL": "yes"}))]
-    plan = plan_claim(
-        claim([result(request="a"), result("gpu-1", request="b", share=SHARE_B)], configs), settings, GPUS
-    )
+    plan = planned(claim([result(request="a"), result("gpu-1", request="b", share=SHARE_B)], configs), settings, GPUS)
     assert plan.spec is not None
     assert all(env_of(d.container_edits)["ALL"] == "yes" for d in plan.spec.devices)
 
 
 def test_gpu_config_env_added(settings: Settings) -> None:
     configs = [config(gpu_config(env={"MY_VAR": "hello world", "EMPTY": ""}))]
-    env = env_of(only_device(plan_claim(claim([result()], configs), settings, GPUS)).container_edits)
+    env = env_of(only_device(planned(claim([result()], configs), settings, GPUS)).container_edits)
     assert env["MY_VAR"] == "hello world"
     assert env["EMPTY"] == ""
     assert env["NVIDIA_VISIBLE_DEVICES"] == UUID0
@@ -536,8 +543,8 @@ def test_gpu_config_env_added(settings: Settings) -> None:
 def test_malformed_config_is_invalid_config(settings: Settings, parameters: Any, field: str) -> None:
     for source in ("FromClaim", "FromClass"):
         with pytest.raises(PrepareError) as err:
-            plan_claim(claim([result()], [config(parameters, source=source)]), settings, GPUS)
-        assert err.value.kind == "invalid_config"
+            planned(claim([result()], [config(parameters, source=source)]), settings, GPUS)
+        assert err.value.kind == ErrorKind.INVALID_CONFIG
         assert field in str(err.value)
 
 
@@ -580,27 +587,27 @@ def check_hami(device: Device, settings: Settings, memory_mib: int, sm_limit: in
 
 def test_hami_core_from_settings(root: Path, hami_library: Path) -> None:
     settings = make_settings(root, enforcement="hami-core", hami_core_library=hami_library)
-    device = only_device(plan_claim(claim([result()]), settings, GPUS))
+    device = only_device(planned(claim([result()]), settings, GPUS))
     check_hami(device, settings, 10240, None)
 
 
 def test_hami_core_from_claim_config_with_sm_limit(root: Path, hami_library: Path) -> None:
     settings = make_settings(root, hami_core_library=hami_library)
     configs = [config(gpu_config(enforcement="hami-core", computeLimitPercent=30))]
-    device = only_device(plan_claim(claim([result(memory="3Gi")], configs), settings, GPUS))
+    device = only_device(planned(claim([result(memory="3Gi")], configs), settings, GPUS))
     check_hami(device, settings, 3072, 30)
 
 
 def test_hami_core_sm_limit_from_class_config(root: Path, hami_library: Path) -> None:
     settings = make_settings(root, enforcement="hami-core", hami_core_library=hami_library)
     configs = [config(gpu_config(computeLimitPercent=50), source="FromClass")]
-    check_hami(only_device(plan_claim(claim([result()], configs), settings, GPUS)), settings, 10240, 50)
+    check_hami(only_device(planned(claim([result()], configs), settings, GPUS)), settings, 10240, 50)
 
 
 def test_claim_config_cannot_turn_node_enforcement_off(root: Path, hami_library: Path) -> None:
     settings = make_settings(root, enforcement="hami-core", hami_core_library=hami_library)
     configs = [config(gpu_config(enforcement="none"))]  # a tenant trying to escape the node's limits
-    device = only_device(plan_claim(claim([result()], configs), settings, GPUS))
+    device = only_device(planned(claim([result()], configs), settings, GPUS))
     check_hami(device, settings, 10240, None)
 
 
@@ -608,15 +615,15 @@ def test_hami_core_refuses_a_claim_with_two_requests(root: Path, hami_library: P
     settings = make_settings(root, enforcement="hami-core", hami_core_library=hami_library)
     two = claim([result(request="a", share=SHARE_A), result("gpu-1", request="b", share=SHARE_B)])
     with pytest.raises(PrepareError) as refused:
-        plan_claim(two, settings, GPUS)
-    assert refused.value.kind == "invalid_config"
+        planned(two, settings, GPUS)
+    assert refused.value.kind == ErrorKind.INVALID_CONFIG
     assert "one request per claim" in str(refused.value)
 
 
 def test_hami_core_limits_follow_pci_order(root: Path, hami_library: Path) -> None:
     settings = make_settings(root, enforcement="hami-core", hami_core_library=hami_library)
     # results listed gpu-1 first; CUDA numbers devices by PCI bus id, so index 0 is gpu-0's grant
-    plan = plan_claim(
+    plan = planned(
         claim([result("gpu-1", memory="20Gi"), result("gpu-0", memory="10Gi", share=SHARE_B)]), settings, GPUS
     )
     env = env_of(plan.spec.devices[0].container_edits) if plan.spec else {}
@@ -628,14 +635,14 @@ def test_hami_core_missing_library(root: Path, tmp_path: Path) -> None:
     missing = tmp_path / "nowhere" / "libvgpu.so"
     settings = make_settings(root, enforcement="hami-core", hami_core_library=missing)
     with pytest.raises(PrepareError) as err:
-        plan_claim(claim([result()]), settings, GPUS)
-    assert err.value.kind == "enforcement_unavailable"
+        planned(claim([result()]), settings, GPUS)
+    assert err.value.kind == ErrorKind.ENFORCEMENT_UNAVAILABLE
     assert str(missing) in str(err.value)
     assert "this node's enforcement mode is 'hami-core'" in str(err.value)
 
 
 def test_only_the_info_file_without_enforcement(settings: Settings) -> None:
-    mounts = only_device(plan_claim(claim([result()]), settings, GPUS)).container_edits.mounts
+    mounts = only_device(planned(claim([result()]), settings, GPUS)).container_edits.mounts
     assert [m.container_path for m in mounts] == [f"/run/fracgpu/{UID}_gpu.json"]
 
 
@@ -650,7 +657,7 @@ def _version(v: str) -> tuple[int, ...]:
 def test_written_spec_version_and_content(root: Path, hami_library: Path, enforcement: str) -> None:
     settings = make_settings(root, enforcement=enforcement, hami_core_library=hami_library)
     second = "b/x" if enforcement == "none" else "a"  # HAMi-core: one request per claim
-    plan = plan_claim(
+    plan = planned(
         claim([result(request="a", share=SHARE_A), result("gpu-1", request=second, share=SHARE_B)]), settings, GPUS
     )
     assert plan.spec is not None
@@ -694,7 +701,7 @@ def tiers(nvml: dict[str, str | None], hami: bool = False) -> dict[str, GpuTiers
 
 def test_nvml_share_gets_nvidias_hook_and_the_grant_as_env(root: Path) -> None:
     settings = make_settings(root, driver_edits="toolkit", host_driver_root=Path("/run/nvidia/driver"))
-    plan = plan_claim(claim([result()]), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": None}))
+    plan = planned(claim([result()]), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": None}))
     device = only_device(plan)
     (hook,) = device.container_edits.hooks
     assert hook.hook_name == "createRuntime"
@@ -714,7 +721,7 @@ def test_nvml_share_gets_nvidias_hook_and_the_grant_as_env(root: Path) -> None:
 def test_no_hook_where_the_gpu_offers_no_nvml(root: Path) -> None:
     """Never nvml without the hook: a GPU without the tier gets neither the hook nor the env, and says none."""
     settings = make_settings(root, driver_edits="toolkit")
-    plan = plan_claim(claim([result()]), settings, GPUS, LIBS, tiers({"gpu-0": "old driver", "gpu-1": None}))
+    plan = planned(claim([result()]), settings, GPUS, LIBS, tiers({"gpu-0": "old driver", "gpu-1": None}))
     device = only_device(plan)
     assert device.container_edits.hooks == []
     assert not any(k.startswith("NVIDIA_GPU_MEMORY") for k in env_of(device.container_edits))
@@ -725,7 +732,7 @@ def test_no_hook_where_the_gpu_offers_no_nvml(root: Path) -> None:
 def test_tiers_are_per_gpu(root: Path) -> None:
     settings = make_settings(root, driver_edits="toolkit")
     results = [result("gpu-0", request="a", share=SHARE_A), result("gpu-1", request="b", share=SHARE_B)]
-    plan = plan_claim(claim(results), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": "not supported"}))
+    plan = planned(claim(results), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": "not supported"}))
     assert plan.spec is not None
     by_device = {d.name.split("-gpu-")[1][0]: d for d in plan.spec.devices}
     assert [len(by_device[i].container_edits.hooks) for i in ("0", "1")] == [1, 0]
@@ -737,8 +744,8 @@ def test_claim_asking_for_nvml_on_a_gpu_without_it_is_refused(root: Path) -> Non
     configs = [config(gpu_config(enforcement="nvml"))]
     problem = "the node has no cgroup v2 unified hierarchy at /sys/fs/cgroup"
     with pytest.raises(PrepareError) as err:
-        plan_claim(claim([result()], configs), settings, GPUS, LIBS, tiers({"gpu-0": problem, "gpu-1": problem}))
-    assert err.value.kind == "enforcement_unavailable"
+        planned(claim([result()], configs), settings, GPUS, LIBS, tiers({"gpu-0": problem, "gpu-1": problem}))
+    assert err.value.kind == ErrorKind.ENFORCEMENT_UNAVAILABLE
     message = str(err.value)
     assert message.startswith("request 'gpu': the claim's GpuConfig asks for enforcement 'nvml', but GPU gpu-0")
     assert problem in message and "driverEdits: toolkit" in message
@@ -747,7 +754,7 @@ def test_claim_asking_for_nvml_on_a_gpu_without_it_is_refused(root: Path) -> Non
 def test_claim_config_cannot_lower_auto(root: Path) -> None:
     settings = make_settings(root, driver_edits="toolkit")
     configs = [config(gpu_config(enforcement="none"))]
-    plan = plan_claim(claim([result()], configs), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": None}))
+    plan = planned(claim([result()], configs), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": None}))
     assert plan.tiers[0][3] == "nvml"
     assert len(only_device(plan).container_edits.hooks) == 1
 
@@ -759,7 +766,7 @@ def test_nvml_shares_of_one_claim_must_have_one_size(root: Path) -> None:
         result("gpu-1", request="b", share=SHARE_B, memory="20Gi"),
     ]
     with pytest.raises(PrepareError) as err:
-        plan_claim(claim(results), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": None}))
+        planned(claim(results), settings, GPUS, LIBS, tiers({"gpu-0": None, "gpu-1": None}))
     assert "nvml-enforced shares of different sizes (10240 MiB, 20480 MiB)" in str(err.value)
     assert "one NVIDIA_GPU_MEMORY_LIMIT per container" in str(err.value)
 
@@ -769,7 +776,7 @@ def test_hami_core_covers_the_claims_unenforced_shares(root: Path, hami_library:
     settings = make_settings(root, enforcement="none", hami_core_library=hami_library)
     results = [result("gpu-0", share=SHARE_A), result("gpu-1", share=SHARE_B)]
     configs = [config(gpu_config(enforcement="hami-core"))]
-    plan = plan_claim(claim(results, configs), settings, GPUS, None, tiers({"gpu-0": "x", "gpu-1": "x"}, hami=True))
+    plan = planned(claim(results, configs), settings, GPUS, None, tiers({"gpu-0": "x", "gpu-1": "x"}, hami=True))
     assert {t[3] for t in plan.tiers} == {"hami-core"}
     (file,) = plan.files
     assert file.info.enforcement == "hami-core"

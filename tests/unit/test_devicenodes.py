@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kubelet_plugin.devicenodes import HostDeviceNode, ensure_char_links
+from kubelet_plugin.devicenodes import DeviceNodeError, DeviceNodeSnapshot, HostDeviceNode, ensure_char_links, snapshot
 
 NULL = HostDeviceNode("/dev/null", Path("/dev/null"), 1, 3)
 ZERO = HostDeviceNode("/dev/zero", Path("/dev/zero"), 1, 5)
@@ -79,3 +79,52 @@ def test_an_unusable_dev_char_dir_is_logged_not_raised(tmp_path: Path, caplog: p
     with caplog.at_level(logging.WARNING):
         ensure_char_links(blocker, [NULL])
     assert "cannot create the /dev/char directory" in caplog.text
+
+
+# --- the snapshot planning reads instead of the host -------------------------------------------------
+
+
+def test_snapshot_stats_each_node_once_and_tells_what_is_unusable(tmp_path: Path) -> None:
+    """A driver root whose nodes are links to /dev/null and /dev/zero (character devices any user can stat)."""
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    for name, target in (("nvidia0", "/dev/null"), ("nvidiactl", "/dev/zero"), ("nvidia-uvm", "/dev/null")):
+        (dev / name).symlink_to(target)
+    (dev / "nvidia-uvm-tools").write_text("not a device")
+    seen = snapshot(tmp_path, [0, 1])
+    assert seen.found["nvidia0"] == HostDeviceNode("/dev/nvidia0", dev / "nvidia0", 1, 3)
+    assert seen.found["nvidiactl"] == HostDeviceNode("/dev/nvidiactl", dev / "nvidiactl", 1, 5)
+    assert (
+        seen.found["nvidia-uvm-tools"]
+        == f"{dev / 'nvidia-uvm-tools'} exists but is not a character device; check the driver root"
+    )
+    assert "nvidia1" not in seen.found and "nvidia-modeset" not in seen.found
+    assert seen.present("nvidia0") and not seen.present("nvidia1") and not seen.present("nvidia-uvm-tools")
+    with pytest.raises(DeviceNodeError, match="nvidia-uvm-tools exists but is not a character device"):
+        seen.gpu_nodes(0)
+    with pytest.raises(DeviceNodeError, match=f"device node {dev / 'nvidia1'} does not exist"):
+        seen.gpu_nodes(1)
+
+
+def test_gpu_nodes_are_its_own_the_control_nodes_and_modeset_when_present(tmp_path: Path) -> None:
+    table = {"nvidia0": (195, 0), "nvidia1": (195, 1), "nvidiactl": (195, 255), "nvidia-uvm": (510, 0)}
+    table["nvidia-uvm-tools"] = (510, 1)
+    nodes = DeviceNodeSnapshot.of(tmp_path, table).gpu_nodes(1)
+    assert [(n.container_path, n.major, n.minor) for n in nodes] == [
+        ("/dev/nvidia1", 195, 1),
+        ("/dev/nvidiactl", 195, 255),
+        ("/dev/nvidia-uvm", 510, 0),
+        ("/dev/nvidia-uvm-tools", 510, 1),
+    ]
+    with_modeset = DeviceNodeSnapshot.of(tmp_path, {**table, "nvidia-modeset": (195, 254)}).gpu_nodes(1)
+    assert with_modeset[-1] == HostDeviceNode("/dev/nvidia-modeset", tmp_path / "dev" / "nvidia-modeset", 195, 254)
+
+
+def test_a_link_this_module_made_is_kept_without_following_it(dev_char: Path, tmp_path: Path) -> None:
+    """The link to a node's host path stays as it is, even while the node itself is away."""
+    node = HostDeviceNode("/dev/nvidia0", tmp_path / "driver" / "dev" / "nvidia0", 195, 0)
+    ensure_char_links(dev_char, [node])
+    first = (dev_char / "195:0").lstat()
+    ensure_char_links(dev_char, [node])
+    assert os.readlink(dev_char / "195:0") == str(node.host_path)
+    assert (dev_char / "195:0").lstat().st_ino == first.st_ino, "not replaced"

@@ -10,7 +10,6 @@ and hook path replaced by the flags') to ``--output``, ``cdi transform root`` re
 from __future__ import annotations
 
 import json
-import os
 import stat
 import sys
 import threading
@@ -24,7 +23,8 @@ from api.names import DRIVER_NAME
 from kubelet_plugin import cdi
 from kubelet_plugin.__main__ import make_driver_edits
 from kubelet_plugin.checkpoint import CheckpointStore
-from kubelet_plugin.claim_spec import PrepareError, plan_claim
+from kubelet_plugin.claim_spec import ClaimPlan, plan_claim
+from kubelet_plugin.devicenodes import DeviceNodeSnapshot
 from kubelet_plugin.driver_edits import (
     VOID,
     DriverEdits,
@@ -36,20 +36,23 @@ from kubelet_plugin.driver_edits import (
     library_problem,
     parse_driver_edits,
 )
+from kubelet_plugin.enforcement_probe import EnforcementDetector
+from kubelet_plugin.errors import ErrorKind, PrepareError
 from kubelet_plugin.metrics import PluginMetrics
-from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.settings import Settings, parse_settings
 from tests.unit.fake_apiserver import connection, refused_url
-from tests.unit.test_preparer import (
+from tests.unit.plugin_host import (
     GPUS,
     NODE,
+    NODES,
     UID_A,
     UID_B,
     UUID0,
     FakeApi,
+    host_root,
     host_settings,
     make_claim,
-    make_host_root,
+    make_preparer,
     ref,
 )
 
@@ -58,7 +61,6 @@ FIXTURE_ROOT = "/driver-root"
 FIXTURE_HOOK = f"/var/lib/kubelet/plugins/{DRIVER_NAME}/nvidia-cdi-hook"
 VERSION = "580.65.06"
 LIBDIR = "/usr/lib/x86_64-linux-gnu"
-needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
 
 FAKE_CTK = """#!{python}
 import json, sys
@@ -370,17 +372,23 @@ def test_cache_failure_is_reported_once_retried_and_recovers(tmp_path: Path) -> 
 
 @pytest.fixture
 def driver_root(tmp_path: Path) -> Path:
-    return make_host_root(tmp_path)
+    return host_root(tmp_path)
 
 
 def toolkit_settings(tmp_path: Path, root: Path, **extra: Any) -> Settings:
     return host_settings(tmp_path, root, driver_edits="toolkit", **extra)
 
 
-@needs_root
+def plan_with(claim: dict[str, Any], settings: Settings, edits: cdi.ContainerEdits | None) -> ClaimPlan:
+    """`plan_claim` on the test node: its GPUs and device nodes, no nvml."""
+    tiers = EnforcementDetector.without_nvml(settings, GPUS, "nvml was not detected").tiers()
+    nodes = DeviceNodeSnapshot.of(settings.driver_root, NODES)
+    return plan_claim(claim, settings, {g.device_name: g for g in GPUS}, edits, tiers, nodes=nodes)
+
+
 def test_toolkit_claim_spec_carries_the_driver_and_void(tmp_path: Path, driver_root: Path) -> None:
     settings = toolkit_settings(tmp_path, driver_root)
-    plan = plan_claim(make_claim(UID_A, "a"), settings, {g.device_name: g for g in GPUS}, fixture_edits())
+    plan = plan_with(make_claim(UID_A, "a"), settings, fixture_edits())
     assert plan.spec is not None
     assert plan.spec.container_edits == fixture_edits()
     (device,) = plan.spec.devices
@@ -393,17 +401,11 @@ def test_toolkit_claim_spec_carries_the_driver_and_void(tmp_path: Path, driver_r
         "/dev/nvidia-uvm",
         "/dev/nvidia-uvm-tools",
     }
-    none = plan_claim(
-        make_claim(UID_A, "a"),
-        settings.model_copy(update={"driver_edits": "none"}),
-        {g.device_name: g for g in GPUS},
-        fixture_edits(),
-    )
+    none = plan_with(make_claim(UID_A, "a"), settings.model_copy(update={"driver_edits": "none"}), fixture_edits())
     assert none.spec is not None and none.spec.container_edits is None
     assert f"NVIDIA_VISIBLE_DEVICES={UUID0}" in none.spec.devices[0].container_edits.env
 
 
-@needs_root
 @pytest.mark.parametrize("edits", [None, "no-libraries"])
 def test_toolkit_without_usable_edits_writes_no_spec(tmp_path: Path, driver_root: Path, edits: str | None) -> None:
     settings = toolkit_settings(tmp_path, driver_root)
@@ -412,12 +414,11 @@ def test_toolkit_without_usable_edits_writes_no_spec(tmp_path: Path, driver_root
         full = fixture_edits()
         given = full.model_copy(update={"mounts": [m for m in full.mounts if ".so." not in m.container_path]})
     with pytest.raises(PrepareError) as raised:
-        plan_claim(make_claim(UID_A, "a"), settings, {g.device_name: g for g in GPUS}, given)
-    assert raised.value.kind == "driver_edits"
+        plan_with(make_claim(UID_A, "a"), settings, given)
+    assert raised.value.kind == ErrorKind.DRIVER_EDITS
     assert "--driver-edits=toolkit" in str(raised.value)
 
 
-@needs_root
 def test_prepare_fails_per_claim_when_generation_failed_and_keeps_what_was_prepared(
     tmp_path: Path, driver_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -434,7 +435,7 @@ def test_prepare_fails_per_claim_when_generation_failed_and_keeps_what_was_prepa
     edits.refresh()
     metrics = PluginMetrics()
     store = CheckpointStore(tmp_path / "ckpt.json", current_boot_id="b")
-    preparer = Preparer(connection(refused_url()), settings, GPUS, store, metrics, driver_edits=edits)
+    preparer = make_preparer(connection(refused_url()), settings, store, metrics, driver_edits=edits)
     first = fake.add(make_claim(UID_A, "a"))
     assert preparer.prepare([ref(first)])[UID_A].error == ""
     spec_a = cdi.spec_path(settings.cdi_dir, DRIVER_NAME, UID_A)
@@ -462,7 +463,6 @@ def test_prepare_fails_per_claim_when_generation_failed_and_keeps_what_was_prepa
     )
 
 
-@needs_root
 def test_a_failed_generation_is_one_node_event_and_counted_per_attempt(
     tmp_path: Path, driver_root: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

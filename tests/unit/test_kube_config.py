@@ -86,7 +86,7 @@ def test_inline_certificate_data_leaves_no_key_file_behind(
 
 
 def test_relative_paths_are_relative_to_the_kubeconfig_file(
-    tls_server: tuple[FakeApiServer, str], pki: Pki, tmp_path: Path
+    tls_server: tuple[FakeApiServer, str], pki: Pki, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     api, url = tls_server
     pair = pki.issue("relative", "relative-user", client=True)
@@ -98,7 +98,7 @@ def test_relative_paths_are_relative_to_the_kubeconfig_file(
         {"server": url, "certificate-authority": "certs/ca.crt"},
         {"client-certificate": "certs/c.crt", "client-key": "certs/c.key"},
     )
-    os.chdir("/")
+    monkeypatch.chdir("/")  # restored after the test: later tests run from the repository
     assert get_api(from_kubeconfig([path])) == {"kind": "APIVersions"}
     assert api.credentials == [(None, "relative-user")]
 

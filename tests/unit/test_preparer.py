@@ -1,216 +1,45 @@
-"""Unit tests of the stateful Preparer (kubelet_plugin/preparer.py) against a fake Kubernetes API."""
+"""Unit tests of the stateful Preparer (kubelet_plugin/preparer.py) against a fake Kubernetes API; no root."""
 
 from __future__ import annotations
 
-import copy
 import json
 import os
-import stat
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from api.kube_rest import ApiError, KubeRest, claim_path
+from api.kube_rest import ApiError, KubeRest
 from api.names import DRIVER_NAME
-from api.quantity import MiB
 from kubelet_plugin import cdi, container_info
-from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry
+from kubelet_plugin.checkpoint import Checkpoint, ClaimEntry
+from kubelet_plugin.claim_spec import hami_cache_dir
 from kubelet_plugin.claim_status import FIELD_MANAGER
-from kubelet_plugin.metrics import PluginMetrics
-from kubelet_plugin.model import ClaimRef, GpuInfo, PreparedDevice
-from kubelet_plugin.preparer import Preparer
-from kubelet_plugin.settings import Settings
-from tests.unit.fake_apiserver import connection, refused_url
-
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
-
-NODE = "node-a"
-NS = "team-a"
-UID_A = "0b6f3c2e-5d1a-4b8e-9c7f-2a1d3e4f5a6b"
-UID_B = "1c7a4d3f-6e2b-4c9f-8d80-3b2e4f5a6b7c"
-UID_C = "2d8b5e40-7f3c-4da0-9e91-4c3f5a6b7c8d"
-SHARE_A = "a671734a-e8e5-11e4-8fde-42010af09327"
-SHARE_B = "b7d2c1e0-1111-4222-8333-444455556666"
-UUID0 = "GPU-11111111-2222-4333-8444-555555555550"
-UUID1 = "GPU-11111111-2222-4333-8444-555555555551"
-
-NODES: dict[str, tuple[int, int]] = {
-    "nvidia0": (195, 0),
-    "nvidia1": (195, 1),
-    "nvidiactl": (195, 255),
-    "nvidia-uvm": (510, 0),
-    "nvidia-uvm-tools": (510, 1),
-}
-
-
-def gpu_info(index: int, uuid: str) -> GpuInfo:
-    return GpuInfo(
-        index=index,
-        uuid=uuid,
-        product_name="NVIDIA H100 80GB HBM3",
-        memory_total_bytes=81559 * MiB,
-        minor=index,
-        pci_bus_id=f"0000:{index + 1:02x}:00.0",
-        architecture="Hopper",
-        cuda_compute_capability="9.0",
-        driver_version="580.65.06",
-    )
-
-
-GPUS = [gpu_info(0, UUID0), gpu_info(1, UUID1)]
-
-
-def make_claim(
-    uid: str, name: str, device: str = "gpu-0", share: str = SHARE_A, memory: str = "10Gi"
-) -> dict[str, Any]:
-    return {
-        "apiVersion": "resource.k8s.io/v1",
-        "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": NS, "uid": uid, "generation": 1},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER_NAME}}]}},
-        "status": {
-            "allocation": {
-                "devices": {
-                    "results": [
-                        {
-                            "request": "gpu",
-                            "driver": DRIVER_NAME,
-                            "pool": NODE,
-                            "device": device,
-                            "shareID": share,
-                            "consumedCapacity": {"memory": memory},
-                        }
-                    ]
-                }
-            }
-        },
-    }
-
-
-def ref(claim: dict[str, Any], uid: str | None = None) -> ClaimRef:
-    meta = claim["metadata"]
-    return ClaimRef(namespace=meta["namespace"], name=meta["name"], uid=uid or meta["uid"])
-
-
-@dataclass
-class FakeApi:
-    """What the Preparer sees of the API server: claims by (namespace, name), recorded writes."""
-
-    claims: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
-    reads: list[tuple[str, str]] = field(default_factory=list)
-    status_patches: list[dict[str, Any]] = field(default_factory=list)
-    events: list[dict[str, Any]] = field(default_factory=list)
-
-    def add(self, claim: dict[str, Any]) -> dict[str, Any]:
-        self.claims[claim["metadata"]["namespace"], claim["metadata"]["name"]] = claim
-        return claim
-
-    def get(self, path: str, **query: Any) -> dict[str, Any]:
-        *_, namespace, kind, name = path.split("/")
-        assert path == claim_path(namespace, name) and kind == "resourceclaims", path
-        self.reads.append((namespace, name))
-        claim = self.claims.get((namespace, name))
-        if claim is None:
-            raise ApiError(status=404, reason="Not Found")
-        return copy.deepcopy(claim)
-
-    def apply(self, path: str, body: Any, field_manager: str, force: bool = True) -> dict[str, Any]:
-        *_, namespace, _, name, subresource = path.split("/")
-        assert subresource == "status", path
-        self.status_patches.append(
-            {"name": name, "namespace": namespace, "body": copy.deepcopy(body), "field_manager": field_manager}
-        )
-        return {}
-
-    def create(self, path: str, body: Any) -> dict[str, Any]:
-        assert path == "/api/v1/namespaces/default/events", path
-        self.events.append({"namespace": "default", "body": copy.deepcopy(body)})
-        return {}
+from kubelet_plugin.model import ClaimRef
+from tests.unit.plugin_host import (
+    NODE,
+    NODES,
+    NS,
+    SHARE_A,
+    SHARE_B,
+    UID_A,
+    UID_B,
+    UID_C,
+    UUID0,
+    UUID1,
+    Env,
+    completed_entry,
+    gpu_info,
+    make_claim,
+    make_env,
+    ready_only_entry,
+    ref,
+)
 
 
 @pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeApi:
-    f = FakeApi()
-    monkeypatch.setattr(KubeRest, "get", f.get)
-    monkeypatch.setattr(KubeRest, "apply", f.apply)
-    monkeypatch.setattr(KubeRest, "create", f.create)
-    return f
-
-
-def make_host_root(tmp_path: Path) -> Path:
-    """`<tmp>/host` with the NODES as character devices under `dev/` (existing ones kept); needs root."""
-    root = tmp_path / "host"
-    (root / "dev").mkdir(parents=True, exist_ok=True)
-    for name, (major, minor) in NODES.items():
-        if not (root / "dev" / name).exists():
-            os.mknod(root / "dev" / name, stat.S_IFCHR | 0o666, os.makedev(major, minor))
-    return root
-
-
-def host_settings(tmp_path: Path, root: Path, **overrides: Any) -> Settings:
-    """The plugin's settings for NODE with every host directory under `tmp_path` and the driver at `root`."""
-    return Settings(
-        node_name=NODE,
-        kubelet_dir=tmp_path / "kubelet",
-        cdi_dir=tmp_path / "cdi",
-        driver_root=root,
-        dev_char_dir=tmp_path / "dev-char",
-        hami_core_lock_dir=tmp_path / "vgpulock",
-        **overrides,
-    )
-
-
-@pytest.fixture
-def settings(tmp_path: Path) -> Settings:
-    return host_settings(tmp_path, make_host_root(tmp_path))
-
-
-@dataclass
-class Env:
-    api: FakeApi
-    settings: Settings
-    store: CheckpointStore
-    metrics: PluginMetrics
-    preparer: Preparer
-
-    def spec_file(self, uid: str) -> Path:
-        return cdi.spec_path(self.settings.cdi_dir, DRIVER_NAME, uid)
-
-    def checkpoint(self) -> Checkpoint:
-        return self.store.load().checkpoint
-
-    def sample(self, name: str, **labels: str) -> float:
-        value = self.metrics.registry.get_sample_value(name, labels)
-        return 0.0 if value is None else value
-
-    def new_preparer(self, boot: str = "boot-1", gpus: list[GpuInfo] = GPUS) -> Preparer:
-        self.store = CheckpointStore(self.store.path, current_boot_id=boot)
-        self.metrics = PluginMetrics()
-        self.preparer = Preparer(connection(refused_url()), self.settings, gpus, self.store, self.metrics)
-        return self.preparer
-
-
-@pytest.fixture
-def env(fake: FakeApi, settings: Settings, tmp_path: Path) -> Env:
-    store = CheckpointStore(tmp_path / "ckpt.json", current_boot_id="boot-1")
-    metrics = PluginMetrics()
-    preparer = Preparer(connection(refused_url()), settings, GPUS, store, metrics)
-    return Env(fake, settings, store, metrics, preparer)
-
-
-def completed_entry(uid: str, name: str) -> ClaimEntry:
-    device = PreparedDevice(
-        request_names=("gpu",),
-        pool_name=NODE,
-        device_name="gpu-0",
-        cdi_device_ids=(cdi.cdi_device_id(DRIVER_NAME, uid, "gpu-0", SHARE_A),),
-        share_id=SHARE_A,
-    )
-    return ClaimEntry(
-        namespace=NS, name=name, state="PrepareCompleted", devices=[CheckpointDevice.from_prepared(device)]
-    )
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
+    return make_env(tmp_path, monkeypatch)
 
 
 # --- prepare ---------------------------------------------------------------------------------------
@@ -368,17 +197,6 @@ def test_ready_not_applied_when_already_ready(env: Env) -> None:
     assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
     assert env.preparer.wait_ready_writes(10)
     assert env.api.status_patches == []
-
-
-def ready_only_entry(share_id: str) -> dict[str, Any]:
-    """A claim's status.devices entry for share `share_id` of gpu-0 that says Ready and nothing else."""
-    return {
-        "driver": DRIVER_NAME,
-        "pool": NODE,
-        "device": "gpu-0",
-        "shareID": share_id,
-        "conditions": [{"type": "Ready", "status": "True", "reason": "Prepared", "message": ""}],
-    }
 
 
 def test_enforcement_condition_added_to_an_entry_that_is_only_ready(env: Env) -> None:
@@ -594,7 +412,7 @@ def test_recover_same_boot_does_not_fetch(env: Env) -> None:
 
 def test_health_follows_device_nodes(env: Env) -> None:
     assert env.preparer.health() == [(NODE, "gpu-0", True), (NODE, "gpu-1", True)]
-    (env.settings.driver_root / "dev" / "nvidia1").unlink()
+    del env.nodes.nodes["nvidia1"]
     assert env.preparer.health() == [(NODE, "gpu-0", True), (NODE, "gpu-1", False)]
 
 
@@ -621,3 +439,14 @@ def test_api_error_is_a_claim_error(env: Env, monkeypatch: pytest.MonkeyPatch) -
     results = env.preparer.prepare([ClaimRef(namespace=NS, name="x", uid=UID_A)])
     assert "500" in results[UID_A].error
     assert env.sample("fracgpu_plugin_errors_total", operation="prepare", type="api_error") == 1
+
+
+def test_recover_removes_the_hami_core_cache_of_a_claim_it_does_not_know(env: Env) -> None:
+    env.preparer.prepare([ref(env.api.add(make_claim(UID_A, "a")))])
+    kept, orphan = hami_cache_dir(env.settings, UID_A), hami_cache_dir(env.settings, UID_C)
+    kept.mkdir(parents=True)
+    orphan.mkdir(parents=True)
+    (orphan / "vgpu.cache").write_bytes(b"x")
+    env.new_preparer().recover()
+    assert kept.is_dir()
+    assert not orphan.exists()

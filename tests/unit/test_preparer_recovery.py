@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -12,10 +14,9 @@ import pytest
 
 from api.kube_rest import ApiError, KubeRest
 from api.names import DRIVER_NAME
-from kubelet_plugin import cdi
-from kubelet_plugin.checkpoint import SCHEMA_VERSION, CheckpointStore
-from kubelet_plugin.grpc_server import _call_prepare
-from tests.unit.test_preparer import (
+from kubelet_plugin import cdi, container_info
+from kubelet_plugin.checkpoint import SCHEMA_VERSION, Checkpoint, CheckpointStore, ClaimEntry
+from tests.unit.plugin_host import (
     NS,
     SHARE_B,
     UID_A,
@@ -24,16 +25,16 @@ from tests.unit.test_preparer import (
     UUID0,
     UUID1,
     Env,
-    env,
-    fake,
     gpu_info,
     make_claim,
-    pytestmark,
+    make_env,
     ref,
-    settings,
 )
 
-__all__ = ["env", "fake", "pytestmark", "settings"]  # fixtures and the root-only mark, shared with test_preparer
+
+@pytest.fixture
+def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Env:
+    return make_env(tmp_path, monkeypatch)
 
 
 class Crash(BaseException):
@@ -56,6 +57,121 @@ def prepare_two(env: Env) -> tuple[dict[str, Any], dict[str, Any]]:
     results = env.preparer.prepare([ref(a), ref(b)])
     assert {uid: r.error for uid, r in results.items()} == {UID_A: "", UID_B: ""}
     return a, b
+
+
+# --- prepare: one durable checkpoint write, after the specs ----------------------------------------
+
+
+def test_prepare_saves_the_checkpoint_once_after_every_spec(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    saved: list[tuple[set[str], set[str]]] = []  # (claims in the saved checkpoint, spec files then)
+    real = CheckpointStore.save
+
+    def save(self: CheckpointStore, checkpoint: Checkpoint) -> None:
+        saved.append((set(checkpoint.claims), cdi.list_spec_claim_uids(env.settings.cdi_dir, DRIVER_NAME)))
+        real(self, checkpoint)
+
+    monkeypatch.setattr(CheckpointStore, "save", save)
+    prepare_two(env)
+    assert saved == [({UID_A, UID_B}, {UID_A, UID_B})], "one save, with both specs already written"
+    assert {e.state for e in env.checkpoint().claims.values()} == {"PrepareCompleted"}
+    saved.clear()
+    a = env.api.claims[NS, "claim-a"]
+    assert env.preparer.prepare([ref(a)])[UID_A].error == ""
+    assert saved == [], "a repeated prepare changes no entry: no checkpoint write"
+
+
+def _crash_after_first_spec_write(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = cdi.write_spec
+
+    def write_then_crash(*args: Any, **kwargs: Any) -> Path:
+        real(*args, **kwargs)
+        raise Crash
+
+    monkeypatch.setattr(cdi, "write_spec", write_then_crash)
+
+
+def _crash_while_saving_after_the_specs(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+    def crash(self: CheckpointStore, checkpoint: Any) -> None:
+        raise Crash
+
+    monkeypatch.setattr(CheckpointStore, "save", crash)
+
+
+@pytest.mark.parametrize("crash", [_crash_after_first_spec_write, _crash_while_saving_after_the_specs])
+def test_a_crash_during_prepare_leaves_orphans_recover_removes_and_the_retry_recreates(
+    env: Env, monkeypatch: pytest.MonkeyPatch, crash: Any
+) -> None:
+    a = env.api.add(make_claim(UID_A, "claim-a"))
+    b = env.api.add(make_claim(UID_B, "claim-b", device="gpu-1", share=SHARE_B))
+    c = env.api.add(make_claim(UID_C, "claim-c", share="c0ffee00-0000-4000-8000-000000000000"))
+    assert env.preparer.prepare([ref(c)])[UID_C].error == ""  # prepared before: must survive untouched
+    spec_c = env.spec_file(UID_C).read_bytes()
+    with monkeypatch.context() as patch:
+        crash(env, patch)
+        with pytest.raises(Crash):
+            env.preparer.prepare([ref(a), ref(b)])
+    assert env.spec_file(UID_A).exists(), "the crash came after a spec was written"
+    assert set(env.checkpoint().claims) == {UID_C}, "the checkpoint is saved only after the specs"
+    env.new_preparer().recover()
+    assert_invariant(env)
+    assert not env.spec_file(UID_A).exists(), "the orphaned spec is removed"
+    assert not container_info.claim_info_dir(env.settings.plugin_data_dir, UID_A).exists()
+    assert env.spec_file(UID_C).read_bytes() == spec_c
+    # the kubelet retries the prepare: it writes the spec again
+    results = env.preparer.prepare([ref(a), ref(b)])
+    assert {uid: r.error for uid, r in results.items()} == {UID_A: "", UID_B: ""}
+    assert_invariant(env)
+    assert set(env.checkpoint().claims) == {UID_A, UID_B, UID_C}
+
+
+def test_a_prepare_started_entry_of_an_older_plugin_is_completed_by_the_next_prepare(env: Env) -> None:
+    a = env.api.add(make_claim(UID_A, "claim-a"))
+    env.store.save(env.checkpoint().with_claim(UID_A, ClaimEntry(namespace=NS, name="claim-a", state="PrepareStarted")))
+    assert env.preparer.prepare([ref(a)])[UID_A].error == ""
+    entry = env.checkpoint().claims[UID_A]
+    assert entry.state == "PrepareCompleted" and [d.uuid for d in entry.devices] == [UUID0]
+    assert_invariant(env)
+
+
+def test_a_failed_checkpoint_save_fails_the_new_claims_and_removes_their_files(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    a, _ = prepare_two(env)
+    c = env.api.add(make_claim(UID_C, "claim-c", share="c0ffee00-0000-4000-8000-000000000000"))
+    monkeypatch.setattr(CheckpointStore, "save", lambda *_: (_ for _ in ()).throw(OSError(28, "No space left")))
+    results = env.preparer.prepare([ref(a), ref(c)])
+    assert results[UID_A].error == "", "already prepared: its entry did not change"
+    assert "cannot save the checkpoint" in results[UID_C].error and "No space left" in results[UID_C].error
+    assert not env.spec_file(UID_C).exists()
+    assert env.spec_file(UID_A).exists()
+    assert env.sample("fracgpu_plugin_errors_total", operation="prepare", type="internal") == 1
+
+
+@pytest.mark.parametrize(("cdi_on_tmpfs", "fsyncs"), [(True, 2), (False, 3)])
+def test_one_durable_write_per_prepare(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cdi_on_tmpfs: bool, fsyncs: int
+) -> None:
+    """The checkpoint file and its directory are fsynced once per call; the spec file only where the CDI dir
+    outlives a reboot; nothing else."""
+    shm = Path("/dev/shm")
+    if cdi_on_tmpfs and not (shm.is_dir() and os.access(shm, os.W_OK)):
+        pytest.skip("no writable /dev/shm (tmpfs) on this machine")
+    with tempfile.TemporaryDirectory(dir=shm if cdi_on_tmpfs else tmp_path) as cdi_dir:
+        env = make_env(tmp_path, monkeypatch, cdi_dir=Path(cdi_dir) / "cdi")
+        claim = env.api.add(make_claim(UID_A, "claim-a"))
+        calls: list[int] = []
+        real = os.fsync
+
+        def fsync(fd: int) -> None:
+            calls.append(fd)
+            real(fd)
+
+        monkeypatch.setattr(os, "fsync", fsync)
+        assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
+        assert len(calls) == fsyncs
+        calls.clear()
+        assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
+        assert len(calls) == 2, "unprepare: the checkpoint only"
 
 
 # --- unprepare: crash points -----------------------------------------------------------------------
@@ -281,7 +397,7 @@ def test_a_newer_schema_is_refused_with_an_event_and_touched_nowhere(env: Env, m
     preparer = env.new_preparer()
     preparer.recover()  # does not raise: the plugin keeps running and registers
     c = env.api.add(make_claim(UID_C, "claim-c", share="c0ffee00-0000-4000-8000-000000000000"))
-    prepared = _call_prepare(preparer, [ref(a), ref(c)])
+    prepared = preparer.prepare([ref(a), ref(c)])
     unprepared = preparer.unprepare([ref(b)])
 
     expected = (

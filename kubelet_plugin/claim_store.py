@@ -1,0 +1,99 @@
+"""The files a prepared claim has on the node: its CDI spec, its per-request info files and its HAMi-core files.
+
+Writes are atomic (``filelock.atomic_write``): a reader sees the old or the new file, never a torn one.
+Durability follows what a reboot keeps. The CDI dir is tmpfs on a normal node (``/var/run/cdi``): its specs die
+with a reboot anyway, so they are not fsynced (recovery re-writes every spec after a reboot). Where the CDI dir
+is persistent (told by the file-system type at start) each spec is fsynced before it replaces the old one, so a
+power loss never leaves a torn spec; its directory is not: a spec a power loss took is a missing spec, which
+recovery re-writes from the API. Info files are never fsynced (after a reboot every claim's files are written
+again). Callers hold the node lock.
+"""
+
+import contextlib
+import shutil
+from pathlib import Path
+
+from kubelet_plugin import cdi, container_info
+from kubelet_plugin.claim_spec import ClaimPlan, hami_cache_dir, hami_cache_root, hami_preload_file
+from kubelet_plugin.filelock import atomic_write, is_volatile, remove_temp_files
+from kubelet_plugin.settings import Settings
+
+HAMI_PRELOAD = b"/usr/local/vgpu/libvgpu.so\n"
+
+
+class ClaimStore:
+    """Writes, lists and removes this driver's per-claim files under the settings' CDI and plugin data dirs."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._cdi_dir = settings.cdi_dir
+        self._driver = settings.driver_name
+        self.specs_fsynced = not is_volatile(settings.cdi_dir)
+        """Whether spec files are fsynced: False where the CDI dir is tmpfs/ramfs."""
+
+    def write(self, claim_uid: str, plan: ClaimPlan) -> None:
+        """Write the plan's info files, HAMi-core files, then its spec (everything the spec mounts exists before
+        the spec does). Nothing is written for a plan without a spec. Raises OSError."""
+        if plan.spec is None:
+            return
+        container_info.write_claim_files(
+            container_info.claim_info_dir(self._settings.plugin_data_dir, claim_uid), list(plan.files)
+        )
+        if plan.hami_core:
+            self._write_hami_files(claim_uid)
+        cdi.write_spec(self._cdi_dir, claim_uid, plan.spec, self._driver, fsync=self.specs_fsynced)
+
+    def _write_hami_files(self, claim_uid: str) -> None:
+        preload = hami_preload_file(self._settings)
+        try:
+            current = preload.read_bytes()
+        except FileNotFoundError:
+            current = None
+        if current != HAMI_PRELOAD:
+            atomic_write(preload, HAMI_PRELOAD, 0o644)
+        hami_cache_dir(self._settings, claim_uid).mkdir(parents=True, exist_ok=True)
+        self._settings.hami_core_lock_dir.mkdir(parents=True, exist_ok=True)
+
+    def remove(self, claim_uid: str) -> None:
+        """Delete the claim's spec, then its HAMi-core cache and info files; absent ones are fine. Raises OSError."""
+        cdi.remove_spec(self._cdi_dir, self._driver, claim_uid)
+        shutil.rmtree(hami_cache_dir(self._settings, claim_uid), ignore_errors=True)
+        container_info.remove_claim_files(self._settings.plugin_data_dir, claim_uid)
+
+    def remove_spec(self, claim_uid: str) -> None:
+        """Delete the claim's spec only (absent is fine)."""
+        cdi.remove_spec(self._cdi_dir, self._driver, claim_uid)
+
+    def spec_uids(self) -> set[str]:
+        """UIDs of the claims that have a spec file of this driver."""
+        return cdi.list_spec_claim_uids(self._cdi_dir, self._driver)
+
+    def read_spec(self, claim_uid: str) -> str | None:
+        """The text of the claim's spec file; None if it cannot be read."""
+        try:
+            return cdi.spec_path(self._cdi_dir, self._driver, claim_uid).read_text()
+        except (OSError, UnicodeDecodeError):
+            return None
+
+    def remove_orphans(self, keep: set[str]) -> list[tuple[str, str]]:
+        """Delete specs, info files and HAMi-core caches of claims not in `keep`, and temp files of interrupted
+        spec writes; return (what, claim UID or path) for each removal, for the log."""
+        removed = []
+        for uid in sorted(self.spec_uids() - keep):
+            self.remove_spec(uid)
+            removed.append(("CDI spec", uid))
+        data_dir = self._settings.plugin_data_dir
+        removed += [("claim info files", uid) for uid in container_info.remove_orphan_claim_files(data_dir, keep)]
+        caches = hami_cache_root(self._settings)
+        with contextlib.suppress(FileNotFoundError):
+            for entry in sorted(caches.iterdir()):
+                if entry.name not in keep and entry.is_dir():
+                    shutil.rmtree(entry, ignore_errors=True)
+                    removed.append(("HAMi-core cache", entry.name))
+        removed += [("temp file", str(p)) for p in remove_temp_files(self._cdi_dir, cdi.spec_file_prefix(self._driver))]
+        return removed
+
+    @property
+    def cdi_dir(self) -> Path:
+        """Where the specs are."""
+        return self._cdi_dir
