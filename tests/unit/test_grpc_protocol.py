@@ -25,7 +25,7 @@ import grpc
 import pytest
 
 from kubelet_plugin.grpc_server import SUPPORTED_VERSIONS, PluginServer
-from kubelet_plugin.model import ClaimRef, PreparedDevice, PrepareResult
+from kubelet_plugin.model import ClaimRef
 from kubelet_plugin.proto import (
     dra_health_v1_pb2,
     dra_health_v1alpha1_pb2,
@@ -33,6 +33,7 @@ from kubelet_plugin.proto import (
     dra_v1beta1_pb2,
     pluginregistration_pb2,
 )
+from tests.unit.fake_preparer import FakePreparer
 
 DRIVER = "gpu.fracgpu.dev"
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -48,49 +49,6 @@ HEALTH_V1 = "/v1.DRAResourceHealth/NodeWatchResources"
 
 TIMEOUT = 5.0
 HEALTH = [("node-a", "gpu-0", True), ("node-a", "gpu-1", False)]
-
-
-class FakePreparer:
-    """Prepares every claim to one device on gpu-0; claim name 'bad' fails, 'lost' gets no entry."""
-
-    def __init__(self) -> None:
-        self.raise_exc: Exception | None = None
-        self.prepared: list[list[ClaimRef]] = []
-        self.unprepared: list[list[ClaimRef]] = []
-
-    def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
-        self.prepared.append(claims)
-        if self.raise_exc is not None:
-            raise self.raise_exc
-        out: dict[str, PrepareResult] = {}
-        for c in claims:
-            if c.name == "bad":
-                out[c.uid] = PrepareResult(error=f"claim {c.name} is not allocated")
-            elif c.name != "lost":
-                out[c.uid] = PrepareResult(
-                    devices=(
-                        PreparedDevice(
-                            request_names=("gpu",),
-                            pool_name="node-a",
-                            device_name="gpu-0",
-                            cdi_device_ids=(f"k8s.gpu.fracgpu.dev/claim={c.uid}-gpu-0-share",),
-                            share_id=f"share-{c.uid}",
-                        ),
-                        PreparedDevice(
-                            request_names=(),
-                            pool_name="node-a",
-                            device_name="gpu-1",
-                            cdi_device_ids=(),
-                        ),
-                    )
-                )
-        return out
-
-    def unprepare(self, claims: list[ClaimRef]) -> dict[str, str]:
-        self.unprepared.append(claims)
-        if self.raise_exc is not None:
-            raise self.raise_exc
-        return {c.uid: ("busy" if c.name == "bad" else "") for c in claims if c.name != "lost"}
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from kubelet_plugin.__main__ import hand_over
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.http_server import HttpEndpoint
 from kubelet_plugin.settings import Settings
-from tests.unit.test_grpc_protocol import FakePreparer
+from tests.unit.fake_preparer import FakePreparer
 
 DRIVER = "gpu.fracgpu.dev"
 
