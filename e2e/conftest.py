@@ -3,13 +3,12 @@
 import os
 import shutil
 import tempfile
-import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from e2e import workloads as w
 from e2e.cluster.node import SingleNodeCluster
 from e2e.install import Installation, install, remove_dev_char_links
 
@@ -37,12 +36,5 @@ def installation() -> Iterator[Installation]:
 @pytest.fixture
 def ns(installation: Installation) -> Iterator[str]:
     """A fresh namespace (with its default ServiceAccount), deleted with everything in it afterwards."""
-    name = f"e2e-{uuid.uuid4().hex[:6]}"
-    cluster = installation.cluster
-    cluster.kubectl("create", "namespace", name)
-    deadline = time.monotonic() + 30
-    while cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
-        assert time.monotonic() < deadline, "default ServiceAccount never appeared"
-        time.sleep(0.5)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
+    with w.fresh_namespace(installation.cluster) as name:
+        yield name

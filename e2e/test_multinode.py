@@ -14,7 +14,6 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-import uuid
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -54,15 +53,8 @@ def two_nodes() -> Iterator[ClusterInstallation]:
 @pytest.fixture
 def ns(two_nodes: ClusterInstallation) -> Iterator[str]:
     """A fresh namespace, deleted with everything in it afterwards."""
-    name = f"e2e-{uuid.uuid4().hex[:6]}"
-    cluster = two_nodes.cluster
-    cluster.kubectl("create", "namespace", name)
-    deadline = time.monotonic() + 30
-    while cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
-        assert time.monotonic() < deadline, "default ServiceAccount never appeared"
-        time.sleep(0.5)
-    yield name
-    cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)
+    with w.fresh_namespace(two_nodes.cluster) as name:
+        yield name
 
 
 def _on(pod: dict[str, Any], node: str) -> dict[str, Any]:

@@ -1,8 +1,11 @@
 """Pods and claims for the end-to-end tests and the demo (all hostNetwork: the node has no pod network)."""
 
+import contextlib
 import json
 import subprocess
 import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -261,3 +264,18 @@ def recorded_gpu(claim: dict[str, Any]) -> dict[str, Any]:
 def on_runtime(pod: dict[str, Any], runtime_class: str) -> dict[str, Any]:
     """`pod` with `runtimeClassName: runtime_class` (a containerd handler of the node, e.g. node.RUNC)."""
     return {**pod, "spec": {**pod["spec"], "runtimeClassName": runtime_class}}
+
+
+@contextlib.contextmanager
+def fresh_namespace(cluster: Cluster) -> Iterator[str]:
+    """A new namespace (with its default ServiceAccount), deleted with everything in it afterwards."""
+    name = f"e2e-{uuid.uuid4().hex[:6]}"
+    cluster.kubectl("create", "namespace", name)
+    deadline = time.monotonic() + 30
+    while cluster.kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode != 0:
+        assert time.monotonic() < deadline, "default ServiceAccount never appeared"
+        time.sleep(0.5)
+    try:
+        yield name
+    finally:
+        cluster.kubectl("delete", "namespace", name, "--wait=true", "--timeout=120s", check=False)

@@ -25,7 +25,7 @@ from e2e.cluster.containerd import Containerd, ContainerdSettings, kill_shims
 from e2e.cluster.controlplane import ControlPlane
 from e2e.cluster.mountns import NODE_ROOT, MountNamespace
 from e2e.cluster.netns import Netns, free_slots, link
-from e2e.cluster.node import NO_POD_NETWORK, RUNC, _make_shared_mount, _unmount_below, start_kubelet
+from e2e.cluster.node import NO_POD_NETWORK, RUNC, _make_shared_mount, _unmount_below, start_kubelet, wait_node_ready
 from e2e.cluster.processes import ProcessGroup, stop_recorded
 from e2e.image import small
 from e2e.mocknvml import PROFILES
@@ -236,19 +236,7 @@ class MultiNodeCluster:
         return subprocess.run(argv, check=check, capture_output=True, text=True, input=input_, timeout=120)
 
     def wait_node_ready(self, node: ClusterNode, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        status = ""
-        while time.monotonic() < deadline:
-            node.procs.check_alive("kubelet")
-            result = self.kubectl(
-                "get", "node", node.name, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
-                check=False,
-            )  # fmt: skip
-            status = result.stdout.strip() or result.stderr.strip()
-            if status == "True":
-                return
-            time.sleep(1)
-        raise TimeoutError(f"node {node.name} not Ready ({status}):\n{node.procs.log_tail('kubelet', 40)}")
+        wait_node_ready(self.kubectl, node.procs, node.name, timeout)
 
     def stop(self) -> None:
         """Every node's processes, the control plane, then the nodes' namespaces and directories."""

@@ -15,6 +15,7 @@ import json
 import shutil
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from e2e.cluster import binaries
@@ -145,19 +146,7 @@ class SingleNodeCluster:
         return subprocess.run(argv, check=check, capture_output=True, text=True, input=input_, timeout=120)
 
     def wait_node_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        status = ""
-        while time.monotonic() < deadline:
-            self.procs.check_alive("kubelet")
-            result = self.kubectl(
-                "get", "node", self.node_name, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}",
-                check=False,
-            )  # fmt: skip
-            status = result.stdout.strip() or result.stderr.strip()
-            if status == "True":
-                return
-            time.sleep(1)
-        raise TimeoutError(f"node {self.node_name} not Ready ({status}):\n{self.procs.log_tail('kubelet', 40)}")
+        wait_node_ready(self.kubectl, self.procs, self.node_name, timeout)
 
     def stop(self) -> None:
         """Stop the kubelet, containerd (and its containers), the control plane, and delete the namespace."""
@@ -277,3 +266,22 @@ def _unmount_below(directory: Path) -> None:
     mounts = [line.split()[1] for line in Path("/proc/self/mounts").read_text().splitlines()]
     for mount in sorted((m for m in mounts if m.startswith(prefix)), key=len, reverse=True):
         subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
+
+
+def wait_node_ready(
+    kubectl: Callable[..., subprocess.CompletedProcess[str]], procs: ProcessGroup, node: str, timeout: float
+) -> None:
+    """Wait until Node `node` is Ready, failing early when its kubelet (in `procs`) died; TimeoutError with the
+    kubelet's last log lines."""
+    deadline = time.monotonic() + timeout
+    status = ""
+    while time.monotonic() < deadline:
+        procs.check_alive("kubelet")
+        result = kubectl(
+            "get", "node", node, "-o", "jsonpath={.status.conditions[?(@.type=='Ready')].status}", check=False
+        )  # fmt: skip
+        status = result.stdout.strip() or result.stderr.strip()
+        if status == "True":
+            return
+        time.sleep(1)
+    raise TimeoutError(f"node {node} not Ready ({status}):\n{procs.log_tail('kubelet', 40)}")

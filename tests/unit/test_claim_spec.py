@@ -30,22 +30,10 @@ from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.slices import usable_memory
 from kubelet_plugin.spec_rebuild import entry_from_spec
+from tests.unit.plugin_host import NODE, NODES, SHARE_A, SHARE_B, UUID0, UUID1
+from tests.unit.plugin_host import UID_A as UID
 
-NODE = "node-a"
-UID = "0b6f3c2e-5d1a-4b8e-9c7f-2a1d3e4f5a6b"
-SHARE_A = "a671734a-e8e5-11e4-8fde-42010af09327"
-SHARE_B = "b7d2c1e0-1111-4222-8333-444455556666"
-UUID0 = "GPU-11111111-2222-4333-8444-555555555550"
-UUID1 = "GPU-11111111-2222-4333-8444-555555555551"
 CONFIG_API = "fracgpu.dev/v1alpha1"
-
-NODES: dict[str, tuple[int, int]] = {
-    "nvidia0": (195, 0),
-    "nvidia1": (195, 1),
-    "nvidiactl": (195, 255),
-    "nvidia-uvm": (510, 0),
-    "nvidia-uvm-tools": (510, 1),
-}
 
 
 @pytest.fixture
