@@ -125,9 +125,9 @@ def test_image_holds_exactly_the_pinned_versions(containerd: Containerd, importe
     """The venv in the image has constraints.txt's versions, the ones `make venv` and CI test."""
     code, output = run(containerd, imported, "python", "-c", INSTALLED)
     assert code == 0, output
-    installed: dict[NormalizedName, str] = {
-        canonicalize_name(n): v for n, v in json.loads(output.strip().splitlines()[-1]).items()
-    }
+    lines = [line.strip() for line in output.splitlines() if line.strip().startswith("{")]
+    assert lines, f"no JSON in the output: {output!r}"
+    installed: dict[NormalizedName, str] = {canonicalize_name(n): v for n, v in json.loads(lines[-1]).items()}
     assert installed.pop(canonicalize_name("fracgpu")) == build.project_version()
     pins = lock.read_pins()
     assert {n: str(pins.get(n)) for n in installed} == installed, "every distribution in the image is pinned"
