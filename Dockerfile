@@ -31,12 +31,12 @@ FROM ${PYTHON_IMAGE} AS builder
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PYTHONDONTWRITEBYTECODE=1
 RUN python -m venv /opt/fracgpu
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md constraints.txt ./
 COPY api ./api
 COPY controller ./controller
 COPY kubelet_plugin ./kubelet_plugin
-# Install the wheel and its dependencies into the venv, precompile, then drop the installer itself.
-RUN /opt/fracgpu/bin/pip install --no-compile . \
+# Install the wheel and its dependencies at the pins `make venv` and CI test, precompile, then drop the installer.
+RUN /opt/fracgpu/bin/pip install --no-compile -c constraints.txt . \
  && /opt/fracgpu/bin/python -m compileall -q /opt/fracgpu/lib \
  && /opt/fracgpu/bin/pip uninstall -y setuptools pip
 

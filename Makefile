@@ -8,18 +8,36 @@ PY := $(VENV)/bin/python
 export FRACGPU_CACHE ?= $(HOME)/.cache/fracgpu
 PYTEST := $(PY) -m pytest -p no:cacheprovider
 
-.PHONY: help venv lint typecheck unit integration e2e test demo-down binaries mock-nvml proto crds image cluster-up cluster-down demo bench gpu-check-bundle gpu-check clean
+.PHONY: help venv lock lint typecheck unit integration e2e test demo-down binaries mock-nvml proto crds image cluster-up cluster-down demo bench gpu-check-bundle gpu-check clean
 
 help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
 
-$(VENV)/.installed: pyproject.toml
+# constraints.txt pins every runtime and dev dependency (and pip) for CPython 3.11-3.13 on linux x86-64; the
+# image (Dockerfile, e2e/image/build.py) and the real-GPU bundle install the same pins. `make lock` rewrites it.
+CONSTRAINTS := constraints.txt
+LOCK_PYTHONS := 3.12 3.13
+LOCK_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64
+
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -c $(CONSTRAINTS) --upgrade pip
+	$(PY) -m pip install -q -c $(CONSTRAINTS) -e '.[dev]'
 	touch $@
 
-venv: $(VENV)/.installed ## create .venv with the project and its dev tools
+venv: $(VENV)/.installed ## create .venv with the project and its dev tools, at the versions pinned in constraints.txt
+
+lock: ## re-pin constraints.txt after a pyproject.toml change (LOCK_ARGS=--upgrade moves every pin to the newest)
+	@test -x $(VENV)/bin/pip-compile || $(MAKE) venv
+	CUSTOM_COMPILE_COMMAND="make lock" $(VENV)/bin/pip-compile --quiet --extra dev --strip-extras --allow-unsafe \
+	  --no-emit-index-url --no-emit-find-links $(LOCK_ARGS) --output-file $(CONSTRAINTS) pyproject.toml
+	@# Resolved on this interpreter: check the same pins resolve, as wheels, on the other supported ones.
+	for v in $(LOCK_PYTHONS); do \
+	  $(PY) -m pip install -q --dry-run --ignore-installed --only-binary=:all: --target "$$(mktemp -d)" \
+	    --implementation cp --python-version $$v $(addprefix --platform ,$(LOCK_PLATFORMS)) \
+	    -c $(CONSTRAINTS) '.[dev]' || exit 1; \
+	done
+	$(PY) -m pytest -p no:cacheprovider -q tests/unit/test_lock.py
 
 lint: venv ## ruff lint and format check
 	$(VENV)/bin/ruff check .

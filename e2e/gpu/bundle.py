@@ -8,8 +8,9 @@ writes into ``--out`` (replacing what was there):
   (built by e2e/cluster/build-binaries.sh, linking only libc) and a static ``runc``; ``rootfs/``, the container's
   root: Debian's static busybox, the CUDA probe (e2e/mocknvml/cuda_probe.c) and this machine's glibc, so the
   container runs the same userland on any host and links whatever driver libraries the CDI spec mounts;
-- ``wheels/``: the wheels of every distribution the check imports, at the versions of the running environment,
-  for each ``--python`` (manylinux x86-64), downloaded once into ``$FRACGPU_CACHE/wheels/gpu-check``;
+- ``wheels/``: the wheels of every distribution the check imports, at their pins in constraints.txt (as
+  ``make venv`` installs them), for each ``--python`` (manylinux x86-64), downloaded once into
+  ``$FRACGPU_CACHE/wheels/gpu-check``;
 - ``requirements.txt``: those distributions pinned (installed with ``--no-deps``: exactly this set);
 - ``manifest.json``: component versions, the distributions and the size of the rest of the bundle.
 
@@ -27,6 +28,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from e2e import lock
 from e2e.cluster import binaries
 from e2e.image import small
 from e2e.mocknvml import HERE as MOCKNVML
@@ -172,7 +174,7 @@ def directory_size(path: Path) -> int:
 def build(out: Path, pythons: tuple[str, ...]) -> dict[str, object]:
     """Write the bundle into ``out`` (see the module docstring); return its manifest."""
     tools = binaries.ensure_built(*TOOLS)
-    dists = imported_distributions(Path(sys.executable))
+    dists = lock.pinned(list(imported_distributions(Path(sys.executable))))
     cache = binaries.cache_dir() / "wheels" / "gpu-check"
     download_wheels(dists, pythons, cache)
     shutil.rmtree(out, ignore_errors=True)

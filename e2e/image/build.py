@@ -2,7 +2,7 @@
 
 Two layers: the cached debootstrap base (rootfs.py) and an app layer holding /opt/fracgpu, a venv with our
 wheel and its dependencies installed inside a chroot of the base with no network (wheels are fetched on the
-host first, pinned to the versions of the environment running this build), NVIDIA's `nvidia-ctk` and
+host first, pinned by constraints.txt like `make venv`), NVIDIA's `nvidia-ctk` and
 `nvidia-cdi-hook` in /usr/bin (built on the host by e2e/cluster/build-binaries.sh; the node plugin's driver
 edits run the one and install the other), plus the non-root user 65532.
 The OCI archive lands at `<out>/fracgpu-<tag>.oci.tar`, described by `<out>/image.json`.
@@ -13,7 +13,6 @@ the same layer digest.
 """
 
 import argparse
-import importlib.metadata
 import importlib.util
 import json
 import os
@@ -31,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from e2e import lock
 from e2e.cluster import binaries
 from e2e.cluster.binaries import cache_dir
 from e2e.image import hosttools, oci, rootfs
@@ -201,13 +201,9 @@ def build_app_wheel(dest: Path, epoch: int) -> Path:
 
 
 def write_constraints(path: Path) -> Path:
-    """Pin every distribution of the environment running the build: the image gets the versions we test."""
-    pins = {}
-    for dist in importlib.metadata.distributions():
-        name = dist.metadata["Name"]
-        if name and name.lower() not in {"fracgpu", "pip", "setuptools", "wheel"}:
-            pins[name.lower()] = f"{name}=={dist.version}"
-    path.write_text("".join(f"{pins[k]}\n" for k in sorted(pins)))
+    """The repository's pins (constraints.txt, as `make venv` and CI install them), checked and copied to `path`."""
+    lock.read_pins()  # a clear LockError when it is missing or malformed
+    shutil.copyfile(lock.CONSTRAINTS, path)
     return path
 
 

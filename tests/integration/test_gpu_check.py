@@ -24,7 +24,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
+from e2e import lock
 from e2e.gpu import bundle as gpu_bundle
 from e2e.mocknvml import PROFILES, make_driver_root, read_profile
 from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, make_faithful_driver_root
@@ -96,6 +99,14 @@ def check(
         [*argv, *extra], capture_output=True, text=True, timeout=240, env=environ, cwd="/", check=False
     )
     return done.returncode, done.stdout + done.stderr
+
+
+def test_the_bundle_carries_the_locked_versions(bundle: Path) -> None:
+    """The wheels the device machine installs are constraints.txt's pins, the versions `make venv` and CI test."""
+    carried = dict(line.split("==") for line in (bundle / "requirements.txt").read_text().split())
+    pins = lock.read_pins()
+    assert {n: pins[canonicalize_name(n)] for n in carried} == {n: Version(v) for n, v in carried.items()}
+    assert {"pydantic-settings", "nvidia-ml-py"} <= {canonicalize_name(n) for n in carried}
 
 
 def test_the_check_passes_and_the_container_sees_exactly_the_granted_gpu(bundle: Path, driver: DriverInstall) -> None:

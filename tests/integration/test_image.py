@@ -17,7 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.utils import NormalizedName, canonicalize_name
 
+from e2e import lock
 from e2e.cluster import binaries
 from e2e.cluster.containerd import Containerd
 from e2e.image import build, oci
@@ -51,6 +53,9 @@ def imported(containerd: Containerd, image: build.BuildResult) -> str:
     """The image's name after `ctr images import`."""
     containerd.ctr("images", "import", image.archive.path, timeout=300)
     return image.name
+
+
+INSTALLED = "import importlib.metadata as m, json; print(json.dumps({d.name: d.version for d in m.distributions()}))"
 
 
 def run(containerd: Containerd, image: str, *argv: str) -> tuple[int, str]:
@@ -114,6 +119,19 @@ def test_nvidia_toolkit_runs_in_the_image(containerd: Containerd, imported: str,
     code, output = run(containerd, imported, f"/usr/bin/{command}", "--version")
     assert code == 0, output
     assert binaries.version_of(command).removeprefix("v") in output
+
+
+def test_image_holds_exactly_the_pinned_versions(containerd: Containerd, imported: str) -> None:
+    """The venv in the image has constraints.txt's versions, the ones `make venv` and CI test."""
+    code, output = run(containerd, imported, "python", "-c", INSTALLED)
+    assert code == 0, output
+    lines = [line.strip() for line in output.splitlines() if line.strip().startswith("{")]
+    assert lines, f"no JSON in the output: {output!r}"
+    installed: dict[NormalizedName, str] = {canonicalize_name(n): v for n, v in json.loads(lines[-1]).items()}
+    assert installed.pop(canonicalize_name("fracgpu")) == build.project_version()
+    pins = lock.read_pins()
+    assert {n: str(pins.get(n)) for n in installed} == installed, "every distribution in the image is pinned"
+    assert {"pydantic", "pydantic-settings", "kopf", "grpcio"} <= set(installed)
 
 
 def test_default_command_is_controller_help(containerd: Containerd, imported: str) -> None:

@@ -37,12 +37,33 @@ def test_empty_device_gone_grace_falls_back_to_the_default(monkeypatch: pytest.M
     assert parse_settings([]).device_gone_grace_seconds == 0
 
 
-@pytest.mark.parametrize("argv", [["--workers=0"], ["--webhook-service=nope"], ["--log-format=xml"]])
-def test_bad_values_exit_with_usage(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--workers=0"], "--workers=0: Input should be greater than or equal to 1"),
+        (["--webhook-service=nope"], "--webhook-service=nope: must be <namespace>/<name>"),
+        (["--log-format=xml"], "argument --log-format: invalid choice: 'xml'"),
+        (["--admission=no"], "argument --admission/--no-admission: ignored explicit argument 'no'"),
+    ],
+)
+def test_bad_values_exit_with_usage(argv: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         parse_settings(argv)
     assert exited.value.code == 2
-    assert "fracgpu-controller" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "usage: fracgpu-controller" in err and message in err
+
+
+def test_webhook_config_name_follows_the_driver_name(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FRACGPU_DRIVER_NAME", "gpu.example.com")
+    assert parse_settings([]).webhook_config_name == "gpu.example.com"
+    assert parse_settings(["--webhook-config-name=hooks"]).webhook_config_name == "hooks"
+
+
+def test_admission_by_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FRACGPU_ADMISSION", "false")
+    assert not parse_settings([]).admission
+    assert parse_settings(["--admission"]).admission, "the flag wins over the variable"
 
 
 def test_help_works(capsys: pytest.CaptureFixture[str]) -> None:

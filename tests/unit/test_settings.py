@@ -63,24 +63,24 @@ def test_handover_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        ([], "--node-name (or env NODE_NAME) is required"),
+        ([], "--node-name (or env NODE_NAME) is required: this node's name"),
         (["--node-name", "n", "--memory-step", "100k"], "memory step must be a whole number of MiB"),
-        (["--node-name", "n", "--memory-step", "ten"], "'ten' is not a Kubernetes quantity"),
+        (["--node-name", "n", "--memory-step", "ten"], "--memory-step=ten: 'ten' is not a Kubernetes quantity"),
         (["--node-name", "n", "--enforcement", "strict"], "invalid choice: 'strict'"),
         (["--node-name", "n", "--enforcement", "nvml"], "--enforcement=nvml needs --driver-edits=toolkit"),
-        (["--node-name", "n", "--api-timeout", "0"], "api_timeout_seconds: Input should be greater than 0"),
-        (["--node-name", "n", "--api-timeout", "ten"], "invalid float value: 'ten'"),
+        (["--node-name", "n", "--api-timeout", "0"], "--api-timeout=0: Input should be greater than 0"),
+        (["--node-name", "n", "--api-timeout", "ten"], "--api-timeout=ten: Input should be a valid number"),
         (
             ["--node-name", "n", "--handover-timeout", "-1"],
-            "handover_timeout_seconds: Input should be greater than or equal to 0",
+            "--handover-timeout=-1: Input should be greater than or equal to 0",
         ),
         (
             ["--node-name", "n", "--usage-interval", "-1"],
-            "usage_interval_seconds: Input should be greater than or equal to 0",
+            "--usage-interval=-1: Input should be greater than or equal to 0",
         ),
         (
             ["--node-name", "n", "--usage-ledger-interval", "0"],
-            "usage_ledger_interval_seconds: Input should be greater than 0",
+            "--usage-ledger-interval=0: Input should be greater than 0",
         ),
         (
             ["--node-name", "n", "--api-timeout", "35"],
@@ -97,3 +97,30 @@ def test_bad_settings_are_refused_with_a_reason(
         parse_settings(argv)
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"FRACGPU_API_TIMEOUT": "0"}, "env FRACGPU_API_TIMEOUT=0: Input should be greater than 0"),
+        ({"FRACGPU_MEMORY_RESERVE": "lots"}, "env FRACGPU_MEMORY_RESERVE=lots: 'lots' is not a Kubernetes quantity"),
+        ({"FRACGPU_ENFORCEMENT": "strict"}, "env FRACGPU_ENFORCEMENT=strict: Input should be 'auto', 'none'"),
+    ],
+)
+def test_bad_environment_is_refused_naming_the_variable(
+    env: dict[str, str], message: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("NODE_NAME", "n")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as exited:
+        parse_settings([])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_empty_values_count_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "n")
+    monkeypatch.setenv("FRACGPU_HOST_DRIVER_ROOT", "")
+    settings = parse_settings(["--toolkit-driver-root="])
+    assert (settings.host_driver_root, settings.toolkit_driver_root) == (None, None)
