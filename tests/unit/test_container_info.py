@@ -92,3 +92,14 @@ def test_remove_and_orphans(tmp_path: Path) -> None:
     assert info.remove_claim_files(tmp_path, UID) is True
     assert info.remove_claim_files(tmp_path, UID) is False
     assert info.remove_orphan_claim_files(tmp_path / "nothing", keep=set()) == []
+
+
+def test_remove_takes_temp_files_and_anything_else_in_the_claim_directory(tmp_path: Path) -> None:
+    directory = info.claim_info_dir(tmp_path, UID)
+    info.write_claim_files(directory, [info.info_file(tmp_path, request_info())])
+    (directory / ".gpu.json.tmp123").write_text("an interrupted write")
+    (directory / "sub" / "deeper").mkdir(parents=True)
+    (directory / "sub" / "deeper" / "file").write_text("not ours")
+    assert info.remove_claim_files(tmp_path, UID) is True
+    assert not directory.exists()
+    assert info.claim_info_root(tmp_path).is_dir()
