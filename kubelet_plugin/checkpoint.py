@@ -212,12 +212,18 @@ def unknown_fields(model: BaseModel, where: str = "") -> list[str]:
 
 
 class CheckpointStore:
-    """Reads and atomically writes one checkpoint file. Callers serialise access (``serialize_lock``)."""
+    """Reads and atomically writes one checkpoint file. Callers serialise access (``serialize_lock``).
+
+    The file is read on every load (another plugin instance on the node may have replaced it), but it is parsed
+    only when its bytes differ from those this store last read or wrote: the same bytes give the same result
+    (the models are frozen), so the hot path skips JSON decoding and validation of an unchanged checkpoint.
+    """
 
     def __init__(self, path: Path, current_boot_id: str | None = None) -> None:
         """``current_boot_id`` defaults to ``boot_id()`` of this node."""
         self.path = path
         self.current_boot_id = current_boot_id if current_boot_id is not None else boot_id()
+        self._last: tuple[bytes, LoadResult] | None = None  # bytes last read or written, and their result
 
     def load(self) -> LoadResult:
         """Load the checkpoint; a missing file is an empty checkpoint. Never raises for a bad file.
@@ -232,6 +238,8 @@ class CheckpointStore:
             return LoadResult(checkpoint=self._empty(), current_boot_id=self.current_boot_id)
         except OSError as e:
             return self._corrupt(f"cannot read checkpoint {self.path}: {e.strerror or e}")
+        if self._last is not None and self._last[0] == raw:
+            return self._last[1]
         try:
             data = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError as e:
@@ -263,17 +271,25 @@ class CheckpointStore:
             )
             return self._corrupt(f"checkpoint {self.path} is invalid: {problems}")
         version = data["version"]
+        result = self._result(checkpoint, migrated_from=version if version != SCHEMA_VERSION else None)
+        self._last = (raw, result)
+        return result
+
+    def save(self, checkpoint: Checkpoint) -> None:
+        """Atomically replace the file (temp + fsync + rename + dir fsync); old content survives failures."""
+        raw = checkpoint.to_json().encode()
+        self._last = None  # a failed write may or may not have replaced the file
+        atomic_write(self.path, raw, CHECKPOINT_FILE_MODE)
+        self._last = (raw, self._result(checkpoint))
+
+    def _result(self, checkpoint: Checkpoint, migrated_from: int | None = None) -> LoadResult:
         return LoadResult(
             checkpoint=checkpoint,
             current_boot_id=self.current_boot_id,
             rebooted=checkpoint.node_boot_id != self.current_boot_id,
-            migrated_from=version if version != SCHEMA_VERSION else None,
+            migrated_from=migrated_from,
             unknown_fields=tuple(unknown_fields(checkpoint)),
         )
-
-    def save(self, checkpoint: Checkpoint) -> None:
-        """Atomically replace the file (temp + fsync + rename + dir fsync); old content survives failures."""
-        atomic_write(self.path, checkpoint.to_json().encode(), CHECKPOINT_FILE_MODE)
 
     def _empty(self) -> Checkpoint:
         return Checkpoint.empty(self.current_boot_id)

@@ -82,6 +82,39 @@ def test_roundtrip(tmp_path: Path) -> None:
     assert entry.devices[0].to_prepared().cdi_device_ids == (f"k8s.gpu.fracgpu.dev/claim={CLAIM_UID}-gpu-0-s1",)
 
 
+def test_an_unchanged_file_is_not_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    s = store(tmp_path)
+    s.save(sample_checkpoint())
+    parsed: list[object] = []
+    real = Checkpoint.model_validate
+
+    def counted(data: object) -> Checkpoint:
+        parsed.append(data)
+        return real(data)
+
+    monkeypatch.setattr(Checkpoint, "model_validate", counted)
+    assert s.load().checkpoint == sample_checkpoint(), "the bytes it wrote are not parsed"
+    assert s.load().checkpoint == sample_checkpoint()
+    assert parsed == []
+    fresh = store(tmp_path)
+    assert fresh.load().checkpoint == sample_checkpoint()
+    assert fresh.load().checkpoint == sample_checkpoint()
+    assert len(parsed) == 1, "bytes it read once are not parsed again"
+
+
+def test_a_file_another_writer_replaced_is_read_again(tmp_path: Path) -> None:
+    mine, other = store(tmp_path), store(tmp_path)
+    mine.save(sample_checkpoint())
+    assert mine.load().checkpoint == sample_checkpoint()
+    replaced = sample_checkpoint().without_claim("other")
+    other.save(replaced)
+    assert mine.load().checkpoint == replaced
+    same_size = sample_checkpoint(BOOT_B)  # same length, other bytes, written in place
+    mine.path.write_text(same_size.to_json())
+    result = mine.load()
+    assert result.checkpoint == same_size and result.rebooted is True
+
+
 def test_wire_format_is_camel_case(tmp_path: Path) -> None:
     s = store(tmp_path)
     s.save(sample_checkpoint())
