@@ -86,8 +86,11 @@ def atomic_write(path: Path, data: bytes, mode: int, *, durable: bool = True, sy
     left intact.
     """
     directory = path.parent
-    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+    except FileNotFoundError:  # the parent is missing (rare): create it; a mkdir per write would cost a syscall
+        directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
     tmp = Path(tmp_name)
     try:
         with os.fdopen(fd, "wb") as f:

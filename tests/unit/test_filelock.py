@@ -114,3 +114,20 @@ def test_tmpfs_is_told_apart_from_a_persistent_file_system(tmp_path: Path) -> No
         pytest.skip("no tmpfs at /dev/shm on this machine")
     assert is_volatile(shm / "not" / "yet" / "there"), "a missing dir is judged by its nearest existing parent"
     assert fs_type(shm) == 0x01021994
+
+
+def test_atomic_write_creates_missing_parent_directories(tmp_path: Path) -> None:
+    target = tmp_path / "a" / "b" / "file.json"
+    atomic_write(target, b"{}\n", 0o640)
+    assert target.read_bytes() == b"{}\n"
+    assert target.stat().st_mode & 0o777 == 0o640
+    assert (tmp_path / "a" / "b").stat().st_mode & 0o777 == 0o755 & ~current_umask()
+    assert [p.name for p in target.parent.iterdir()] == ["file.json"], "no temp file left behind"
+    atomic_write(target, b"[]\n", 0o640)
+    assert target.read_bytes() == b"[]\n"
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
