@@ -82,3 +82,14 @@ def test_the_node_plugin_never_imports_the_kubernetes_package() -> None:
     assert reports and reports[0] == {"after_import": []}, run.stdout + run.stderr
     assert run.returncode == 0, run.stderr
     assert reports[1:] == [{"after_serving": []}], run.stdout + run.stderr
+
+
+def test_the_usage_sampler_is_imported_only_when_sampling_is_on() -> None:
+    script = (
+        "import sys, kubelet_plugin.__main__; "
+        "print(sorted(m for m in sys.modules if m.startswith(('kubelet_plugin.usage', 'kubelet_plugin.cgroups'))))"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], check=True, cwd=REPO_ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert run.stdout.strip() == "[]", run.stdout
