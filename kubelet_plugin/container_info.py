@@ -150,20 +150,24 @@ def write_claim_files(directory: Path, files: list[InfoFile]) -> None:
     """Atomically write each file whose content changed (a bind-mounted inode stays put) and delete files of
     requests the claim no longer has. All files must be in `directory`. Raises OSError."""
     wanted = {f.host_path.name for f in files}
-    directory.mkdir(mode=0o755, parents=True, exist_ok=True)
+    try:
+        directory.mkdir(mode=0o755, parents=True)
+        created = True  # empty: nothing to compare with or delete (the common case, a claim prepared anew)
+    except FileExistsError:
+        created = False
     for f in files:
         if f.host_path.parent != directory:
             raise ValueError(f"{f.host_path} is not in {directory}")
         content = f.info.to_json()
         try:
-            if f.host_path.read_bytes() == content:
+            if not created and f.host_path.read_bytes() == content:
                 continue
         except FileNotFoundError:
             pass
         # not durable: a power loss also loses the CDI specs (tmpfs), and after the reboot every claim's
         # spec and files are written again; a crash of the plugin loses nothing written
         atomic_write(f.host_path, content, INFO_FILE_MODE, durable=False)
-    for existing in directory.iterdir():
+    for existing in () if created else directory.iterdir():
         if existing.suffix == ".json" and existing.name not in wanted:
             existing.unlink()
 
