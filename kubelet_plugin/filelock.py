@@ -36,8 +36,11 @@ def serialize_lock(path: Path, timeout: float | None = None) -> Iterator[None]:
     call opens its own file description. With ``timeout`` (seconds) raises ``TimeoutError`` instead of
     waiting longer. The lock file itself is never deleted (deleting it would let two holders coexist).
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    except FileNotFoundError:  # the directory is missing (first use): create it, not a mkdir per call
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
     try:
         if timeout is None:
             fcntl.flock(fd, fcntl.LOCK_EX)

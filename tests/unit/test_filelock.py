@@ -131,3 +131,11 @@ def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_serialize_lock_creates_its_missing_directory(tmp_path: Path) -> None:
+    lock = serialize_lock_path(tmp_path / "not" / "yet")
+    with serialize_lock(lock, timeout=1):
+        assert lock.exists()
+    with serialize_lock(lock, timeout=1):
+        pass
