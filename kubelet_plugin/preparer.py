@@ -37,7 +37,7 @@ and writes the claims' Ready condition after answering.
 
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -51,6 +51,7 @@ from kubelet_plugin.claim_status import Tiers
 from kubelet_plugin.claim_store import ClaimStore
 from kubelet_plugin.devicenodes import DeviceNodeSnapshot, ensure_char_links, snapshot
 from kubelet_plugin.driver_edits import DriverEdits, DriverEditsError
+from kubelet_plugin.enforcement import GpuTiers
 from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.errors import ErrorKind, PrepareError
 from kubelet_plugin.health import DeviceHealth
@@ -146,7 +147,7 @@ class Preparer:
         could take the client's full timeout while the plugin is not yet serving the kubelet.
         """
         api_failure: PrepareError | None = None
-        nodes = self._device_nodes()
+        nodes, offered = self._device_nodes(), self._enforcement.tiers()
         for uid in sorted(uids):
             entry = checkpoint.claims[uid]
             what = {"claim": uid, "claim_name": f"{entry.namespace}/{entry.name}", "why": why}
@@ -158,7 +159,7 @@ class Preparer:
                 continue
             try:
                 claim = self._reader.read(ClaimRef(namespace=entry.namespace, name=entry.name, uid=uid))
-                self._write(claim, entry, nodes)
+                self._write(claim, entry, nodes, offered)
             except PrepareError as err:
                 if err.kind.claim_gone:  # nothing to restore
                     log.warning("claim gone; dropping it", extra={**what, "error": str(err)})
@@ -223,14 +224,14 @@ class Preparer:
         claims it did not hold completed before (whose files are orphans until it is saved)."""
         updated = checkpoint
         written: set[str] = set()
-        nodes = self._device_nodes()
+        nodes, offered = self._device_nodes(), self._enforcement.tiers()  # once per call: each costs a stat
         for ref in claims:
             claim = fetched[ref.uid]
             before = checkpoint.claims.get(ref.uid)
             try:
                 if isinstance(claim, PrepareError):
                     raise claim
-                devices, tiers = self._write(claim, before, nodes)
+                devices, tiers = self._write(claim, before, nodes, offered)
             except Exception as err:  # one claim's failure must not abort the batch
                 self._fail(results, ref, err)
                 continue
@@ -320,9 +321,14 @@ class Preparer:
     # -- steps -------------------------------------------------------------------------------------
 
     def _write(
-        self, claim: dict[str, Any], prepared: ClaimEntry | None, nodes: DeviceNodeSnapshot
+        self,
+        claim: dict[str, Any],
+        prepared: ClaimEntry | None,
+        nodes: DeviceNodeSnapshot,
+        offered: Mapping[str, GpuTiers],
     ) -> tuple[tuple[PreparedDevice, ...], Tiers]:
         """Plan the claim and write its files; the devices for the kubelet and the tier of each share.
+        `nodes` and `offered` (the tiers each GPU offers) are read once per call.
 
         `prepared`: the claim's checkpoint entry; a device that is now another physical GPU than when it
         was prepared (NVML indices shift when a GPU disappears) is refused rather than handed out.
@@ -335,9 +341,7 @@ class Preparer:
                     f"{device.device_name} was GPU {device.uuid} when this claim was prepared and is now "
                     f"{now.uuid}: the node's GPUs changed; delete the pod so its claim is allocated again",
                 )
-        plan = plan_claim(
-            claim, self._settings, self._gpus, self._current_driver_edits(), self._enforcement.tiers(), nodes=nodes
-        )
+        plan = plan_claim(claim, self._settings, self._gpus, self._current_driver_edits(), offered, nodes=nodes)
         uid = claim["metadata"]["uid"]
         try:
             self._files.write(uid, plan)

@@ -15,8 +15,12 @@ from kubelet_plugin import cdi, container_info
 from kubelet_plugin.checkpoint import Checkpoint, ClaimEntry
 from kubelet_plugin.claim_spec import hami_cache_dir
 from kubelet_plugin.claim_status import FIELD_MANAGER
+from kubelet_plugin.enforcement import GpuTiers, NvmlLimits
+from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.model import ClaimRef
+from tests.unit.fake_apiserver import connection, refused_url
 from tests.unit.plugin_host import (
+    GPUS,
     NODE,
     NODES,
     NS,
@@ -32,6 +36,7 @@ from tests.unit.plugin_host import (
     gpu_info,
     make_claim,
     make_env,
+    make_preparer,
     ready_only_entry,
     ref,
 )
@@ -450,3 +455,25 @@ def test_recover_removes_the_hami_core_cache_of_a_claim_it_does_not_know(env: En
     env.new_preparer().recover()
     assert kept.is_dir()
     assert not orphan.exists()
+
+
+class CountingDetector(EnforcementDetector):
+    """The enforcement tiers as the plugin would detect them without NVML; counts how often they are read."""
+
+    reads = 0
+
+    def tiers(self) -> dict[str, GpuTiers]:
+        self.reads += 1
+        return super().tiers()
+
+
+def test_a_batch_reads_the_offered_tiers_once(env: Env) -> None:
+    nvml = {g.uuid: NvmlLimits(problem="no NVML in this test") for g in GPUS}
+    detector = CountingDetector(env.settings, GPUS, cgroup_problem=None, driver_edits_problem=None, nvml=nvml)
+    preparer = make_preparer(
+        connection(refused_url()), env.settings, env.store, env.metrics, nodes=env.nodes, enforcement=detector
+    )
+    claims = [env.api.add(make_claim(uid, name)) for uid, name in ((UID_A, "a"), (UID_B, "b"), (UID_C, "c"))]
+    results = preparer.prepare([ref(c) for c in claims])
+    assert [r.error for r in results.values()] == ["", "", ""]
+    assert detector.reads == 1, "read once per call, not once per claim"
