@@ -363,19 +363,19 @@ def with_minimum_version(spec: Spec) -> Spec:
 # files
 
 
-def write_spec(cdi_dir: Path, claim_uid: str, spec: Spec, driver: str, *, fsync: bool = True) -> Path:
+def write_spec(cdi_dir: Path, claim_uid: str, spec: Spec, driver: str) -> Path:
     """Atomically write the claim's spec (mode 0644, JSON, minimum cdiVersion); return its path.
 
-    ``fsync``: flush the file to disk before it replaces the old one, so a power loss never leaves a torn spec
-    (for a persistent CDI dir; on tmpfs it buys nothing). The directory is never fsynced: a spec whose
-    directory entry a power loss took is a missing spec, which recovery re-writes.
+    Not fsynced: only a power loss or a kernel crash can lose or tear an unsynced file, both change the boot
+    ID, and after a boot ID change recovery re-writes every spec (and the kubelet prepares every claim again
+    before any container of it starts), so an fsync would protect nothing (see ``claim_store``).
     Raises ``ValueError`` if ``spec.kind`` is not this driver's kind or a name is invalid.
     """
     expected_kind = cdi_kind(driver)
     if spec.kind != expected_kind:
         raise ValueError(f"CDI spec kind {spec.kind!r} does not match driver kind {expected_kind!r}")
     path = spec_path(cdi_dir, driver, claim_uid)
-    atomic_write(path, with_minimum_version(spec).to_json().encode(), SPEC_FILE_MODE, durable=fsync, sync_dir=False)
+    atomic_write(path, with_minimum_version(spec).to_json().encode(), SPEC_FILE_MODE, durable=False)
     return path
 
 

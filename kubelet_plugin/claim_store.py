@@ -1,12 +1,12 @@
 """The files a prepared claim has on the node: its CDI spec, its per-request info files and its HAMi-core files.
 
 Writes are atomic (``filelock.atomic_write``): a reader sees the old or the new file, never a torn one.
-Durability follows what a reboot keeps. The CDI dir is tmpfs on a normal node (``/var/run/cdi``): its specs die
-with a reboot anyway, so they are not fsynced (recovery re-writes every spec after a reboot). Where the CDI dir
-is persistent (told by the file-system type at start) each spec is fsynced before it replaces the old one, so a
-power loss never leaves a torn spec; its directory is not: a spec a power loss took is a missing spec, which
-recovery re-writes from the API. Info files are never fsynced (after a reboot every claim's files are written
-again). Callers hold the node lock.
+None of them is fsynced: only a power loss or a kernel crash loses or tears a written but unsynced file, and
+both change the node's boot ID. After a boot ID change recovery re-writes every claim's files from the API
+before the plugin serves, and the kubelet prepares every claim again (which re-writes them) before any of its
+containers starts. On the usual tmpfs CDI dir (``/var/run/cdi``) the specs die with a reboot anyway; a
+persistent CDI dir gets the same guarantee, not a weaker one. The one fsynced write is the checkpoint's.
+Callers hold the node lock.
 """
 
 import contextlib
@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kubelet_plugin import cdi, container_info
 from kubelet_plugin.claim_spec import ClaimPlan, hami_cache_dir, hami_cache_root, hami_preload_file
-from kubelet_plugin.filelock import atomic_write, is_volatile, remove_temp_files
+from kubelet_plugin.filelock import atomic_write, remove_temp_files
 from kubelet_plugin.settings import Settings
 
 HAMI_PRELOAD = b"/usr/local/vgpu/libvgpu.so\n"
@@ -28,8 +28,6 @@ class ClaimStore:
         self._settings = settings
         self._cdi_dir = settings.cdi_dir
         self._driver = settings.driver_name
-        self.specs_fsynced = not is_volatile(settings.cdi_dir)
-        """Whether spec files are fsynced: False where the CDI dir is tmpfs/ramfs."""
 
     def write(self, claim_uid: str, plan: ClaimPlan) -> None:
         """Write the plan's info files, HAMi-core files, then its spec (everything the spec mounts exists before
@@ -41,7 +39,7 @@ class ClaimStore:
         )
         if plan.hami_core:
             self._write_hami_files(claim_uid)
-        cdi.write_spec(self._cdi_dir, claim_uid, plan.spec, self._driver, fsync=self.specs_fsynced)
+        cdi.write_spec(self._cdi_dir, claim_uid, plan.spec, self._driver)
 
     def _write_hami_files(self, claim_uid: str) -> None:
         preload = hami_preload_file(self._settings)

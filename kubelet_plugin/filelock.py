@@ -3,13 +3,11 @@
 ``serialize_lock`` serialises NodePrepareResources / NodeUnprepareResources across the plugin instances
 that share one plugin data dir during a rolling update (``<pluginDataDir>/serialize.lock``, the file Go DRA drivers share for the same purpose).
 ``atomic_write`` is the one way the plugin writes files others read (CDI specs, the checkpoint);
-``is_volatile`` tells whether a directory's files die with a reboot anyway (tmpfs), so fsyncing them buys nothing.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import os
 import tempfile
@@ -19,7 +17,6 @@ from pathlib import Path
 
 SERIALIZE_LOCK_NAME = "serialize.lock"
 #: statfs(2) f_type of the file systems whose content is gone after a reboot (linux/magic.h).
-VOLATILE_FS_TYPES = {0x01021994: "tmpfs", 0x858458F6: "ramfs"}
 _POLL_INTERVAL_S = 0.05
 
 
@@ -119,24 +116,3 @@ def remove_temp_files(directory: Path, name_prefix: str) -> list[Path]:
             tmp.unlink()
             removed.append(tmp)
     return removed
-
-
-def fs_type(path: Path) -> int:
-    """statfs(2) ``f_type`` of the file system holding `path` (or its nearest existing parent). Raises OSError."""
-    while not path.exists() and path != path.parent:
-        path = path.parent
-    libc = ctypes.CDLL(None, use_errno=True)  # the C library the interpreter runs on (no ldconfig lookup)
-    buf = ctypes.create_string_buffer(256)  # struct statfs; f_type (a long) comes first on Linux
-    if libc.statfs(os.fsencode(path), buf) != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, os.strerror(err), str(path))
-    return ctypes.c_long.from_buffer(buf).value
-
-
-def is_volatile(path: Path) -> bool:
-    """True if `path` is on tmpfs/ramfs: its files vanish with a reboot, so fsync protects nothing there.
-    False when it cannot be told (then writers stay durable)."""
-    try:
-        return fs_type(path) in VOLATILE_FS_TYPES
-    except OSError:
-        return False

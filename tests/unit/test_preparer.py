@@ -379,6 +379,20 @@ def test_a_device_that_became_another_gpu_is_refused(env: Env) -> None:
     assert env.sample("fracgpu_plugin_errors_total", operation="prepare", type="device_changed") == 1
 
 
+def test_a_spec_a_power_loss_tore_on_a_persistent_cdi_dir_is_rewritten_after_the_reboot(env: Env) -> None:
+    """Specs are not fsynced: on a persistent CDI dir a power loss may leave one torn. The boot ID changed, so
+    recovery re-writes it (the property that makes the fsync unnecessary)."""
+    env.api.add(make_claim(UID_A, "a"))
+    env.store.save(Checkpoint.empty("boot-0").with_claim(UID_A, completed_entry(UID_A, "a")))
+    env.settings.cdi_dir.mkdir(parents=True)
+    env.spec_file(UID_A).write_bytes(b'{"cdiVersion": "0.6.0", "kind": "k8s.gpu.fra')  # torn by the power loss
+
+    env.preparer.recover()
+    spec = json.loads(env.spec_file(UID_A).read_text())
+    assert [d["name"] for d in spec["devices"]] == [f"{UID_A}-gpu-0-{SHARE_A}"]
+    assert env.checkpoint().node_boot_id == "boot-1"
+
+
 def test_reboot_rewrites_specs_and_stamps_boot_id(env: Env) -> None:
     a = env.api.add(make_claim(UID_A, "a"))
     env.api.add(make_claim(UID_B, "gone"))

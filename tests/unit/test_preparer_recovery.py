@@ -5,7 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import os
-import tempfile
 import uuid
 from pathlib import Path
 from typing import Any
@@ -147,31 +146,24 @@ def test_a_failed_checkpoint_save_fails_the_new_claims_and_removes_their_files(
     assert env.sample("fracgpu_plugin_errors_total", operation="prepare", type="internal") == 1
 
 
-@pytest.mark.parametrize(("cdi_on_tmpfs", "fsyncs"), [(True, 2), (False, 3)])
-def test_one_durable_write_per_prepare(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cdi_on_tmpfs: bool, fsyncs: int
-) -> None:
-    """The checkpoint file and its directory are fsynced once per call; the spec file only where the CDI dir
-    outlives a reboot; nothing else."""
-    shm = Path("/dev/shm")
-    if cdi_on_tmpfs and not (shm.is_dir() and os.access(shm, os.W_OK)):
-        pytest.skip("no writable /dev/shm (tmpfs) on this machine")
-    with tempfile.TemporaryDirectory(dir=shm if cdi_on_tmpfs else tmp_path) as cdi_dir:
-        env = make_env(tmp_path, monkeypatch, cdi_dir=Path(cdi_dir) / "cdi")
-        claim = env.api.add(make_claim(UID_A, "claim-a"))
-        calls: list[int] = []
-        real = os.fsync
+def test_one_durable_write_per_prepare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checkpoint file and its directory are fsynced once per call, whatever the CDI dir is on (here a
+    persistent one); the spec and info files never (see claim_store: a reboot makes recovery re-write them)."""
+    env = make_env(tmp_path, monkeypatch, cdi_dir=tmp_path / "cdi")
+    claim = env.api.add(make_claim(UID_A, "claim-a"))
+    calls: list[int] = []
+    real = os.fsync
 
-        def fsync(fd: int) -> None:
-            calls.append(fd)
-            real(fd)
+    def fsync(fd: int) -> None:
+        calls.append(fd)
+        real(fd)
 
-        monkeypatch.setattr(os, "fsync", fsync)
-        assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
-        assert len(calls) == fsyncs
-        calls.clear()
-        assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
-        assert len(calls) == 2, "unprepare: the checkpoint only"
+    monkeypatch.setattr(os, "fsync", fsync)
+    assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
+    assert len(calls) == 2, "prepare: the checkpoint file and its directory only"
+    calls.clear()
+    assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
+    assert len(calls) == 2, "unprepare: the checkpoint only"
 
 
 # --- unprepare: crash points -----------------------------------------------------------------------
