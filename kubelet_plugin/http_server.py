@@ -9,14 +9,21 @@ import logging
 import threading
 from collections.abc import Callable, Iterable
 from typing import Any
-from wsgiref.simple_server import WSGIServer, make_server
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+from prometheus_client.exposition import ThreadingWSGIServer
 
 log = logging.getLogger(__name__)
 
 BIND_RETRY_S = 1.0
+
+
+class QuietHandler(WSGIRequestHandler):
+    """No access log line per scrape or probe on stderr."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # the base class's parameter name
+        pass
 
 
 def make_app(registry: CollectorRegistry, ready: Callable[[], bool]) -> Callable[..., Iterable[bytes]]:
@@ -54,7 +61,7 @@ class HttpEndpoint:
         while not self._closed.is_set():
             try:
                 server = make_server(
-                    self._address, self._port, self._app, ThreadingWSGIServer, handler_class=_SilentHandler
+                    self._address, self._port, self._app, ThreadingWSGIServer, handler_class=QuietHandler
                 )
             except OSError as err:
                 if not warned:

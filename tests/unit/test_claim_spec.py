@@ -30,7 +30,7 @@ from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.settings import Settings
 from kubelet_plugin.slices import usable_memory
 from kubelet_plugin.spec_rebuild import entry_from_spec
-from tests.unit.plugin_host import NODE, NODES, SHARE_A, SHARE_B, UUID0, UUID1
+from tests.unit.plugin_host import NODE, NODES, SHARE_A, SHARE_B, UUID0, UUID1, gpu_info
 from tests.unit.plugin_host import UID_A as UID
 
 CONFIG_API = "fracgpu.dev/v1alpha1"
@@ -83,20 +83,6 @@ def make_settings(root: Path, **overrides: Any) -> Settings:
 @pytest.fixture
 def settings(root: Path) -> Settings:
     return make_settings(root)
-
-
-def gpu_info(index: int, uuid: str) -> GpuInfo:
-    return GpuInfo(
-        index=index,
-        uuid=uuid,
-        product_name="NVIDIA H100 80GB HBM3",
-        memory_total_bytes=81559 * MiB,
-        minor=index,
-        pci_bus_id=f"0000:{index + 1:02x}:00.0",
-        architecture="Hopper",
-        cuda_compute_capability="9.0",
-        driver_version="580.65.06",
-    )
 
 
 GPUS: dict[str, GpuInfo] = {"gpu-0": gpu_info(0, UUID0), "gpu-1": gpu_info(1, UUID1)}
