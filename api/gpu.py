@@ -44,6 +44,11 @@ class GpuShare(_Wire):
 
     namespace: str
     name: str = Field(description="ResourceClaim name")
+    pod: str | None = Field(
+        None,
+        description="the pod owning the claim: made from the pod's ResourceClaimTemplate, or by the scheduler "
+        "for the pod's extended resource (resources.limits, e.g. gpu.fracgpu.dev/gpu); absent for a claim of its own",
+    )
     request: str = Field(description="request name inside the claim (`<request>[/<subrequest>]`)")
     share_id: str = Field("", alias="shareID", description="share ID of the allocation (empty: whole device)")
     memory: str = Field(description="GPU memory granted to the request, as a quantity (0 for admin access)")

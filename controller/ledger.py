@@ -91,6 +91,7 @@ def desired_gpu(
             GpuShare(
                 namespace=claim.namespace,
                 name=claim.name,
+                pod=claim.pod,
                 request=share.request,
                 share_id=share.share_id or "",
                 memory=format_bytes(granted),

@@ -120,6 +120,10 @@ class ClaimView(BaseModel):
     uid: str
     allocated: bool
     node: str | None = None
+    pod: str | None = None
+    """The pod that owns the claim (its controlling owner reference, of kind Pod): a claim made from the pod's
+    ResourceClaimTemplate, or by the scheduler for the pod's extended resource (`resources.limits`); None for a
+    claim created on its own."""
     shares: tuple[Share, ...] = ()
     memory_requests: tuple[tuple[MemoryRequest, ...], ...] = ()
     """Per request of our class: its alternatives (one for `exactly`, several for `firstAvailable`)."""
@@ -281,6 +285,14 @@ def device_class_view(body: Mapping[str, Any], driver: str) -> DeviceClassView:
     )
 
 
+def _owner_pod(meta: Mapping[str, Any]) -> str | None:
+    """The name of the pod a `metadata` names as its controlling owner, if any."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1":
+            return str(ref["name"])
+    return None
+
+
 @_shape_errors("ResourceClaim")
 def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> ClaimView | None:
     """The view of a claim that has results of `driver` or requests `device_class`; None otherwise.
@@ -340,6 +352,7 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
         uid=str(meta.get("uid", "")),
         allocated=allocation is not None,
         node=_allocated_node(allocation) if allocation else None,
+        pod=_owner_pod(meta),
         shares=shares,
         memory_requests=tuple(memory_requests),
         status_data=status_data,

@@ -21,6 +21,7 @@ class Cluster(Protocol):
 
 
 DEVICE_CLASS = "gpu.fracgpu.dev"
+EXTENDED_RESOURCE = "gpu.fracgpu.dev/gpu"  # the chart's default deviceClass.extendedResource name
 # Prints what the container got, then stays up: the lines `report` parses and the demo shows. `OPEN` tries
 # open(O_RDWR) on each GPU node: simulated nodes have no driver behind them, so the kernel answers "No such
 # device or address" once the file mode and the device cgroup have let the open through.
@@ -195,6 +196,37 @@ def pod(
         "metadata": {"name": name, "labels": {"app.kubernetes.io/part-of": "fracgpu-e2e"}},
         "spec": spec,
     }
+
+
+def extended_pod(name: str, gpus: int = 1, *, image: str = BUSYBOX_IMAGE, script: str = REPORT) -> dict[str, Any]:
+    """A pod with no claim whose one container `app` asks `resources.limits: {EXTENDED_RESOURCE: gpus}`, as a
+    device-plugin pod asks `nvidia.com/gpu` (the scheduler writes the claim)."""
+    body = pod(name, {}, {"app": []}, image=image, script=script)
+    del body["spec"]["resourceClaims"]
+    body["spec"]["containers"][0]["resources"] = {"limits": {EXTENDED_RESOURCE: str(gpus)}}
+    return body
+
+
+def extended_claim_of(cluster: Cluster, namespace: str, pod: str) -> dict[str, Any]:
+    """The ResourceClaim the scheduler made for the pod's extended resources (pod.status.extendedResourceClaimStatus)."""
+    status = get(cluster, "pod", "-n", namespace, pod)["status"]
+    found: dict[str, Any] = get(
+        cluster, "resourceclaim", "-n", namespace, status["extendedResourceClaimStatus"]["resourceClaimName"]
+    )
+    return found
+
+
+def unschedulable(cluster: Cluster, namespace: str, pod: str, timeout: float = 60) -> str:
+    """The scheduler's message once the pod's PodScheduled condition says Unschedulable (TimeoutError before)."""
+    deadline = time.monotonic() + timeout
+    condition: dict[str, str] = {}
+    while time.monotonic() < deadline:
+        conditions = get(cluster, "pod", "-n", namespace, pod)["status"].get("conditions", [])
+        condition = next((c for c in conditions if c["type"] == "PodScheduled"), {})
+        if condition.get("reason") == "Unschedulable":
+            return condition.get("message", "")
+        time.sleep(1)
+    raise TimeoutError(f"{namespace}/{pod} not reported Unschedulable in {timeout}s: {condition}")
 
 
 def _claim_ref(used: str) -> dict[str, str]:

@@ -26,6 +26,8 @@ def device_entry(
     memory = usable_memory(gpu, step, reserve)
     capacity: dict[str, Any] = {"value": format_bytes(memory)}
     if memory >= 2 * step:  # validRange needs min + step <= value
+        # default = all of it: a request without capacity (a whole GPU, the scheduler's extended-resource
+        # claim) consumes the whole GPU, so it never meets a share (without a policy, the value is consumed)
         capacity["requestPolicy"] = {
             "default": format_bytes(memory),
             "validRange": {"min": format_bytes(step), "max": format_bytes(memory), "step": format_bytes(step)},

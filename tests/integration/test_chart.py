@@ -47,7 +47,11 @@ MERGE = "application/merge-patch+json"
 CUSTOM: dict[str, Any] = {
     "driverName": "gpu.example.test",
     "image": {"repository": "registry.example/fracgpu", "tag": "0.1.0-abc1234", "pullPolicy": "Never"},
-    "deviceClass": {"name": "example-gpu", "enforced": {"create": True, "name": "example-gpu-enforced"}},
+    "deviceClass": {
+        "name": "example-gpu",
+        "extendedResource": {"name": "example.test/whole-gpu"},
+        "enforced": {"create": True, "name": "example-gpu-enforced"},
+    },
     "kubernetesServiceHost": "192.0.2.10",
     "kubernetesServicePort": 6443,
     "logging": {"level": "debug", "format": "text"},
@@ -180,6 +184,12 @@ def test_schema_and_checks_refuse_bad_values(tools: dict[str, Path], tmp_path: P
         ({"kubeletPlugin": {"hostNetwok": True}}, ["additional properties 'hostNetwok' not allowed"]),
         ({"logging": {"format": "xml"}}, ["/logging/format", "'json', 'text'"]),
         ({"driverName": "GPU_Driver"}, ["/driverName"]),
+        ({"deviceClass": {"extendedResource": {"name": "gpu"}}}, ["/deviceClass/extendedResource/name"]),
+        (
+            {"deviceClass": {"extendedResource": {"name": "gpu.kubernetes.io/gpu"}}},
+            ['"gpu.kubernetes.io/gpu" is not an extended resource name', "kubernetes.io domains"],
+        ),
+        ({"deviceClass": {"extendedResource": {"enable": False}}}, ["additional properties 'enable' not allowed"]),
         ({"kubeletDir": "var/lib/kubelet"}, ["/kubeletDir"]),
         ({"controller": {"replicas": 2}}, ["/controller/replicas"]),
         ({"image": {"pullPolicy": "Sometimes"}}, ["/image/pullPolicy", "'IfNotPresent'"]),
@@ -204,7 +214,9 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     crd = one(docs, "CustomResourceDefinition")
     assert crd["metadata"]["name"] == "gpus.fracgpu.dev"
     assert one(docs, "DeviceClass")["spec"] == {
-        "selectors": [{"cel": {"expression": 'device.driver == "gpu.fracgpu.dev"'}}]
+        "selectors": [{"cel": {"expression": 'device.driver == "gpu.fracgpu.dev"'}}],
+        # pods' resources.limits {gpu.fracgpu.dev/gpu: N}: N whole GPUs, no claim written by the user
+        "extendedResourceName": "gpu.fracgpu.dev/gpu",
     }
     # the webhook configuration: made by the chart without webhooks (the controller patches them in; a
     # `webhooks` field here would fight it on `helm upgrade`), no mutating one
@@ -390,12 +402,21 @@ def test_enforced_device_class_selects_gpus_with_enforcement(tools: dict[str, Pa
     assert env_of(plugin)["FRACGPU_ENFORCEMENT"] == "auto"  # the default mode
 
 
+def test_extended_resource_name_follows_the_driver_and_switches_off(tools: dict[str, Path], tmp_path: Path) -> None:
+    docs = render(tools["helm"], tmp_path, {"driverName": "gpu.example.test"})
+    assert one(docs, "DeviceClass")["spec"]["extendedResourceName"] == "gpu.example.test/gpu"
+    docs = render(tools["helm"], tmp_path, {"deviceClass": {"extendedResource": {"enabled": False}}})
+    assert one(docs, "DeviceClass")["spec"] == {
+        "selectors": [{"cel": {"expression": 'device.driver == "gpu.fracgpu.dev"'}}]
+    }
+
+
 def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Path) -> None:
     docs = render(tools["helm"], tmp_path, CUSTOM)
-    assert sorted(d["metadata"]["name"] for d in docs if d["kind"] == "DeviceClass") == [
-        "example-gpu",
-        "example-gpu-enforced",
-    ]
+    classes = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "DeviceClass"}
+    assert sorted(classes) == ["example-gpu", "example-gpu-enforced"]
+    assert classes["example-gpu"]["extendedResourceName"] == "example.test/whole-gpu"
+    assert "extendedResourceName" not in classes["example-gpu-enforced"], "one class per extended resource"
     deploy = one(docs, "Deployment")
     spec = deploy["spec"]["template"]["spec"]
     (ctr,) = spec["containers"]
@@ -587,6 +608,7 @@ def test_helm_install_dry_run_prints_usage_notes(
     out = run([*argv, f"--kubeconfig={control_plane.kubeconfig}"]).stdout
     notes = out[out.index("NOTES:") :]
     assert "deviceClassName: gpu.fracgpu.dev" in notes and "memory: 10Gi" in notes
+    assert "resources.limits: {gpu.fracgpu.dev/gpu: 1}" in notes, "whole GPUs by the extended resource"
     assert "kubectl get gpus" in notes
     assert f"kubectl -n {namespace} get pods -l app.kubernetes.io/instance=fracgpu" in notes
 

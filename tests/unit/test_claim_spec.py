@@ -32,6 +32,7 @@ from kubelet_plugin.slices import usable_memory
 from kubelet_plugin.spec_rebuild import entry_from_spec
 from tests.unit.plugin_host import NODE, NODES, SHARE_A, SHARE_B, UUID0, UUID1, gpu_info
 from tests.unit.plugin_host import UID_A as UID
+from tests.unit.scheduler_claims import extended_resource_claim
 
 CONFIG_API = "fracgpu.dev/v1alpha1"
 
@@ -201,6 +202,30 @@ def test_without_consumed_capacity_the_whole_usable_memory(settings: Settings) -
     device = only_device(planned(claim([result(memory=None)]), settings, GPUS))
     whole = usable_memory(GPUS["gpu-0"], settings.memory_step_bytes, settings.memory_reserve_bytes)
     assert own_vars(device)["MEMORY_LIMIT_MIB"] == str(whole // MiB) == "81408"
+
+
+def test_the_schedulers_extended_resource_claim_is_a_whole_gpu_for_its_request(settings: Settings) -> None:
+    """`resources.limits: {gpu.fracgpu.dev/gpu: 1}`: the claim the scheduler made and allocated (request
+    `container-0-request-0`, all of gpu-1's memory consumed) gives the container gpu-1, all of it, and only it."""
+    whole = usable_memory(GPUS["gpu-1"], settings.memory_step_bytes, settings.memory_reserve_bytes)
+    made = extended_resource_claim(
+        "trainer",
+        driver=DRIVER_NAME,
+        device_class=DRIVER_NAME,
+        pool=NODE,
+        devices={"gpu-1": (SHARE_B, f"{whole // MiB}Mi")},
+        uid=UID,
+    )
+    plan = planned(made, settings, GPUS)
+    device = only_device(plan)
+    assert [(d.request_names, d.device_name, d.share_id) for d in plan.devices] == [
+        (("container-0-request-0",), "gpu-1", SHARE_B)
+    ], "the kubelet maps the request to the container through pod.status.extendedResourceClaimStatus"
+    vars_ = own_vars(device)
+    assert (vars_["UUID"], vars_["MEMORY_LIMIT_MIB"], vars_["REQUEST"]) == (UUID1, "81408", "container-0-request-0")
+    assert vars_["CLAIM"] == f"ns/{made['metadata']['name']}"
+    assert node_paths(device)[0] == "/dev/nvidia1" and "/dev/nvidia0" not in node_paths(device)
+    assert [f.info.request for f in plan.files] == ["container-0-request-0"]
 
 
 def test_without_share_id_no_share_env(settings: Settings) -> None:

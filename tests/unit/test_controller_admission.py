@@ -7,6 +7,7 @@ import pytest
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB
 from controller.admission import Review, review_claim_spec
+from tests.unit.scheduler_claims import extended_resource_claim
 
 HEAD = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig"}
 
@@ -41,6 +42,18 @@ def opaque(parameters: object, driver: str = DRIVER_NAME) -> list[dict[str, Any]
 def test_valid_claims_pass_without_warnings() -> None:
     out = review(spec([req("10Gi"), req(None, "whole")], opaque({**HEAD, "computeLimitPercent": 30})))
     assert out.allowed and out.problems == () and out.warnings == () and out.message == ""
+
+
+def test_the_schedulers_extended_resource_claim_is_admitted_without_warnings() -> None:
+    """The claim kube-scheduler creates for `resources.limits: {gpu.fracgpu.dev/gpu: 2}` (no capacity, a count)."""
+    made = extended_resource_claim(
+        "p",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        pool="n",
+        devices={"gpu-0": ("a", "80Gi"), "gpu-1": ("b", "80Gi")},
+    )
+    assert review(made["spec"]) == Review()
 
 
 def test_claims_of_other_classes_and_drivers_are_not_judged() -> None:

@@ -50,6 +50,7 @@ def test_crd_shape() -> None:
     assert set(status["properties"]["claims"]["items"]["properties"]) == {
         "namespace",
         "name",
+        "pod",
         "request",
         "shareID",
         "memory",

@@ -14,6 +14,7 @@ from controller.ledger import (
 )
 from controller.model import ClaimView, DeviceKey, DeviceRecord, SliceView, claim_view, current_devices, slice_view
 from tests.unit.controller_factories import NODE, claim, gpu, result, slices
+from tests.unit.scheduler_claims import extended_resource_claim
 
 MANAGER = "fracgpu-controller"
 
@@ -183,3 +184,32 @@ def test_gpu_and_share_enforcement_come_from_the_attribute_and_the_plugins_condi
     assert status["enforcement"] == "nvml"
     assert [(c["shareID"], c.get("enforcement")) for c in status["claims"]] == [("s-1", "nvml"), ("s-2", None)]
     assert status["shareEnforcement"] == "nvml=1,unreported=1"
+
+
+def test_a_scheduler_made_claim_holds_its_gpu_whole_in_the_name_of_its_pod() -> None:
+    """A pod's `resources.limits: {gpu.fracgpu.dev/gpu: 1}`: the scheduler's claim consumed all of gpu-1's
+    memory; the ledger counts it like any claim and names the pod (the claim's name is generated)."""
+    made = extended_resource_claim(
+        "trainer",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        pool=NODE,
+        devices={"gpu-1": ("s-1", "80Gi")},
+    )
+    templated = claim("web-gpu-abcde", results=[result("gpu", "gpu-0", "10Gi", "s-2")])
+    templated["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "web", "controller": True}]
+    out = ledger(made, templated, claim("own", results=[result("gpu", "gpu-0", "20Gi", "s-3")]))
+    g1 = out[f"{NODE}-gpu-1"].status
+    assert (g1["allocatedMemory"], g1["freeMemory"], g1["shares"]) == ("80Gi", "0", 1)
+    assert g1["claims"] == [
+        {
+            "namespace": "ns",
+            "name": "trainer-extended-resources-x7k2p",
+            "pod": "trainer",
+            "request": "container-0-request-0",
+            "shareID": "s-1",
+            "memory": "80Gi",
+        }
+    ]
+    pods = [(c["name"], c.get("pod")) for c in out[f"{NODE}-gpu-0"].status["claims"]]
+    assert pods == [("own", None), ("web-gpu-abcde", "web")], "a claim of its own names no pod"

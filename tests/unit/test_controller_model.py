@@ -9,6 +9,7 @@ from api.quantity import GiB, MiB
 from controller.model import claim_view, current_devices, device_class_view, quantity_bytes, slice_view
 from kubelet_plugin.slices import build_slices
 from tests.unit.controller_factories import NODE, claim, gpu, memory_request, result, slices
+from tests.unit.scheduler_claims import extended_resource_claim
 
 # ----- slices ------------------------------------------------------------------------------------------
 
@@ -78,6 +79,31 @@ def test_claim_view_of_an_allocated_claim() -> None:
         ("b", "gpu-0", "s-2", 20 * GiB),
     ]
     assert view.status_data == {(NODE, "gpu-0", "s-1"): {"x": 1}}
+
+
+def test_claim_view_of_the_schedulers_extended_resource_claim_names_its_pod() -> None:
+    body = extended_resource_claim(
+        "trainer", driver=DRIVER_NAME, device_class=DEVICE_CLASS_NAME, pool=NODE, devices={"gpu-0": ("s", "80Gi")}
+    )
+    view = claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert view is not None and view.pod == "trainer" and view.node == NODE and view.allocated
+    assert [(s.request, s.device, s.memory) for s in view.shares] == [("container-0-request-0", "gpu-0", 80 * GiB)]
+    assert view.memory_requests == (), "no memory asked: nothing for the feasibility check to weigh"
+
+
+def test_claim_view_names_a_pod_only_for_a_controlling_pod_owner() -> None:
+    def owned_by(**ref: object) -> str | None:
+        body = claim("c", results=[result("gpu", "gpu-0", "1Gi", "s")])
+        body["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "Pod", "name": "p", **ref}]
+        view = claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME)
+        assert view is not None
+        return view.pod
+
+    assert owned_by(controller=True) == "p"
+    assert owned_by() is None, "not the controlling owner"
+    assert owned_by(controller=True, kind="Job", apiVersion="batch/v1") is None
+    view = claim_view(claim("c", results=[]), DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert view is not None and view.pod is None
 
 
 def test_claim_view_ignores_claims_that_are_not_ours() -> None:

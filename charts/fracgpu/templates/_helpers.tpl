@@ -67,6 +67,12 @@ app.kubernetes.io/component: kubelet-plugin
 {{- default .Values.driverName .Values.deviceClass.name }}
 {{- end }}
 
+{{/* The extended resource a pod's resources.limits asks for whole GPUs by ("" when off). */}}
+{{- define "fracgpu.extendedResourceName" -}}
+{{- $er := .Values.deviceClass.extendedResource | default dict }}
+{{- if $er.enabled }}{{ default (printf "%s/gpu" .Values.driverName) $er.name }}{{ end }}
+{{- end }}
+
 {{- define "fracgpu.enforcedDeviceClassName" -}}
 {{- default (printf "enforced.%s" .Values.driverName) (.Values.deviceClass.enforced | default dict).name }}
 {{- end }}
@@ -118,6 +124,10 @@ app.kubernetes.io/component: kubelet-plugin
 {{- end }}
 {{- if and ((.Values.deviceClass.enforced | default dict).create) (eq .Values.enforcement.mode "none") }}
 {{- fail "deviceClass.enforced.create with enforcement.mode none would select enforcing GPUs whose claims then get no enforcement: use mode auto (or a tier)" }}
+{{- end }}
+{{- $er := include "fracgpu.extendedResourceName" . }}
+{{- if or (contains "kubernetes.io/" $er) (hasPrefix "requests." $er) }}
+{{- fail (printf "deviceClass.extendedResource.name %q is not an extended resource name: the kubernetes.io domains and the requests. prefix are reserved; use a domain of your own such as gpu.fracgpu.dev/gpu" $er) }}
 {{- end }}
 {{- if not (hasPrefix "/" .Values.enforcement.hamiCore.libraryPath) }}
 {{- fail "enforcement.hamiCore.libraryPath must be an absolute host path" }}
