@@ -86,7 +86,6 @@ def test_extended_resource_pods_get_whole_gpus_that_no_share_can_join(installati
         cluster, ns, w.extended_pod("third"), w.claim_template("share-10gi", "10Gi"), w.gpu_pod("share", "share-10gi")
     )
     message = w.unschedulable(cluster, ns, "third")
-    print("THIRD-MESSAGE", repr(message))
     assert message.startswith("0/1 nodes are available: 1 cannot allocate all claims"), message
     assert "cannot allocate all claims" in w.unschedulable(cluster, ns, "share")
 
