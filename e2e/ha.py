@@ -98,7 +98,8 @@ def kill_controller(pod_uid: str) -> list[int]:
 
 @contextlib.contextmanager
 def fake_gpu_node(api: client.ApiClient) -> Iterator[str]:
-    """A fake Node with FAKE_GPUS simulated GPUs published for our driver; removed (slices too) afterwards."""
+    """A fake Node with FAKE_GPUS simulated GPUs published for our driver; removed afterwards (slices too, and
+    waiting until the ledger has dropped its GPUs, so later tests see only the real node's)."""
     dyn = DynamicClient(api)
     body = kube.create_fake_node(api, kube.unique("ha-gpus"))
     name = body["metadata"]["name"]
@@ -112,6 +113,13 @@ def fake_gpu_node(api: client.ApiClient) -> Iterator[str]:
                 api_slices.delete(name=s["metadata"]["name"])
         with contextlib.suppress(ApiException):
             client.CoreV1Api(api).delete_node(name)
+        objects = client.CustomObjectsApi(api)
+
+        def ledger_clean() -> bool | None:  # the leader drops the GPU objects of unpublished devices
+            gpus = objects.list_cluster_custom_object(API_GROUP, GPU_VERSION, GPU_PLURAL)["items"]
+            return not any(g["spec"].get("node") == name for g in gpus) or None
+
+        kube.wait_for(ledger_clean, 60, interval=0.5, what=f"the ledger without {name}'s GPUs")
 
 
 def create_burst(api: client.ApiClient, namespace: str, node: str, count: int, prefix: str) -> list[str]:
