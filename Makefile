@@ -86,6 +86,7 @@ bench: venv binaries ## benchmarks against a real control plane (plugin bench al
 	$(PY) -m e2e.bench.controller_bench --out build/bench/controller.json
 	$(PY) -m e2e.bench.usage_bench --out build/bench/usage.json
 	$(PY) -m e2e.bench.scheduler_bench --out build/bench/scheduler.json
+	$(PY) -m e2e.bench.ha_bench --out build/bench/ha.json
 
 crds: venv ## regenerate api/crds/*.yaml from the pydantic models in api/ (and the chart's copy)
 	$(PY) -m api.crds

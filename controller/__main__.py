@@ -2,14 +2,21 @@
 
 import asyncio
 import logging
+import signal
 import sys
+import threading
+import uuid
 
 import kopf
 from kubernetes.config import ConfigException
 
+from api.kube_rest import ApiError, KubeRest
 from api.logs import configure_logging
 from controller import kopf_json, kube, metrics
-from controller.handlers import operator_settings, register
+from controller.certificate import SharedCertificate
+from controller.election import LeaderElector, LeaseTimings
+from controller.handlers import operator_settings, register, shared_certificate
+from controller.leadership import GatedWriter, Leadership
 from controller.reconciler import Controller
 from controller.settings import parse_settings
 
@@ -34,6 +41,30 @@ class KopfRecordFilter(logging.Filter):
         return True
 
 
+def _obtain(shared: SharedCertificate) -> bool:
+    """Get the shared webhook certificate, retrying (logging why) until it works; False on SIGTERM/SIGINT."""
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    delay = 1.0
+    try:
+        while not stop.is_set():
+            try:
+                shared.sync()
+                return True
+            except ApiError as err:
+                log.error(
+                    "cannot get the shared webhook certificate; retrying (not ready until then)",
+                    extra={"secret": f"{shared.namespace}/{shared.name}", "error": str(err)},
+                )
+            stop.wait(delay)
+            delay = min(delay * 2, 30.0)
+        return False
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, signal.SIG_DFL)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the controller until SIGTERM/SIGINT; 0 on a clean exit, 2 when it cannot reach the cluster."""
     settings = parse_settings(argv)
@@ -48,11 +79,33 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigException, OSError) as err:
         log.error("cannot load cluster credentials: %s", err)
         return 2
+    shared = shared_certificate(settings, api)
+    if shared is not None and not _obtain(shared):
+        return 0  # stopped while waiting for the certificate
     metrics.serve(settings.metrics_port)
-    controller = Controller(settings, kube.KubeWriter(api))
+    writer = kube.KubeWriter(api)
+    leadership = None
+    if settings.leader_elect:
+        controller = Controller(settings, writer)  # the writer is gated below, once the elector exists
+        leadership = Leadership(controller, None, writer.rest)
+        elector = LeaderElector(
+            KubeRest(writer.rest.connection, timeout=settings.retry_period_seconds, attempts=1),
+            str(settings.lease_namespace),
+            settings.lease_name,
+            f"{settings.replica}_{uuid.uuid4().hex[:8]}",  # a restarted container is a new candidate
+            LeaseTimings(
+                settings.lease_duration_seconds, settings.renew_deadline_seconds, settings.retry_period_seconds
+            ),
+            on_started=leadership.started,
+            on_stopped=leadership.stopped,
+        )
+        leadership.elector = elector
+        controller.writer = GatedWriter(writer, elector)
+    else:
+        controller = Controller(settings, writer)
     kopf_json.install()  # no object the API server stores can stop a watch or the webhook
     registry = kopf.OperatorRegistry()
-    register(registry, settings, controller)
+    register(registry, settings, controller, leadership)
     log.info(
         "starting",
         extra={"driver": settings.driver_name, "admission": settings.admission, "webhook_port": settings.webhook_port},
@@ -60,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(
         kopf.operator(
             registry=registry,
-            settings=operator_settings(settings, api),
+            settings=operator_settings(settings, api, shared),
             clusterwide=True,
             standalone=True,
             liveness_endpoint=settings.liveness_endpoint,

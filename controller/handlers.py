@@ -6,6 +6,7 @@ webhook server, registered by patching the chart-made configuration (kopf's mana
 Event posting lowered to WARNING; no peering; liveness endpoint.
 """
 
+import asyncio
 import logging
 import os
 import socket
@@ -19,6 +20,8 @@ from api.kube_rest import KubeConnection, KubeRest
 from api.names import API_GROUP
 from controller import kube, metrics
 from controller.admission import Review, review_claim_spec
+from controller.certificate import SharedCertificate
+from controller.leadership import Leadership
 from controller.ledger import ExistingGpu
 from controller.model import ClaimView, DeviceClassView, SliceView, claim_view, device_class_view, slice_view
 from controller.reconciler import Controller
@@ -33,7 +36,28 @@ INDEX_IDS = ("fracgpu_slices", "fracgpu_claims", "fracgpu_gpus", "fracgpu_classe
 """The ids of the indexes, in the order `Controller.bind` takes them (kopf passes each as a keyword argument)."""
 
 
-def operator_settings(settings: Settings, api: client.ApiClient) -> kopf.OperatorSettings:
+def webhook_hosts(settings: Settings) -> tuple[str | None, list[str]]:
+    """The host name in the webhook's URL (None: kopf's default) and the certificate's further names."""
+    service = settings.webhook_service.split("/", 1) if settings.webhook_service else None
+    host = settings.webhook_host
+    if service is not None and host is None:
+        host = f"{service[1]}.{service[0]}.svc"
+    return host, [f"{service[1]}.{service[0]}.svc.cluster.local"] if service else []
+
+
+def shared_certificate(settings: Settings, api: client.ApiClient) -> SharedCertificate | None:
+    """The certificate the replicas share (`--webhook-cert-secret`), or None: each process makes its own."""
+    if not settings.admission or settings.webhook_cert_secret is None or settings.webhook_cert_dir is not None:
+        return None
+    namespace, name = settings.webhook_cert_secret.split("/", 1)
+    host, extra = webhook_hosts(settings)
+    hostnames = [h for h in (host or "127.0.0.1", *extra) if h]
+    return SharedCertificate(KubeRest(KubeConnection.of(api), timeout=10.0, attempts=2), namespace, name, hostnames)
+
+
+def operator_settings(
+    settings: Settings, api: client.ApiClient, shared: SharedCertificate | None = None
+) -> kopf.OperatorSettings:
     """kopf settings: standalone, quiet Event posting, our webhook server registering itself through `api`.
 
     kopf does not manage the webhook configuration (`admission.managed` stays None): its manager creates
@@ -47,16 +71,14 @@ def operator_settings(settings: Settings, api: client.ApiClient) -> kopf.Operato
     if settings.admission:
         cert_dir = settings.webhook_cert_dir
         service = tuple(settings.webhook_service.split("/", 1)) if settings.webhook_service else None
-        host = settings.webhook_host
-        if service is not None and host is None:
-            host = f"{service[1]}.{service[0]}.svc"
+        host, extra_sans = webhook_hosts(settings)
         out.admission.server = WebhookServer(
             addr=settings.webhook_address,
             port=settings.webhook_port,
             host=host,
             certfile=cert_dir / "tls.crt" if cert_dir else None,
             pkeyfile=cert_dir / "tls.key" if cert_dir else None,
-            extra_sans=[f"{service[1]}.{service[0]}.svc.cluster.local"] if service else [],
+            extra_sans=extra_sans,
             service=(service[0], service[1]) if service else None,
             service_port=settings.webhook_port if service else None,
             registration=Registration(
@@ -64,6 +86,8 @@ def operator_settings(settings: Settings, api: client.ApiClient) -> kopf.Operato
                 settings.webhook_config_name,
                 fail=settings.webhook_failure_policy == "Fail",
             ),
+            shared=shared,
+            shared_check_seconds=settings.webhook_cert_check_seconds,
         )
     return out
 
@@ -85,8 +109,11 @@ def _review(controller: Controller, spec: Any, prefix: str) -> Review:
     )
 
 
-def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Controller) -> None:
-    """Register every handler of the controller in `registry`."""
+def register(
+    registry: kopf.OperatorRegistry, settings: Settings, controller: Controller, leadership: Leadership | None = None
+) -> None:
+    """Register every handler of the controller in `registry`; with `leadership`, the controller's loops run
+    only while its elector leads (controller/leadership.py)."""
     driver = settings.driver_name
 
     @kopf.on.login(registry=registry, id="login")
@@ -97,11 +124,20 @@ def register(registry: kopf.OperatorRegistry, settings: Settings, controller: Co
     async def startup(**kwargs: Any) -> None:
         # kopf passes every index as a keyword argument named after its id (still empty at startup)
         controller.bind(*(kwargs[i] for i in INDEX_IDS))
-        await controller.start()
+        if leadership is None or leadership.elector is None:
+            await controller.start()
+        else:
+            campaign.append(asyncio.create_task(leadership.elector.run(), name="leader-election"))
+
+    campaign: list[asyncio.Task[None]] = []
 
     @kopf.on.cleanup(registry=registry, id="cleanup")
     async def cleanup(**_: Any) -> None:
-        await controller.stop()
+        if campaign:  # stops leading (the controller's loops) first, then releases the Lease
+            campaign[0].cancel()
+            await asyncio.wait(campaign)
+        else:
+            await controller.stop()
 
     # ----- indexes: compact views, recomputed on every watch event ----------------------------------
 

@@ -54,3 +54,17 @@ def cluster_role_rules(
             }
         )
     return rules
+
+
+def namespace_role_rules(lease: str | None, secret: str | None) -> list[dict[str, Any]]:
+    """Role rules in the controller's namespace: the leader Lease `lease` (None: no leader election) and the
+    shared webhook certificate's Secret `secret` (None: not shared), by name where RBAC allows it. create
+    cannot be scoped to a name: the first replica creates each, AlreadyExists tells the others to read it."""
+    rules: list[dict[str, Any]] = []
+    for group, resource, name in (("coordination.k8s.io", "leases", lease), ("", "secrets", secret)):
+        if name is not None:
+            rules.append(
+                {"apiGroups": [group], "resources": [resource], "verbs": ["get", "update"], "resourceNames": [name]}
+            )
+            rules.append({"apiGroups": [group], "resources": [resource], "verbs": ["create"]})
+    return rules

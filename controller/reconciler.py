@@ -122,7 +122,7 @@ class Controller:
         # claims that were in the index at their last event -> the devices their shares were on then
         self._seen: dict[ClaimKey, frozenset[DeviceKey]] = {}
         self._on_device: dict[DeviceKey, set[ClaimKey]] = {}  # the inverse of _seen
-        self.queue: WorkQueue[ClaimKey] = WorkQueue(max_attempts=MAX_ATTEMPTS, on_depth=metrics.RECONCILE_QUEUE.set)
+        self.queue: WorkQueue[ClaimKey] = self._new_queue()
         """Claims waiting for a status writer."""
         self._posted: dict[str, set[tuple[str, ...]]] = {}  # claim uid -> event keys already posted
         self._missing_since: dict[tuple[str, str, str], float] = {}  # (uid, pool, device) -> monotonic
@@ -131,7 +131,8 @@ class Controller:
         self._ledger_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         # status writers and ledger writers (`workers` each) plus Event posts
-        self._executor = ThreadPoolExecutor(max_workers=2 * settings.workers + 4, thread_name_prefix="fracgpu-api")
+        self._executor = self._new_executor()
+        self._stopped = False
         self.ready = asyncio.Event()
         """Set once kopf delivered the first event after the indexes were populated."""
         self.admission = AdmissionFacts()
@@ -149,8 +150,19 @@ class Controller:
         self._on_device.clear()
         self._mark_all()
 
+    def _new_queue(self) -> WorkQueue[ClaimKey]:
+        return WorkQueue(max_attempts=MAX_ATTEMPTS, on_depth=metrics.RECONCILE_QUEUE.set)
+
+    def _new_executor(self) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=2 * self.settings.workers + 4, thread_name_prefix="fracgpu-api")
+
     async def start(self) -> None:
-        """Start the writers, the ledger loop and the resync loop."""
+        """Start the writers, the ledger loop and the resync loop. A start after `stop` (leadership regained,
+        controller/leadership.py) is a full resync: every indexed claim is queued, the whole ledger recomputed."""
+        if self._stopped:
+            self.queue, self._executor, self._stopped = self._new_queue(), self._new_executor(), False
+        for key in list(self._claims):
+            self.queue.add(key)
         self._tasks = [
             asyncio.create_task(self._worker(), name=f"claim-worker-{i}") for i in range(self.settings.workers)
         ]
@@ -168,6 +180,7 @@ class Controller:
                 await task
         self._tasks = []
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._stopped = True
 
     # ----- inputs from kopf handlers (event loop) ------------------------------------------------
 

@@ -1,9 +1,10 @@
 """Controller settings: one pydantic field per option, each a flag and an environment variable (api/options.py)."""
 
+import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
@@ -45,6 +46,37 @@ class Settings(OptionSettings):
         description="Ignore: a controller outage never blocks claims (the node plugin still refuses bad configs at "
         "prepare); Fail: no claim of the driver is admitted unchecked",
     )
+    webhook_cert_secret: str | None = Field(
+        None,
+        description="<namespace>/<name> of the Secret every replica shares its webhook certificate through: the "
+        "first replica creates it, the others read it (default: each process makes its own certificate)",
+    )
+    webhook_cert_check_seconds: float = Field(
+        3600.0, gt=0, description="how often each replica re-reads the shared certificate (and renews it when due)"
+    )
+    leader_elect: bool = Field(
+        False, description="elect a leader on a Lease: only the leader writes claim status, the ledger and Events"
+    )
+    lease_name: str = Field("fracgpu-controller", description="name of the leader Lease")
+    lease_namespace: str | None = Field(
+        None,
+        description="namespace of the leader Lease (required with --leader-elect)",
+        json_schema_extra={"env": "POD_NAMESPACE"},
+    )
+    identity: str | None = Field(
+        None,
+        description="this replica's name, the leader Lease's holder before `_<random>` (default: the host name)",
+        json_schema_extra={"env": "POD_NAME"},
+    )
+    lease_duration_seconds: float = Field(
+        15.0, gt=0, description="seconds a leader Lease is valid unrenewed: a follower takes over after this long"
+    )
+    renew_deadline_seconds: float = Field(
+        10.0, gt=0, description="seconds the leader leads after its last successful renew (less than the duration)"
+    )
+    retry_period_seconds: float = Field(
+        2.0, gt=0, description="seconds between attempts to take or renew the Lease (less than the renew deadline)"
+    )
     health_address: str = Field("0.0.0.0", description="where the liveness endpoint listens")
     health_port: int = Field(8080, ge=0, le=65535, description="kopf liveness endpoint /healthz; 0 disables")
     metrics_port: int = Field(8081, ge=0, le=65535, description="Prometheus /metrics; 0 disables")
@@ -64,10 +96,39 @@ class Settings(OptionSettings):
             raise ValueError("must be <namespace>/<name>, e.g. fracgpu/fracgpu-controller")
         return value
 
+    @field_validator("webhook_cert_secret")
+    @classmethod
+    def _secret_is_namespaced(cls, value: str | None) -> str | None:
+        if value is not None and value.count("/") != 1:
+            raise ValueError("must be <namespace>/<name>, e.g. fracgpu/fracgpu-controller-webhook-cert")
+        return value
+
+    @model_validator(mode="after")
+    def _lease_settings_fit(self) -> "Settings":
+        if not self.leader_elect:
+            return self
+        if not self.lease_namespace:
+            raise ValueError(
+                "--leader-elect needs the Lease's namespace: --lease-namespace (or env POD_NAMESPACE, as the chart sets)"
+            )
+        if not 0 < self.retry_period_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
+            raise ValueError(
+                f"the lease timings must satisfy --retry-period ({self.retry_period_seconds:g}) < --renew-deadline "
+                f"({self.renew_deadline_seconds:g}) < --lease-duration ({self.lease_duration_seconds:g})"
+            )
+        return self
+
     @field_validator("webhook_config_name")
     @classmethod
     def _config_name_defaults_to_the_driver(cls, value: str, info: ValidationInfo) -> str:
         return value or str(info.data.get("driver_name", DRIVER_NAME))
+
+    @property
+    def replica(self) -> str:
+        """This replica's name: the pod name, else the host name (its identity in the leader Lease adds
+        `_<random>`, as kube-controller-manager's does: a restarted process must not take over its dead
+        predecessor's Lease as if it were its own)."""
+        return self.identity or socket.gethostname()
 
     @property
     def liveness_endpoint(self) -> str | None:

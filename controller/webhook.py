@@ -14,7 +14,7 @@ import datetime
 import ipaddress
 import threading
 from collections.abc import AsyncIterator, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp.web
 import kopf
@@ -27,10 +27,18 @@ from api import bounded_json
 from controller import kopf_json
 from controller.webhook_config import Registration
 
+if TYPE_CHECKING:
+    from controller.certificate import SharedCertificate
+
 CERT_VALIDITY = datetime.timedelta(days=3650)
 
 
-def self_signed_certificate(hostnames: Collection[str], password: str | None = None) -> tuple[bytes, bytes]:
+def self_signed_certificate(
+    hostnames: Collection[str],
+    password: str | None = None,
+    validity: datetime.timedelta = CERT_VALIDITY,
+    now: datetime.datetime | None = None,
+) -> tuple[bytes, bytes]:
     """A self-signed CA certificate valid for `hostnames` (DNS names and IPs) and its key, both PEM.
 
     Same contract as `kopf.WebhookServer.build_certificate`: unspecified addresses (0.0.0.0, ::) are left
@@ -52,7 +60,7 @@ def self_signed_certificate(hostnames: Collection[str], password: str | None = N
     common_name = (dns or ips or ["fracgpu-controller"])[0]
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.UTC)
+    now = now or datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(subject)
@@ -60,7 +68,7 @@ def self_signed_certificate(hostnames: Collection[str], password: str | None = N
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + CERT_VALIDITY)
+        .not_valid_after(now + validity)
         .add_extension(x509.SubjectAlternativeName(names), critical=False)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(
@@ -106,7 +114,10 @@ class WebhookServer(kopf.WebhookServer):
 
     With `service=(namespace, name)` the registered client config is a Service reference (port
     `service_port`) instead of a URL, as a webhook inside the cluster is reached. With `registration`, each
-    client config it yields is also patched into the webhook configuration, and removed when it stops.
+    client config it yields is also patched into the webhook configuration, and removed when it stops, unless
+    `shared` is set: then its certificate is the one every replica shares (controller/certificate.py), kept
+    current by `shared.keep` while it serves, and the configuration stays registered when one replica stops
+    (the others serve the same CA bundle behind the same Service).
     """
 
     def __init__(
@@ -115,9 +126,15 @@ class WebhookServer(kopf.WebhookServer):
         service: tuple[str, str] | None = None,
         service_port: int | None = None,
         registration: Registration | None = None,
+        shared: "SharedCertificate | None" = None,
+        shared_check_seconds: float = 3600.0,
         **kwargs: Any,
     ) -> None:
+        if shared is not None:
+            kwargs |= {"certfile": shared.certfile, "pkeyfile": shared.keyfile, "cafile": shared.cafile}
         super().__init__(**kwargs)
+        self.shared = shared
+        self.shared_check_seconds = shared_check_seconds
         self.service = service
         self.service_port = service_port
         self.registration = registration
@@ -197,6 +214,7 @@ class WebhookServer(kopf.WebhookServer):
 
     async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         registering: asyncio.Task[None] | None = None
+        keeping = asyncio.create_task(self.shared.keep(self.shared_check_seconds)) if self.shared else None
         try:
             async for config in self._serve_in_thread(fn):
                 out = self._client_config(config)
@@ -206,8 +224,9 @@ class WebhookServer(kopf.WebhookServer):
                     registering = asyncio.create_task(self.registration.register(out))
                 yield out
         finally:
-            if registering is not None:
-                registering.cancel()
-                await asyncio.wait([registering])
-            if self.registration is not None and self.registration.registered:
+            for task in (registering, keeping):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.wait([task])
+            if self.registration is not None and self.registration.registered and self.shared is None:
                 await self.registration.unregister()

@@ -83,7 +83,9 @@ def chart_values(
         "driverEdits": "toolkit",
         "nvml": {"libraryPath": str(nvml_dir)},
         "logging": {"format": "text"},
-        "controller": {"hostNetwork": True, "webhook": {"host": api_host}},
+        # two replicas (the chart's default) in the node's host network: they share the webhook port (SO_REUSEPORT)
+        # and could not share kopf's liveness port or the metrics port, so those are off here
+        "controller": {"hostNetwork": True, "webhook": {"host": api_host}, "healthPort": 0, "metricsPort": 0},
         "kubeletPlugin": {
             "hostNetwork": True,
             "extraEnv": [

@@ -26,7 +26,7 @@ from kubernetes.dynamic import DynamicClient
 from api.gpu import GpuStatus
 from api.kube_rest import SLICES, ApiError, KubeConnection, KubeRest, claim_path
 from controller.admission import review_claim_spec
-from controller.rbac import cluster_role_rules
+from controller.rbac import cluster_role_rules, namespace_role_rules
 from controller.webhook import self_signed_certificate
 from controller.webhook_config import Registration
 from e2e.cluster import binaries
@@ -67,6 +67,9 @@ CUSTOM: dict[str, Any] = {
         "healthPort": 9101,
         "metricsPort": 9100,
         "webhook": {"port": 9444, "configName": "example-gpu-webhook", "failurePolicy": "Fail"},
+        "replicas": 3,
+        "leaderElection": {"leaseDuration": 30, "renewDeadline": 20, "retryPeriod": 4},
+        "podDisruptionBudget": {"minAvailable": 2},
         "extraEnv": [{"name": "EXTRA", "value": "1"}],
     },
     "kubeletPlugin": {
@@ -82,7 +85,13 @@ CUSTOM: dict[str, Any] = {
 MINIMAL: dict[str, Any] = {
     "deviceClass": {"create": False},
     "nvml": {"libraryPath": ""},
-    "controller": {"webhook": {"enabled": False}, "metricsPort": 0},
+    "controller": {
+        "webhook": {"enabled": False},
+        "metricsPort": 0,
+        "replicas": 1,
+        "leaderElection": {"enabled": False},
+        "podDisruptionBudget": {"enabled": False},
+    },
     "kubeletPlugin": {"metricsPort": 0, "admissionPolicy": {"enabled": False}, "nodeSelector": None},
 }
 VARIANTS = {"default": {}, "custom": CUSTOM, "minimal": MINIMAL}
@@ -191,7 +200,14 @@ def test_schema_and_checks_refuse_bad_values(tools: dict[str, Path], tmp_path: P
         ),
         ({"deviceClass": {"extendedResource": {"enable": False}}}, ["additional properties 'enable' not allowed"]),
         ({"kubeletDir": "var/lib/kubelet"}, ["/kubeletDir"]),
-        ({"controller": {"replicas": 2}}, ["/controller/replicas"]),
+        (
+            {"controller": {"replicas": 2, "leaderElection": {"enabled": False}}},
+            ["controller.replicas > 1 needs controller.leaderElection.enabled"],
+        ),
+        (
+            {"controller": {"leaderElection": {"renewDeadline": 20}}},
+            ["retryPeriod < renewDeadline < leaseDuration"],
+        ),
         ({"image": {"pullPolicy": "Sometimes"}}, ["/image/pullPolicy", "'IfNotPresent'"]),
         ({"kubernetesServicePort": 6443}, ["kubernetesServicePort is set but kubernetesServiceHost is not"]),
         ({"controller": {"metricsPort": 8080}}, ["must differ"]),
@@ -224,25 +240,45 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     assert config["kind"] == "ValidatingWebhookConfiguration" and config["metadata"]["name"] == "gpu.fracgpu.dev"
     assert set(config) == {"apiVersion", "kind", "metadata"}, "no webhooks: the controller owns them"
 
-    # controller: one pod at a time, probes, non-root, read-only root, no capabilities, webhook via Service
+    # controller: two replicas (a leader elected), surge updates, a PDB, spread over nodes, probes, non-root,
+    # read-only root, no capabilities, webhook via Service
     deploy = one(docs, "Deployment")
     spec = deploy["spec"]["template"]["spec"]
     (ctr,) = spec["containers"]
-    assert deploy["spec"]["replicas"] == 1 and deploy["spec"]["strategy"] == {"type": "Recreate"}
+    assert deploy["spec"]["replicas"] == 2
+    assert deploy["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    pdb = one(docs, "PodDisruptionBudget")
+    assert pdb["spec"] == {"minAvailable": 1, "selector": deploy["spec"]["selector"]}
+    (spread,) = spec["affinity"]["podAntiAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert spread["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    assert spread["podAffinityTerm"]["labelSelector"] == deploy["spec"]["selector"]
+    assert {
+        "--leader-elect",
+        "--lease-name=fg-fracgpu-controller",
+        "--lease-duration=15",
+        "--renew-deadline=10",
+        "--retry-period=2",
+        "--webhook-cert-secret=gpus/fg-fracgpu-controller-webhook-cert",
+    } <= set(ctr["args"])
+    assert env_of(ctr)["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
     assert ctr["image"] == "fracgpu.local/fracgpu:0.1.0" and ctr["imagePullPolicy"] == "IfNotPresent"
     assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 65532
     sc = ctr["securityContext"]
     assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"]["drop"] == ["ALL"]
     assert sc["allowPrivilegeEscalation"] is False
-    assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
-    assert ctr["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert ctr["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": 8080}
+    # ready = serves admission (listening, the certificate loaded), not leadership
+    assert ctr["readinessProbe"]["tcpSocket"] == {"port": 9443}
     assert ctr["resources"]["requests"] and ctr["resources"]["limits"]
     assert "--webhook-service=gpus/fg-fracgpu-webhook" in ctr["args"]
     assert {"--webhook-port=9443", "--health-port=8080", "--metrics-port=8081"} <= set(ctr["args"])
     assert env_of(ctr)["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
     assert "hostNetwork" not in spec
     service = one(docs, "Service")
-    assert service["spec"]["ports"] == [{"name": "webhook", "port": 9443, "targetPort": "webhook", "protocol": "TCP"}]
+    assert service["spec"]["ports"] == [{"name": "webhook", "port": 9443, "targetPort": 9443, "protocol": "TCP"}]
     assert service["spec"]["selector"] == deploy["spec"]["selector"]["matchLabels"]
 
     # node plugin: downward API, critical priority, surge update, GPU nodes, host paths at the same paths
@@ -431,7 +467,13 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
         "--metrics-port=9100",
         "--log-level=debug",
         "--log-format=text",
+        "--lease-duration=30",
+        "--renew-deadline=20",
+        "--retry-period=4",
     } <= set(ctr["args"])
+    assert deploy["spec"]["replicas"] == 3 and one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 2
+    # host network: no declared (host) ports, which would keep a second replica off a node; probes by number
+    assert "ports" not in ctr and ctr["readinessProbe"]["tcpSocket"] == {"port": 9444}
     env = env_of(ctr)
     assert env["KUBERNETES_SERVICE_HOST"] == "192.0.2.10" and env["KUBERNETES_SERVICE_PORT"] == "6443"
     assert env["FRACGPU_WEBHOOK_FAILURE_POLICY"] == "Fail" and env["EXTRA"] == "1"
@@ -509,6 +551,14 @@ def test_controller_cluster_role_is_the_one_in_the_code(tools: dict[str, Path], 
     webhook = values.get("controller", {}).get("webhook", {})
     assert role["rules"] == cluster_role_rules(
         driver, webhook.get("configName") or None, admission=webhook.get("enabled", True)
+    )
+    controller = values.get("controller", {})
+    elected = controller.get("leaderElection", {}).get("enabled", True)
+    shared = webhook.get("enabled", True) and not webhook.get("certSecretName")
+    local = one(render(tools["helm"], tmp_path, values), "Role", "-controller")
+    name = local["metadata"]["name"]
+    assert (local["rules"] or []) == namespace_role_rules(
+        name if elected else None, f"{name}-webhook-cert" if shared else None
     )
     # on webhook configurations: patch of its own only (the chart makes it; RBAC cannot scope create by name)
     webhook_rules = [r for r in role["rules"] if r["apiGroups"] == ["admissionregistration.k8s.io"]]

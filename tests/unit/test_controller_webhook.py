@@ -8,6 +8,7 @@ import logging
 import ssl
 import threading
 import urllib.request
+from pathlib import Path
 from typing import Any, cast
 
 import kopf
@@ -15,8 +16,10 @@ import pytest
 from cryptography import x509
 
 from api.kube_rest import ApiError
+from controller.certificate import SharedCertificate
 from controller.webhook import WebhookServer, self_signed_certificate
 from controller.webhook_config import CONFIGS, MERGE, VALIDATED, Registration, webhooks
+from tests.unit.fake_objects import FakeObjects
 
 
 def test_certificate_covers_names_and_ips_but_not_unspecified_addresses() -> None:
@@ -214,3 +217,24 @@ def test_reviews_are_served_while_the_main_event_loop_is_busy() -> None:
 
     assert asyncio.run(main()), "no answer while the main loop was blocked"
     assert served_on and served_on[0] != threading.get_ident()
+
+
+def test_a_replica_on_the_shared_certificate_leaves_the_configuration_registered_when_it_stops(
+    tmp_path: Path,
+) -> None:
+    # the other replicas serve the same CA bundle behind the same Service: emptying the webhooks at one
+    # replica's exit would switch admission off for all of them
+    fake = FakeConfigurations("hooks")
+    shared = SharedCertificate(FakeObjects(), "ns", "cert", ["127.0.0.1"], tmp_path)
+    shared.sync()
+    assert shared.current is not None
+    server = WebhookServer(
+        addr="127.0.0.1",
+        port=_free_port(),
+        registration=Registration(fake, "hooks", fail=True),  # type: ignore[arg-type]
+        shared=shared,
+    )
+    config, answer = _serve_once(server, {"uid": "u4"})
+    assert answer == {"echo": "u4"}
+    assert base64.b64decode(config["caBundle"]) == shared.current.bundle
+    assert fake.patches and all(body["webhooks"] for _, body in fake.patches), "emptied at the end"

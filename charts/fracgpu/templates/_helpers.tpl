@@ -106,6 +106,14 @@ app.kubernetes.io/component: kubelet-plugin
 
 {{/* Checks of value combinations the schema cannot express; fails rendering with a message. */}}
 {{- define "fracgpu.validate" -}}
+{{- if and (gt (int .Values.controller.replicas) 1) (not .Values.controller.leaderElection.enabled) }}
+{{- fail "controller.replicas > 1 needs controller.leaderElection.enabled: without a leader every replica would write" }}
+{{- end }}
+{{- with .Values.controller.leaderElection }}
+{{- if and .enabled (not (and (lt (float64 .retryPeriod) (float64 .renewDeadline)) (lt (float64 .renewDeadline) (float64 .leaseDuration)))) }}
+{{- fail "controller.leaderElection: retryPeriod < renewDeadline < leaseDuration is required" }}
+{{- end }}
+{{- end }}
 {{- if and .Values.kubernetesServicePort (not .Values.kubernetesServiceHost) }}
 {{- fail "kubernetesServicePort is set but kubernetesServiceHost is not: set both to override the API server address" }}
 {{- end }}
@@ -132,4 +140,9 @@ app.kubernetes.io/component: kubelet-plugin
 {{- if not (hasPrefix "/" .Values.enforcement.hamiCore.libraryPath) }}
 {{- fail "enforcement.hamiCore.libraryPath must be an absolute host path" }}
 {{- end }}
+{{- end }}
+
+{{/* The Secret the controller replicas share their webhook certificate in (the first replica creates it). */}}
+{{- define "fracgpu.webhookCertSecretName" -}}
+{{- printf "%s-webhook-cert" (include "fracgpu.controller.fullname" .) | trunc 63 | trimSuffix "-" }}
 {{- end }}

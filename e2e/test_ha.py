@@ -1,0 +1,55 @@
+"""Controller high availability: two replicas, the leader killed (SIGKILL) during a burst of 100 claims.
+
+Every claim gets its status and the ledger converges (the follower takes over and resyncs everything), and
+admission keeps answering throughout (both replicas serve it with one certificate; the survivor alone while the
+killed one restarts). Takeover times over repeated kills: e2e/bench/ha_bench.py.
+"""
+
+import threading
+import time
+
+from e2e import ha
+from e2e.install import NAMESPACE, Installation
+from tests.integration import kube
+
+CLAIMS = 100
+
+
+def test_killing_the_leader_during_a_burst_loses_no_claim_and_admission_keeps_answering(
+    installation: Installation, ns: str
+) -> None:
+    api = ha.api_client(installation.cluster.kubeconfig)
+    old, pods = ha.wait_for_two_replicas_and_a_leader(api)
+    burst: list[str] = []
+    with ha.fake_gpu_node(api) as node, ha.AdmissionProbe(api, ns) as probe:
+        try:
+            creator = threading.Thread(target=lambda: burst.extend(ha.create_burst(api, ns, node, CLAIMS, "ha")))
+            creator.start()
+            kube.wait_for(
+                lambda: sum(map(ha.our_status, ha.claims_of(api, ns))) >= 10 or None,
+                120,
+                what="the first status writes of the burst",
+            )
+            ha.kill_controller(pods[old])
+            killed = time.monotonic()
+            creator.join(120)
+            assert len(burst) == CLAIMS
+
+            def converged() -> list[dict[str, object]] | None:
+                claims = ha.claims_of(api, ns)
+                written = [c for c in claims if ha.our_status(c)]
+                return claims if len(written) == CLAIMS and ha.ledger_matches(api, node, claims) else None
+
+            kube.wait_for(converged, 150, interval=1, what=f"status of all {CLAIMS} claims and the ledger")
+            took = time.monotonic() - killed
+            new = ha.leader(api)
+            assert new is not None and new != old, f"the leader after the kill: {new} (killed: {old})"
+            events = installation.cluster.kubectl(
+                "get", "events", "-n", NAMESPACE, "--field-selector", "reason=LeaderElected", "-o", "name"
+            )
+            assert events.stdout.strip(), "no LeaderElected Event on the Lease"
+            # the survivor answered admission while the killed replica was down (and restarting)
+            assert probe.answers >= took / probe.interval / 4, f"{probe.answers} admission answers in {took:.0f}s"
+            assert probe.problems == [], probe.problems
+        finally:
+            ha.delete_burst(api, ns, burst)
