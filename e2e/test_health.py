@@ -67,12 +67,13 @@ def _slice_writes(installation: Installation) -> float:
 
 
 def _on_gpu(name: str, index: int, memory: str, tolerate: bool = False) -> dict[str, Any]:
-    """A claim template for a share of the GPU of `index` (a CEL selector), tolerating every taint if asked."""
+    """A claim template for a share of the GPU of `index` (a CEL selector), tolerating every NoExecute taint if
+    asked (the eviction controller honours only tolerations that name the effect NoExecute)."""
     template = w.claim_template(name, memory)
     exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
     exactly["selectors"] = [{"cel": {"expression": f'device.attributes["{w.DEVICE_CLASS}"].index == {index}'}}]
     if tolerate:
-        exactly["tolerations"] = [{"operator": "Exists"}]
+        exactly["tolerations"] = [{"operator": "Exists", "effect": "NoExecute"}]
     return template
 
 

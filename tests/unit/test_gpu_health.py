@@ -4,12 +4,15 @@ of a reset), taint planning, the health stream's source, slices with taints and 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
+from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry
 from kubelet_plugin.coalesce import Coalescer
 from kubelet_plugin.gpu_health import LOST_TAINT, RECOVERY_TAINT, XID_TAINT, Effects, GpuHealth, HealthBook, plan_taints
 from kubelet_plugin.health import with_reported_health
+from kubelet_plugin.health_events import claims_on, message
 from kubelet_plugin.slices import MAX_TAINTED_DEVICES_PER_SLICE, build_slices
 from kubelet_plugin.xid_catalog import XIDS, classify_action, classify_xid
 from tests.unit.plugin_host import gpu_info
@@ -247,3 +250,31 @@ def test_wait_due_returns_false_on_stop_and_true_when_due() -> None:
 def test_a_negative_window_is_refused() -> None:
     with pytest.raises(ValueError, match="coalescing window must be >= 0 seconds, got -1"):
         Coalescer(-1)
+
+
+# --- Events: the claims on a GPU, from the checkpoint ----------------------------------------------------------
+
+
+def test_claims_on_a_gpu_come_from_the_checkpoint(tmp_path: Path) -> None:
+    def entry(name: str, device: str) -> ClaimEntry:
+        dev = CheckpointDevice(request_names=["gpu"], pool_name=NODE, device_name=device, cdi_device_ids=["x"])
+        return ClaimEntry(namespace="ns", name=name, state="PrepareCompleted", devices=[dev])
+
+    path = tmp_path / "checkpoint.json"
+    assert claims_on(path, "gpu-1") == [], "no checkpoint: no claims"
+    checkpoint = (
+        Checkpoint.empty("boot").with_claim("uid-b", entry("b", "gpu-1")).with_claim("uid-a", entry("a", "gpu-1"))
+    )
+    path.write_text(checkpoint.with_claim("uid-c", entry("c", "gpu-0")).to_json())
+    assert claims_on(path, "gpu-1") == [("ns", "a", "uid-a"), ("ns", "b", "uid-b")]
+    path.write_text("{not json")
+    assert claims_on(path, "gpu-1") == [], "unreadable: no claims, no exception"
+
+
+def test_event_messages() -> None:
+    b = book()
+    t = b.record_xid("gpu-1", 79, frozenset(), None)
+    assert t is not None and message(t) == "GPU gpu-1 is fatal: XID 79 (fallen-off-the-bus, fatal)"
+    b.record_lost("gpu-1")
+    t = b.record_answer("gpu-1", 0)
+    assert t is not None and message(t) == ("GPU gpu-1 is healthy again (was fatal): the driver reports it reset")
