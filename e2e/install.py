@@ -31,6 +31,8 @@ PROFILE = mocknvml.PROFILES / "sim80gi-x2.profile"
 RELEASE = "fracgpu"
 USAGE_CONTROL = "processes"  # the mock NVML's per-process control file, in the NVML directory
 USAGE_INTERVAL_S = 2
+HEALTH_CONTROL = "events"  # the mock NVML's GPU health control file (XIDs, lost, reset), in the NVML directory
+HEALTH_IGNORED_XIDS = [92]  # the operator's allow-list in the e2e installation (92 is degraded by default)
 NAMESPACE = "fracgpu-system"
 NODE_GPUS = NODE_ROOT / "gpus"  # each node of a MultiNodeCluster: its simulated GPUs (driver root, NVML)
 
@@ -51,6 +53,12 @@ class Installation:
         """The host file whose `<GPU UUID> <pid> <bytes>` lines the plugin's mock NVML reports as processes."""
         return self.nvml_dir / USAGE_CONTROL
 
+    @property
+    def health_control(self) -> Path:
+        """The host file the plugin's mock NVML reads GPU health from: append `<GPU UUID> xid <n> [<action>]`,
+        `<GPU UUID> lost` or `<GPU UUID> reset` lines (e2e/mocknvml/mock_nvml_events.c)."""
+        return self.nvml_dir / HEALTH_CONTROL
+
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """helm against the cluster."""
         argv = [str(binaries.binary("helm")), f"--kubeconfig={self.cluster.kubeconfig}", *args]
@@ -62,6 +70,7 @@ def simulated_gpus(root: Path, profile: Path = PROFILE) -> tuple[DriverInstall, 
     point, whatever the profile); the faithful driver root of that profile `root/driver`."""
     nvml_dir = mocknvml.build(root / "nvml")
     (nvml_dir / PROFILE.name).write_text(profile.read_text())
+    (nvml_dir / HEALTH_CONTROL).write_text("")
     driver = make_faithful_driver_root(root / "driver", profile, root / "driver-build")
     return driver, nvml_dir
 
@@ -92,8 +101,11 @@ def chart_values(
                 {"name": "FRACGPU_MOCK_NVML_PROFILE", "value": f"/opt/fracgpu/nvml-host/{PROFILE.name}"},
                 # the processes the mock NVML reports: written by e2e/test_usage.py (Installation.usage_control)
                 {"name": "FRACGPU_MOCK_NVML_PROCESSES", "value": f"/opt/fracgpu/nvml-host/{USAGE_CONTROL}"},
+                # GPU health (XIDs, lost GPUs, resets): written by e2e/test_health.py (Installation.health_control)
+                {"name": "FRACGPU_MOCK_NVML_EVENTS", "value": f"/opt/fracgpu/nvml-host/{HEALTH_CONTROL}"},
             ],
             "usage": {"interval": USAGE_INTERVAL_S, "ledgerInterval": USAGE_INTERVAL_S},
+            "health": {"ignoredXids": HEALTH_IGNORED_XIDS, "probeInterval": 1},
         },
     }
 

@@ -8,12 +8,13 @@ from typing import Any
 
 import grpc
 
-from kubelet_plugin.proto import dra_v1_pb2, pluginregistration_pb2
+from kubelet_plugin.proto import dra_health_v1_pb2, dra_v1_pb2, pluginregistration_pb2
 
 PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"
 GET_INFO = "/pluginregistration.Registration/GetInfo"
 NOTIFY = "/pluginregistration.Registration/NotifyRegistrationStatus"
+WATCH_HEALTH = "/v1.DRAResourceHealth/NodeWatchResources"
 KUBELET_CALL_TIMEOUT_S = 45.0
 
 
@@ -66,6 +67,21 @@ class KubeletClient:
             claims=[dra_v1_pb2.Claim(namespace=ns, uid=uid, name=name) for ns, uid, name in claims]
         )
         return call(request, timeout=KUBELET_CALL_TIMEOUT_S)
+
+    def health(self, timeout: float = 30) -> dict[str, bool]:
+        """The first message of the v1 health stream, as device name -> healthy (the kubelet's view)."""
+        assert self._dra is not None, "register() first"
+        watch = self._dra.unary_stream(
+            WATCH_HEALTH,
+            request_serializer=dra_health_v1_pb2.NodeWatchResourcesRequest.SerializeToString,
+            response_deserializer=dra_health_v1_pb2.NodeWatchResourcesResponse.FromString,
+        )
+        stream = watch(dra_health_v1_pb2.NodeWatchResourcesRequest(), timeout=timeout)
+        try:
+            first = next(iter(stream))
+        finally:
+            stream.cancel()
+        return {d.device.device_name: d.health == dra_health_v1_pb2.HEALTHY for d in first.devices}
 
     def close(self) -> None:
         self._registration.close()

@@ -16,6 +16,7 @@ from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.events import post_node_event
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.handover import await_replacement
+from kubelet_plugin.health_watch import start_gpu_health
 from kubelet_plugin.http_server import HttpEndpoint
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.model import GpuInfo
@@ -123,13 +124,17 @@ def main(argv: list[str] | None = None) -> int:
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    publisher = SlicePublisher(api, settings, gpus, enforcement)
+    health = start_gpu_health(settings, api, gpus, metrics.registry, stop)
+    publisher = SlicePublisher(
+        api, settings, gpus, enforcement, taints=health.taints, changes=health.changes,
+        on_write=health.metrics.slice_writes.inc,
+    )  # fmt: skip
     publishing = threading.Thread(target=publisher.run, args=(stop,), name="slice-publisher", daemon=True)
     publishing.start()
     server = PluginServer(
         settings.driver_name,
         preparer,
-        preparer.health,
+        health.health_source(preparer.health),
         kubelet_dir=settings.kubelet_dir,
         instance_id=settings.instance_id,
         health_interval=settings.health_interval_seconds,

@@ -30,3 +30,29 @@ def post_node_event(rest: KubeRest, node_name: str, reason: str, message: str, t
         rest.create("/api/v1/namespaces/default/events", body)
     except ApiError as err:
         log.warning("could not post Event", extra={"reason": reason, "status": err.status})
+
+
+def post_object_event(
+    rest: KubeRest, involved: dict[str, str], node_name: str, reason: str, message: str, *, type_: str = "Warning"
+) -> None:
+    """Post a core/v1 Event about ``involved`` (kind, name, namespace, uid, apiVersion; the Event goes to its
+    namespace), reported from ``node_name``; failures are logged, never raised."""
+    now = datetime.datetime.now(datetime.UTC).isoformat()
+    namespace = involved["namespace"]
+    body = {
+        "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message[:1024],
+        "type": type_,
+        "source": {"component": COMPONENT, "host": node_name},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": node_name,
+        "firstTimestamp": now,
+        "lastTimestamp": now,
+        "count": 1,
+    }
+    try:
+        rest.create(f"/api/v1/namespaces/{namespace}/events", body)
+    except ApiError as err:
+        log.warning("could not post Event", extra={"reason": reason, "status": err.status})

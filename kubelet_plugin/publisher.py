@@ -6,9 +6,11 @@ import hashlib
 import json
 import logging
 import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from api.kube_rest import SLICES, ApiError, KubeConnection, KubeRest, node_path
+from kubelet_plugin.coalesce import Coalescer
 from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.filelock import serialize_lock
 from kubelet_plugin.model import GpuInfo
@@ -35,9 +37,19 @@ class SlicePublisher:
         settings: Settings,
         gpus: list[GpuInfo],
         enforcement: EnforcementDetector | None = None,
+        *,
+        taints: Callable[[], Mapping[str, list[dict[str, str]]]] | None = None,
+        changes: Coalescer | None = None,
+        on_write: Callable[[], None] | None = None,
     ) -> None:
-        """`enforcement`: the tiers each GPU offers (default: HAMi-core where its library is, no nvml)."""
+        """`enforcement`: the tiers each GPU offers (default: HAMi-core where its library is, no nvml);
+        `taints`: device name -> its taints now (GPU health); `changes`: notified when they change, each
+        coalesced burst is one re-sync; `on_write`: called for every slice written (created, replaced, deleted)."""
         self._rest = KubeRest(api)
+        self._taints = taints or dict
+        self._changes = changes
+        self._on_write = on_write or (lambda: None)
+        self._sync_lock = threading.Lock()
         self._settings = settings
         self._gpus = gpus
         self._enforcement = enforcement or EnforcementDetector.without_nvml(settings, gpus, "nvml was not detected")
@@ -63,6 +75,7 @@ class SlicePublisher:
             generation=generation,
             hami_core=s.hami_core_library.is_file(),
             enforcement={name: tiers.strongest for name, tiers in self._enforcement.tiers().items()},
+            taints=self._taints(),
         )
         for body in slices:
             body["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: _spec_hash(body)}
@@ -80,6 +93,10 @@ class SlicePublisher:
 
     def sync(self) -> bool:
         """Make the published pool match the GPUs; return True when something was written."""
+        with self._sync_lock:
+            return self._sync()
+
+    def _sync(self) -> bool:
         node_uid: str = self._rest.get(node_path(self._settings.node_name))["metadata"]["uid"]
         existing = self._existing()
         generation = max([self._generation, *(s["spec"]["pool"]["generation"] for s in existing.values())])
@@ -101,8 +118,10 @@ class SlicePublisher:
                 self._rest.replace(f"{SLICES}/{name}", body)
             else:
                 self._rest.create(SLICES, body)
+            self._on_write()
         for name in set(existing) - names:
             self._rest.delete(f"{SLICES}/{name}")
+            self._on_write()
         self._generation = generation
         log.info(
             "published ResourceSlices",
@@ -118,6 +137,8 @@ class SlicePublisher:
         rolling update the new pod takes over when the old one exits, instead of both rewriting the pool.
         """
         with serialize_lock(self._settings.plugin_data_dir / PUBLISH_LOCK):
+            if self._changes is not None:
+                threading.Thread(target=self._sync_changes, args=(stop,), name="slice-taints", daemon=True).start()
             while not stop.is_set():
                 try:
                     self.sync()
@@ -130,6 +151,17 @@ class SlicePublisher:
                 except Exception:
                     log.exception("ResourceSlice sync failed; retrying")
                     stop.wait(2)
+
+    def _sync_changes(self, stop: threading.Event) -> None:
+        """Re-sync once per coalesced burst of `changes` (GPU health), while this instance publishes."""
+        assert self._changes is not None
+        while self._changes.wait_due(stop):
+            self._changes.flushed()
+            try:
+                self.sync()
+            except Exception:
+                log.exception("ResourceSlice sync after a GPU health change failed; retrying")
+                self._changes.notify()
 
     def _watch_until_change(self, stop: threading.Event) -> None:
         """Return after the first change made by someone else, or after the resync period."""

@@ -12,6 +12,7 @@ from api.quantity import MiB, to_bytes
 from kubelet_plugin.checkpoint import CHECKPOINT_FILE_NAME
 from kubelet_plugin.enforcement import NodeMode
 from kubelet_plugin.filelock import serialize_lock_path
+from kubelet_plugin.gpu_health import TaintEffect
 
 #: The kubelet cancels NodePrepareResources / NodeUnprepareResources after 45 s.
 KUBELET_CALL_TIMEOUT_S = 45.0
@@ -71,6 +72,27 @@ class Settings(OptionSettings):
         None, description="pod UID: unique socket names during rolling updates", json_schema_extra={"env": "POD_UID"}
     )
     health_interval_seconds: float = Field(10.0, gt=0, description="seconds between two GPU health checks")
+    health_nvml: bool = Field(
+        True,
+        description="watch NVML for GPU health (XID errors, GPUs lost) and taint unhealthy GPUs in the ResourceSlice",
+    )
+    health_ignored_xids: str = Field(
+        "",
+        description="comma-separated XIDs that never change a GPU's health, besides those caused by applications "
+        "(e.g. 13,31,43)",
+    )
+    health_degraded_effect: TaintEffect = Field(
+        "NoSchedule", description="taint effect of a GPU degraded by an XID or a recovery action"
+    )
+    health_fatal_effect: TaintEffect = Field(
+        "NoExecute", description="taint effect of a GPU with a fatal XID, lost, or to be reset"
+    )
+    health_probe_interval_seconds: float = Field(
+        5.0, gt=0, description="seconds between two probes of every GPU (lost? reset again? recovery action?)"
+    )
+    health_coalesce_seconds: float = Field(
+        1.0, ge=0, description="GPU health changes within this many seconds are published in one slice update"
+    )
     resync_seconds: float = Field(60.0, gt=0, description="seconds between two full republishes of the node's GPUs")
     api_timeout_seconds: float = Field(
         10.0, gt=0, description="seconds one API request on the prepare path may take, retries included"
@@ -92,6 +114,20 @@ class Settings(OptionSettings):
     handover_timeout_seconds: float = Field(
         25.0, ge=0, description="after SIGTERM, serve at most this long while no replacement instance is registered"
     )
+
+    @field_validator("health_ignored_xids")
+    @classmethod
+    def _xid_list(cls, value: str) -> str:
+        parts = [p.strip() for p in value.split(",") if p.strip()]
+        bad = [p for p in parts if not p.isdigit()]
+        if bad:
+            raise ValueError(f"XIDs must be non-negative integers separated by commas (e.g. 13,31,43), got {bad}")
+        return ",".join(parts)
+
+    @property
+    def ignored_xids(self) -> frozenset[int]:
+        """``--health-ignored-xids`` as numbers."""
+        return frozenset(int(p) for p in self.health_ignored_xids.split(",") if p)
 
     @field_validator("memory_step_bytes")
     @classmethod

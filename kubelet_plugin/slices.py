@@ -10,6 +10,7 @@ from kubelet_plugin.enforcement import Tier
 from kubelet_plugin.model import GpuInfo
 
 MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices
+MAX_TAINTED_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithTaints: a slice where any device has taints
 
 
 def usable_memory(gpu: GpuInfo, step: int, reserve: int) -> int:
@@ -18,11 +19,18 @@ def usable_memory(gpu: GpuInfo, step: int, reserve: int) -> int:
 
 
 def device_entry(
-    gpu: GpuInfo, step: int, reserve: int, hami_core: bool = False, enforcement: Tier = "none"
+    gpu: GpuInfo,
+    step: int,
+    reserve: int,
+    hami_core: bool = False,
+    enforcement: Tier = "none",
+    *,
+    taints: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes; `hami_core`: the
     node can enforce limits with HAMi-core (its library is installed), published as attribute `hamiCore`;
-    `enforcement`: the strongest memory-enforcement tier the GPU offers, attribute `memoryEnforcement`."""
+    `enforcement`: the strongest memory-enforcement tier the GPU offers, attribute `memoryEnforcement`;
+    `taints`: its `taints` (GPU health, gpu_health.plan_taints), left out when none."""
     memory = usable_memory(gpu, step, reserve)
     capacity: dict[str, Any] = {"value": format_bytes(memory)}
     if memory >= 2 * step:  # validRange needs min + step <= value
@@ -32,7 +40,7 @@ def device_entry(
             "default": format_bytes(memory),
             "validRange": {"min": format_bytes(step), "max": format_bytes(memory), "step": format_bytes(step)},
         }
-    return {
+    entry: dict[str, Any] = {
         "name": gpu.device_name,
         "allowMultipleAllocations": True,
         "attributes": {
@@ -49,6 +57,9 @@ def device_entry(
         },
         "capacity": {MEMORY_CAPACITY: capacity},
     }
+    if taints:
+        entry["taints"] = taints
+    return entry
 
 
 def _semver(version: str) -> str:
@@ -73,15 +84,19 @@ def build_slices(
     generation: int,
     hami_core: bool = False,
     enforcement: Mapping[str, Tier] | None = None,
+    taints: Mapping[str, list[dict[str, str]]] | None = None,
 ) -> list[dict[str, Any]]:
-    """All slices of the node's pool (pool = node name), at most 128 devices each, at least one slice.
-    `enforcement`: device name -> the strongest tier that GPU offers (absent: none)."""
+    """All slices of the node's pool (pool = node name), at most 128 devices each (64 once any device has
+    taints), at least one slice. `enforcement`: device name -> the strongest tier that GPU offers (absent:
+    none); `taints`: device name -> its taints (absent: none)."""
     tiers = enforcement or {}
+    tainted = taints or {}
     devices = [
-        device_entry(g, step, reserve, hami_core, tiers.get(g.device_name, "none"))
+        device_entry(g, step, reserve, hami_core, tiers.get(g.device_name, "none"), taints=tainted.get(g.device_name))
         for g in sorted(gpus, key=lambda g: g.index)
     ]
-    chunks = [devices[i : i + MAX_DEVICES_PER_SLICE] for i in range(0, len(devices), MAX_DEVICES_PER_SLICE)] or [[]]
+    size = MAX_TAINTED_DEVICES_PER_SLICE if any(tainted.values()) else MAX_DEVICES_PER_SLICE
+    chunks = [devices[i : i + size] for i in range(0, len(devices), size)] or [[]]
     return [
         {
             "apiVersion": "resource.k8s.io/v1",

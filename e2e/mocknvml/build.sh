@@ -35,9 +35,9 @@ lib() {
 "${cc[@]}" -o "$outdir/cuda-probe" "$src/cuda_probe.c" -ldl
 
 if [ -z "$profile" ]; then
-  lib libnvidia-ml.so.1 libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_limits.c" "$src/mock_profile.c" -lpthread
+  lib libnvidia-ml.so.1 libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_events.c" "$src/mock_nvml_limits.c" "$src/mock_profile.c" -lpthread
   mkdir -p "$outdir/without-memory-limits"
-  lib without-memory-limits/libnvidia-ml.so.1 libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_profile.c" -lpthread
+  lib without-memory-limits/libnvidia-ml.so.1 libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_events.c" "$src/mock_profile.c" -lpthread
   lib libcuda.so.1 libcuda.so.1 "$src/mock_cuda.c" "$src/mock_profile.c" -lpthread
   echo "built $outdir/{libnvidia-ml.so.1,libcuda.so.1,nvidia-smi,cuda-probe}"
   exit 0
@@ -59,7 +59,7 @@ driver_lib() {
   lib "$@"
   [ "$2" = "$1" ] || ln -sfn "$1" "$outdir/$2"
 }
-driver_lib "libnvidia-ml.so.$version" libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_limits.c" "$src/mock_profile.c" \
+driver_lib "libnvidia-ml.so.$version" libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_events.c" "$src/mock_nvml_limits.c" "$src/mock_profile.c" \
   "${embed[@]}" -lpthread
 driver_lib "libcuda.so.$version" libcuda.so.1 "$src/mock_cuda.c" "$src/mock_profile.c" "${embed[@]}" -lpthread
 

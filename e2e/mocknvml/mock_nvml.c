@@ -46,7 +46,9 @@ enum {
     MOCK_ERROR_NOT_SUPPORTED = 3,
     MOCK_ERROR_NOT_FOUND = 6,
     MOCK_ERROR_INSUFFICIENT_SIZE = 7,
+    MOCK_ERROR_TIMEOUT = 10,
     MOCK_ERROR_LIBRARY_NOT_FOUND = 12,
+    MOCK_ERROR_GPU_IS_LOST = 15,
     MOCK_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
     MOCK_ERROR_UNKNOWN = 999
 };
@@ -85,6 +87,10 @@ static mock_state g_state;
 static int g_refcount;
 static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* mock_nvml_events.c: the control file's history on init; whether a GPU fell off the bus */
+MOCK_HIDDEN void mock_events_init(void);
+MOCK_HIDDEN int mock_events_lost(unsigned int index);
+
 /* Reads the profile into g_state. Returns MOCK_SUCCESS or the error nvmlInit* should return. */
 static mock_return load_profile(void) {
     switch (mock_profile_load("fracgpu mock NVML", &g_state)) {
@@ -106,13 +112,17 @@ static int initialized(void) {
     return yes;
 }
 
-/* Common checks for per-device calls: library initialised, handle valid, output pointer given. */
+/* Common checks for per-device calls: library initialised, handle valid, output pointer given, GPU not lost
+ * (the control file of mock_nvml_events.c). */
 static mock_return check_device(mock_handle dev, const void *out) {
     if (!initialized()) {
         return MOCK_ERROR_UNINITIALIZED;
     }
     if (dev == NULL || out == NULL || dev < &g_state.gpus[0] || dev >= &g_state.gpus[g_state.count]) {
         return MOCK_ERROR_INVALID_ARGUMENT;
+    }
+    if (mock_events_lost((unsigned int)(dev - &g_state.gpus[0]))) {
+        return MOCK_ERROR_GPU_IS_LOST;
     }
     return MOCK_SUCCESS;
 }
@@ -141,6 +151,9 @@ mock_return nvmlInitWithFlags(unsigned int flags) {
         g_refcount++;
     }
     pthread_mutex_unlock(&g_lock);
+    if (ret == MOCK_SUCCESS) {
+        mock_events_init();
+    }
     return ret;
 }
 
@@ -178,8 +191,12 @@ const char *nvmlErrorString(mock_return result) {
         return "Not Found";
     case MOCK_ERROR_INSUFFICIENT_SIZE:
         return "Insufficient Size";
+    case MOCK_ERROR_TIMEOUT:
+        return "Timeout";
     case MOCK_ERROR_LIBRARY_NOT_FOUND:
         return "NVML Shared Library Not Found";
+    case MOCK_ERROR_GPU_IS_LOST:
+        return "GPU is lost";
     case MOCK_ERROR_ARGUMENT_VERSION_MISMATCH:
         return "Argument Version Mismatch";
     case MOCK_ERROR_UNKNOWN:
@@ -381,6 +398,20 @@ MOCK_HIDDEN mock_return mock_nvml_check_device(const mock_device *device, const 
 
 MOCK_HIDDEN const char *mock_nvml_limits_record(void) {
     return g_state.memory_limits_record;
+}
+
+/* ---- for mock_nvml_events.c ---- */
+
+MOCK_HIDDEN int mock_nvml_initialized(void) {
+    return initialized();
+}
+
+MOCK_HIDDEN unsigned int mock_nvml_device_count(void) {
+    return g_state.count;
+}
+
+MOCK_HIDDEN const mock_device *mock_nvml_device(unsigned int index) {
+    return index < g_state.count ? &g_state.gpus[index] : NULL;
 }
 
 /* ==== per-process GPU memory (nvmlDeviceGetComputeRunningProcesses*) ====================================

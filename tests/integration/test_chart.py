@@ -79,6 +79,13 @@ CUSTOM: dict[str, Any] = {
         "nodeSelector": {"nvidia.com/gpu.present": None, "example.test/gpu": "yes"},
         "extraEnv": [{"name": "FRACGPU_MOCK_NVML_PROFILE", "value": "/opt/fracgpu/nvml-host/gpu80x2.profile"}],
         "usage": {"interval": 2.5, "ledgerInterval": 60},
+        "health": {
+            "ignoredXids": [13, 94],
+            "degradedEffect": "None",
+            "fatalEffect": "NoSchedule",
+            "probeInterval": 2,
+            "coalesce": 0.5,
+        },
     },
 }
 # Everything optional switched off.
@@ -214,6 +221,8 @@ def test_schema_and_checks_refuse_bad_values(tools: dict[str, Path], tmp_path: P
         ({"driverEdits": "nvidia"}, ["/driverEdits", "'none', 'toolkit'"]),
         ({"kubeletPlugin": {"usage": {"interval": -1}}}, ["/kubeletPlugin/usage/interval"]),
         ({"kubeletPlugin": {"usage": {"ledgerInterval": 0}}}, ["/kubeletPlugin/usage/ledgerInterval"]),
+        ({"kubeletPlugin": {"health": {"fatalEffect": "Evict"}}}, ["/kubeletPlugin/health/fatalEffect", "NoExecute"]),
+        ({"kubeletPlugin": {"health": {"ignoredXids": ["13"]}}}, ["/kubeletPlugin/health/ignoredXids/0"]),
         ({"monitoring": {"podMonitor": {"interval": 30}}}, ["/monitoring/podMonitor/interval", "want string"]),
         ({"monitoring": {"serviceMonitor": {"interval": "often"}}}, ["/monitoring/serviceMonitor/interval"]),
         ({"monitoring": {"grafanaDashboard": {"enable": True}}}, ["additional properties 'enable' not allowed"]),
@@ -338,7 +347,12 @@ def test_usage_sampling_off_drops_host_pids_and_its_rights(tools: dict[str, Path
     assert "hostPID" not in spec
     assert env_of(spec["containers"][0])["FRACGPU_USAGE_INTERVAL"] == "0"
     rules = one(docs, "ClusterRole", "-kubelet-plugin")["rules"]
-    assert not [r for r in rules if "gpus/status" in r["resources"] or "events" in r["resources"]]
+    assert not [r for r in rules if "gpus/status" in r["resources"]]
+    # GPU health still posts Events on the claims of an unhealthy GPU; with health off too, no Events either
+    assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in rules
+    off = render(tools["helm"], tmp_path, {"kubeletPlugin": {"usage": {"interval": 0}, "health": {"enabled": False}}})
+    assert not [r for r in one(off, "ClusterRole", "-kubelet-plugin")["rules"] if "events" in r["resources"]]
+    assert env_of(one(off, "DaemonSet")["spec"]["template"]["spec"]["containers"][0])["FRACGPU_HEALTH_NVML"] == "false"
     on = one(render(tools["helm"], tmp_path, {}), "ClusterRole", "-kubelet-plugin")["rules"]
     assert {"apiGroups": ["fracgpu.dev"], "resources": ["gpus/status"], "verbs": ["patch"]} in on
     assert {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]} in on
@@ -490,6 +504,12 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
     assert {k: env[k] for k in env if k.startswith(("FRACGPU_", "KUBERNETES_"))} == {
         "FRACGPU_USAGE_INTERVAL": "2.5",
         "FRACGPU_USAGE_LEDGER_INTERVAL": "60",
+        "FRACGPU_HEALTH_NVML": "true",
+        "FRACGPU_HEALTH_IGNORED_XIDS": "13,94",
+        "FRACGPU_HEALTH_DEGRADED_EFFECT": "None",
+        "FRACGPU_HEALTH_FATAL_EFFECT": "NoSchedule",
+        "FRACGPU_HEALTH_PROBE_INTERVAL": "2",
+        "FRACGPU_HEALTH_COALESCE": "0.5",
         "FRACGPU_DRIVER_NAME": "gpu.example.test",
         "FRACGPU_KUBELET_DIR": "/data/kubelet",
         "FRACGPU_CDI_DIR": "/etc/cdi",

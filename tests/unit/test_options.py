@@ -40,6 +40,8 @@ def sample(option: Option) -> tuple[str, object]:
         return ("false", False) if default else ("true", True)
     if option.field.endswith("_bytes"):
         return "768Mi", 768 * MiB
+    if option.field.endswith("_xids"):
+        return "13, 31", "13,31"
     if annotation is int:
         return str(default + 1), default + 1
     if annotation is float:

@@ -83,6 +83,15 @@ def test_handover_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
             "--usage-ledger-interval=0: Input should be greater than 0",
         ),
         (
+            ["--node-name", "n", "--health-ignored-xids", "13,x9"],
+            "--health-ignored-xids=13,x9: XIDs must be non-negative integers separated by commas (e.g. 13,31,43), "
+            "got ['x9']",
+        ),
+        (
+            ["--node-name", "n", "--health-fatal-effect", "Evict"],
+            "argument --health-fatal-effect: invalid choice: 'Evict'",
+        ),
+        (
             ["--node-name", "n", "--api-timeout", "35"],
             "API timeout plus node lock timeout must be at most 40 s (the kubelet gives a prepare call 45 s), "
             "got 35 s + 10 s",
@@ -124,3 +133,11 @@ def test_empty_values_count_as_unset(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FRACGPU_HOST_DRIVER_ROOT", "")
     settings = parse_settings(["--toolkit-driver-root="])
     assert (settings.host_driver_root, settings.toolkit_driver_root) == (None, None)
+
+
+def test_gpu_health_options() -> None:
+    defaults = parse_settings(["--node-name", "n"])
+    assert (defaults.health_nvml, defaults.ignored_xids) == (True, frozenset())
+    assert (defaults.health_degraded_effect, defaults.health_fatal_effect) == ("NoSchedule", "NoExecute")
+    custom = parse_settings(["--node-name", "n", "--health-ignored-xids", " 13, 92,", "--health-fatal-effect=None"])
+    assert custom.ignored_xids == frozenset({13, 92}) and custom.health_fatal_effect == "None"
