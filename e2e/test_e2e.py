@@ -224,7 +224,7 @@ def test_deleting_pods_unprepares_and_frees_the_ledger(installation: Installatio
     specs = {p.name for p in Path(cluster.cdi_dir).glob("*.json")}
     assert all(any(uid in name for name in specs) for uid in uids)
     info_root = Path(cluster.kubelet_dir) / "plugins" / w.DEVICE_CLASS / "claim-info"
-    assert all((info_root / f"{uid}_gpu.json").is_file() for uid in uids)
+    assert all((info_root / uid / "gpu.json").is_file() for uid in uids)
     cluster.kubectl("delete", "pod", "-n", ns, "p1", "p2", "--wait=true", "--timeout=60s")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -234,7 +234,7 @@ def test_deleting_pods_unprepares_and_frees_the_ledger(installation: Installatio
             break
         time.sleep(1)
     assert not left, f"CDI specs left after unprepare: {left}"
-    assert not [uid for uid in uids if list(info_root.glob(f"{uid}_*"))], "request files left after unprepare"
+    assert not [uid for uid in uids if (info_root / uid).exists()], "request files left after unprepare"
     assert all(s["allocatedMemory"] == "0" and s["shares"] == 0 for s in _ledger(installation).values()), _ledger(
         installation
     )

@@ -34,7 +34,9 @@ class ClaimStore:
         the spec does). Nothing is written for a plan without a spec. Raises OSError."""
         if plan.spec is None:
             return
-        container_info.write_claim_files(self._settings.plugin_data_dir, claim_uid, list(plan.files))
+        container_info.write_claim_files(
+            container_info.claim_info_dir(self._settings.plugin_data_dir, claim_uid), list(plan.files)
+        )
         if plan.hami_core:
             self._write_hami_files(claim_uid)
         cdi.write_spec(self._cdi_dir, claim_uid, plan.spec, self._driver)
@@ -87,7 +89,6 @@ class ClaimStore:
                     shutil.rmtree(entry, ignore_errors=True)
                     removed.append(("HAMi-core cache", entry.name))
         removed += [("temp file", str(p)) for p in remove_temp_files(self._cdi_dir, cdi.spec_file_prefix(self._driver))]
-        removed += [("temp file", str(p)) for p in remove_temp_files(container_info.claim_info_root(data_dir), "")]
         return removed
 
     @property

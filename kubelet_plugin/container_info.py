@@ -11,8 +11,7 @@ each container that gets the device, and nothing is an aggregate over "all GPUs 
   request, and its GPUs in CUDA order (PCI bus ID, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``) with grant and share
   ID. Listing ``/run/fracgpu`` shows exactly the container's fracgpu requests.
 
-On the host the files live side by side under the same names, ``<plugin data dir>/claim-info/<claimUID>_<request>.json``
-(a file per request, no directory per claim: creating and removing one cost more than the files).
+On the host the files live under ``<plugin data dir>/claim-info/<claimUID>/<request>.json``.
 """
 
 import contextlib
@@ -120,31 +119,24 @@ def device_env(prefix: str, info: DeviceInfo, claim: ClaimName, request: str) ->
 
 
 def claim_info_root(plugin_data_dir: Path) -> Path:
-    """``<plugin data dir>/claim-info``: the request files of every prepared claim, side by side."""
+    """``<plugin data dir>/claim-info``: one directory per prepared claim."""
     return plugin_data_dir / "claim-info"
 
 
-def legacy_claim_info_dir(plugin_data_dir: Path, claim_uid: str) -> Path:
-    """``claim-info/<claimUID>/``: where plugins before the flat layout kept a claim's files (their specs, still
-    in place after an upgrade, mount them from there until the claim is prepared again or unprepared)."""
+def claim_info_dir(plugin_data_dir: Path, claim_uid: str) -> Path:
+    """The host directory holding one claim's request files."""
+    if not _KEYABLE_RE.fullmatch(claim_uid):
+        raise InfoNameError(f"claim UID {claim_uid!r} is not of the form Kubernetes generates")
     return claim_info_root(plugin_data_dir) / claim_uid
 
 
-def _claim_prefix(claim_uid: str) -> str:
-    if not _KEYABLE_RE.fullmatch(claim_uid):
-        raise InfoNameError(f"claim UID {claim_uid!r} is not of the form Kubernetes generates")
-    return f"{claim_uid}_"
-
-
 def info_file(plugin_data_dir: Path, info: RequestInfo) -> InfoFile:
-    """Where a request's file goes, on the host and in the container: the same name, ``<claimUID>_<request>.json``
-    (unambiguous: neither a UID nor a DNS label has a ``_``)."""
+    """Where a request's file goes, on the host and in the container."""
     if not _REQUEST_RE.fullmatch(info.request):
         raise InfoNameError(f"request name {info.request!r} is not a DNS label")
-    name = f"{_claim_prefix(info.claim.uid)}{info.request}.json"
     return InfoFile(
-        host_path=claim_info_root(plugin_data_dir) / name,
-        container_path=f"{DIR_IN_CONTAINER}/{name}",
+        host_path=claim_info_dir(plugin_data_dir, info.claim.uid) / f"{info.request}.json",
+        container_path=f"{DIR_IN_CONTAINER}/{info.claim.uid}_{info.request}.json",
         info=info,
     )
 
@@ -154,96 +146,67 @@ def mount_options() -> list[str]:
     return list(_MOUNT_OPTIONS)
 
 
-def write_claim_files(plugin_data_dir: Path, claim_uid: str, files: list[InfoFile]) -> None:
-    """Atomically write each file of the claim whose content changed (a bind-mounted inode stays put) and delete
-    the claim's files of requests it no longer has. All files must be the claim's. Raises OSError."""
-    root = claim_info_root(plugin_data_dir)
-    prefix = _claim_prefix(claim_uid)
+def write_claim_files(directory: Path, files: list[InfoFile]) -> None:
+    """Atomically write each file whose content changed (a bind-mounted inode stays put) and delete files of
+    requests the claim no longer has. All files must be in `directory`. Raises OSError."""
+    wanted = {f.host_path.name for f in files}
+    try:
+        directory.mkdir(mode=0o755, parents=True)
+        created = True  # empty: nothing to compare with or delete (the common case, a claim prepared anew)
+    except FileExistsError:
+        created = False
     for f in files:
-        if f.host_path.parent != root or not f.host_path.name.startswith(prefix):
-            raise ValueError(f"{f.host_path} is not a file of claim {claim_uid} in {root}")
+        if f.host_path.parent != directory:
+            raise ValueError(f"{f.host_path} is not in {directory}")
         content = f.info.to_json()
         try:
-            if f.host_path.read_bytes() == content:
+            if not created and f.host_path.read_bytes() == content:
                 continue
         except FileNotFoundError:
             pass
         # not durable: a power loss also loses the CDI specs (tmpfs), and after the reboot every claim's
         # spec and files are written again; a crash of the plugin loses nothing written
         atomic_write(f.host_path, content, INFO_FILE_MODE, durable=False)
-    wanted = {f.host_path.name for f in files}
-    for name in _names_of(root, prefix):
-        if name not in wanted:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(root / name)
-
-
-def _names_of(root: Path, prefix: str) -> list[str]:
-    """Names of the request files in `root` of the claim whose names start with `prefix` (``<claimUID>_``)."""
-    try:
-        return [n for n in os.listdir(root) if n.startswith(prefix) and n.endswith(".json")]
-    except FileNotFoundError:
-        return []
+    for existing in () if created else directory.iterdir():
+        if existing.suffix == ".json" and existing.name not in wanted:
+            existing.unlink()
 
 
 def remove_claim_files(plugin_data_dir: Path, claim_uid: str) -> bool:
-    """Delete a claim's request files (and its directory of the layout before, if any); False if it had none.
-    Raises OSError on failures other than absence."""
-    root = claim_info_root(plugin_data_dir)
-    names = _names_of(root, _claim_prefix(claim_uid))
-    for name in names:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(root / name)
-    legacy = legacy_claim_info_dir(plugin_data_dir, claim_uid)
+    """Delete a claim's directory of files; False if there was none. Raises OSError on other failures.
+
+    The directory holds only the files ``write_claim_files`` wrote (and temp files of its writes): they are
+    unlinked and the directory removed, a third cheaper than ``shutil.rmtree``'s descriptor walk; anything else
+    found there (a subdirectory) is left to ``shutil.rmtree``."""
+    directory = claim_info_dir(plugin_data_dir, claim_uid)
     try:
-        shutil.rmtree(legacy)
+        names = os.listdir(directory)
     except FileNotFoundError:
-        return bool(names)
+        return False
+    try:
+        for name in names:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(directory / name)
+        os.rmdir(directory)
+    except FileNotFoundError:
+        pass
+    except OSError:  # not only files: remove it all
+        shutil.rmtree(directory)
     return True
 
 
-def claim_files(plugin_data_dir: Path) -> dict[str, list[Path]]:
-    """By claim UID, the request files of every claim that has some, each list sorted: its flat files, or, for
-    a claim prepared before the flat layout and not since, those in its directory of the layout before."""
-    root = claim_info_root(plugin_data_dir)
-    flat: dict[str, list[Path]] = {}
-    legacy: dict[str, list[Path]] = {}
-    try:
-        entries = list(os.scandir(root))
-    except FileNotFoundError:
-        return {}
-    for entry in entries:
-        uid, sep, _ = entry.name.partition("_")
-        if not _KEYABLE_RE.fullmatch(uid):
-            continue  # temp files (".…"), anything not ours
-        if sep and entry.name.endswith(".json"):
-            flat.setdefault(uid, []).append(root / entry.name)
-        elif not sep and entry.is_dir():
-            legacy[uid] = list((root / uid).glob("*.json"))
-    found = legacy | flat
-    return {uid: sorted(found[uid]) for uid in sorted(found) if found[uid]}
-
-
 def remove_orphan_claim_files(plugin_data_dir: Path, keep: set[str]) -> list[str]:
-    """Delete the request files (and directories of the layout before) of claims not in `keep` (recovery); return
-    the UIDs of the claims whose files were removed. Entries that are not a claim's are left alone."""
+    """Delete the file directories of claims not in `keep` (recovery); return their UIDs. Entries that are
+    not claim directories are left alone."""
     root = claim_info_root(plugin_data_dir)
     try:
-        names = os.listdir(root)
+        entries = sorted(root.iterdir())
     except FileNotFoundError:
         return []
-    removed: set[str] = set()
-    for name in names:
-        uid, sep, _ = name.partition("_")
-        if uid in keep or not _KEYABLE_RE.fullmatch(uid):
+    removed = []
+    for entry in entries:
+        if entry.name in keep or not _KEYABLE_RE.fullmatch(entry.name) or not entry.is_dir():
             continue
-        path = root / name
-        if sep and name.endswith(".json"):
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-        elif not sep and path.is_dir():
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            continue
-        removed.add(uid)
-    return sorted(removed)
+        shutil.rmtree(entry, ignore_errors=True)
+        removed.append(entry.name)
+    return removed

@@ -43,12 +43,17 @@ POD_REFRESH_MIN_S = 30.0
 def read_shares(plugin_data_dir: Path) -> list[ClaimShare]:
     """The shares of every claim whose info files exist (written at prepare, removed at unprepare), per claim
     and GPU. A claim whose files vanish or cannot be parsed while being read is left out of this sample."""
+    root = container_info.claim_info_root(plugin_data_dir)
+    try:
+        claim_dirs = sorted(p for p in root.iterdir() if p.is_dir())
+    except FileNotFoundError:
+        return []
     shares: list[ClaimShare] = []
-    for uid, paths in container_info.claim_files(plugin_data_dir).items():
+    for directory in claim_dirs:
         try:
-            infos = [RequestInfo.model_validate_json(path.read_bytes()) for path in paths]
+            infos = [RequestInfo.model_validate_json(f.read_bytes()) for f in sorted(directory.glob("*.json"))]
         except (OSError, ValidationError) as err:
-            log.debug("skipping a claim's info files in this sample", extra={"claim": uid, "error": str(err)})
+            log.debug("skipping a claim's info files in this sample", extra={"dir": str(directory), "error": str(err)})
             continue
         granted: dict[str, int] = {}
         enforced: dict[str, bool] = {}

@@ -84,7 +84,7 @@ def run(samples: int, claims_per_gpu: int, workdir: Path) -> dict[str, Any]:
                 ],
             )
             f = container_info.info_file(data_dir, info)
-            container_info.write_claim_files(data_dir, claim_uid, [f])
+            container_info.write_claim_files(f.host_path.parent, [f])
             (proc / str(pid)).mkdir(parents=True)
             (proc / str(pid) / "cgroup").write_text(
                 f"13:memory:/kubepods/besteffort/pod{pod_uid}/{uuid.uuid4().hex}{uuid.uuid4().hex}\n0::/\n"

@@ -173,7 +173,9 @@ def write_claim_spec(node: Node) -> tuple[str, Any]:
     )
     assert plan.spec is not None
     assert plan.tiers == ((node.settings.node_name, node.gpu.device_name, SHARE, "nvml"),)
-    container_info.write_claim_files(node.settings.plugin_data_dir, CLAIM_UID, list(plan.files))
+    container_info.write_claim_files(
+        container_info.claim_info_dir(node.settings.plugin_data_dir, CLAIM_UID), list(plan.files)
+    )
     cdi.write_spec(node.settings.cdi_dir, CLAIM_UID, plan.spec, DRIVER)
     return plan.devices[0].cdi_device_ids[0], plan
 
@@ -313,7 +315,7 @@ def test_plugin_on_this_cgroup_v1_node_offers_no_nvml(
         assert NVML_HOOK not in text and "NVIDIA_GPU_MEMORY_" not in text
         (device,) = cdi.Spec.model_validate_json(text).devices
         assert f"{container_info.env_prefix(device.name)}ENFORCEMENT=none" in device.container_edits.env
-        (info_file,) = (process.kubelet_dir / "plugins" / DRIVER / "claim-info").glob(f"{uid}_*.json")
+        (info_file,) = (process.kubelet_dir / "plugins" / DRIVER / "claim-info" / uid).glob("*.json")
         info = json.loads(info_file.read_text())
         assert (info["enforcement"], info["devices"][0]["enforcement"]) == ("none", "none")
         claims = kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaim")

@@ -296,7 +296,7 @@ def test_request_files_agree_with_the_allocation(settings: Settings) -> None:
     files = {f.info.request: f for f in plan.files}
     assert set(files) == {"a", "b"}
     a, b = files["a"], files["b"]
-    assert a.host_path == settings.plugin_data_dir / "claim-info" / f"{UID}_a.json"
+    assert a.host_path == settings.plugin_data_dir / "claim-info" / UID / "a.json"
     assert a.container_path == f"/run/fracgpu/{UID}_a.json"
     assert b.container_path == f"/run/fracgpu/{UID}_b.json"
     data = json.loads(a.info.to_json())

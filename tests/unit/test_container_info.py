@@ -46,7 +46,7 @@ def test_a_name_that_cannot_be_keyed_is_refused(name: str) -> None:
 
 def test_file_paths() -> None:
     f = info.info_file(Path("/var/lib/kubelet/plugins/d"), request_info("train"))
-    assert f.host_path == Path(f"/var/lib/kubelet/plugins/d/claim-info/{UID}_train.json")
+    assert f.host_path == Path(f"/var/lib/kubelet/plugins/d/claim-info/{UID}/train.json")
     assert f.container_path == f"/run/fracgpu/{UID}_train.json"
     with pytest.raises(info.InfoNameError, match="not a DNS label"):
         info.info_file(Path("/p"), request_info("../x"))
@@ -69,58 +69,37 @@ def test_json_uses_the_documented_names() -> None:
 
 
 def test_write_keeps_unchanged_files_and_drops_stale_ones(tmp_path: Path) -> None:
-    other = "1c7a4d3f-6e2b-4c9f-8d80-3b2e4f5a6b7c"
+    directory = info.claim_info_dir(tmp_path, UID)
     gpu = info.info_file(tmp_path, request_info("gpu"))
-    info.write_claim_files(tmp_path, UID, [gpu, info.info_file(tmp_path, request_info("old"))])
-    info.write_claim_files(tmp_path, other, [info.info_file(tmp_path, request_info("old", uid=other))])
+    info.write_claim_files(directory, [gpu, info.info_file(tmp_path, request_info("old"))])
     assert gpu.host_path.stat().st_mode & 0o777 == 0o644
     inode = gpu.host_path.stat().st_ino
-    info.write_claim_files(tmp_path, UID, [gpu])
+    info.write_claim_files(directory, [gpu])
     assert gpu.host_path.stat().st_ino == inode, "an unchanged file keeps its inode (bind mounts see it)"
-    root = info.claim_info_root(tmp_path)
-    assert sorted(p.name for p in root.iterdir()) == [f"{UID}_gpu.json", f"{other}_old.json"], "only its own"
+    assert sorted(p.name for p in directory.iterdir()) == ["gpu.json"]
     assert json.loads(gpu.host_path.read_text())["request"] == "gpu"
-    with pytest.raises(ValueError, match="is not a file of claim"):
-        info.write_claim_files(tmp_path, other, [gpu])
 
 
 def test_remove_and_orphans(tmp_path: Path) -> None:
     other = "1c7a4d3f-6e2b-4c9f-8d80-3b2e4f5a6b7c"
     for uid in (UID, other):
-        files = [info.info_file(tmp_path, request_info(r, uid=uid)) for r in ("a", "b")]
-        info.write_claim_files(tmp_path, uid, files)
-    root = info.claim_info_root(tmp_path)
-    stray = root / "README"
+        info.write_claim_files(info.claim_info_dir(tmp_path, uid), [info.info_file(tmp_path, request_info(uid=uid))])
+    stray = info.claim_info_root(tmp_path) / "README"
     stray.write_text("not a claim")
     assert info.remove_orphan_claim_files(tmp_path, keep={UID}) == [other]
-    assert sorted(p.name for p in root.iterdir()) == [f"{UID}_a.json", f"{UID}_b.json", "README"]
+    assert info.claim_info_dir(tmp_path, UID).is_dir() and stray.exists()
+    assert not info.claim_info_dir(tmp_path, other).exists()
     assert info.remove_claim_files(tmp_path, UID) is True
     assert info.remove_claim_files(tmp_path, UID) is False
-    assert sorted(p.name for p in root.iterdir()) == ["README"]
     assert info.remove_orphan_claim_files(tmp_path / "nothing", keep=set()) == []
 
 
-def test_claim_directories_of_the_layout_before_are_read_and_removed(tmp_path: Path) -> None:
-    """After an upgrade, claims prepared by the plugin before keep their files in `claim-info/<uid>/` (their
-    specs mount them from there) until prepared again or unprepared; orphans of that layout go too."""
-    other = "1c7a4d3f-6e2b-4c9f-8d80-3b2e4f5a6b7c"
-    for uid in (UID, other):
-        legacy = info.legacy_claim_info_dir(tmp_path, uid)
-        legacy.mkdir(parents=True)
-        (legacy / "gpu.json").write_bytes(request_info(uid=uid).to_json())
-    assert info.claim_files(tmp_path) == {
-        UID: [info.legacy_claim_info_dir(tmp_path, UID) / "gpu.json"],
-        other: [info.legacy_claim_info_dir(tmp_path, other) / "gpu.json"],
-    }
-    flat = info.info_file(tmp_path, request_info(uid=UID))
-    info.write_claim_files(tmp_path, UID, [flat])  # prepared again: the flat file is the claim's now
-    assert info.claim_files(tmp_path)[UID] == [flat.host_path]
-    assert info.remove_orphan_claim_files(tmp_path, keep={UID}) == [other]
-    assert not info.legacy_claim_info_dir(tmp_path, other).exists()
+def test_remove_takes_temp_files_and_anything_else_in_the_claim_directory(tmp_path: Path) -> None:
+    directory = info.claim_info_dir(tmp_path, UID)
+    info.write_claim_files(directory, [info.info_file(tmp_path, request_info())])
+    (directory / ".gpu.json.tmp123").write_text("an interrupted write")
+    (directory / "sub" / "deeper").mkdir(parents=True)
+    (directory / "sub" / "deeper" / "file").write_text("not ours")
     assert info.remove_claim_files(tmp_path, UID) is True
-    assert sorted(info.claim_info_root(tmp_path).iterdir()) == []
-    legacy = info.legacy_claim_info_dir(tmp_path, UID)
-    legacy.mkdir()
-    (legacy / "gpu.json").write_bytes(request_info().to_json())
-    assert info.remove_claim_files(tmp_path, UID) is True, "a claim with only a directory of the layout before"
-    assert not legacy.exists()
+    assert not directory.exists()
+    assert info.claim_info_root(tmp_path).is_dir()

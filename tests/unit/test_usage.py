@@ -201,24 +201,25 @@ def write_info(data_dir: Path, uid: str, request: str, devices: list[tuple[str, 
         ],
     )
     f = container_info.info_file(data_dir, info)
-    container_info.write_claim_files(data_dir, uid, [f, *_existing(data_dir, f)])
+    container_info.write_claim_files(f.host_path.parent, [f, *_existing(f.host_path.parent, f)])
 
 
-def _existing(data_dir: Path, new: container_info.InfoFile) -> list[container_info.InfoFile]:
+def _existing(directory: Path, new: container_info.InfoFile) -> list[container_info.InfoFile]:
     out = []
-    for path in container_info.claim_files(data_dir).get(new.info.claim.uid, []):
+    for path in directory.glob("*.json") if directory.exists() else []:
         if path != new.host_path:
-            out.append(container_info.info_file(data_dir, RequestInfo.model_validate_json(path.read_bytes())))
+            info = RequestInfo.model_validate_json(path.read_bytes())
+            out.append(container_info.info_file(directory.parents[1], info))
     return out
 
 
 def test_a_share_is_enforced_by_its_own_tier_not_its_requests_weakest(tmp_path: Path) -> None:
     write_info(tmp_path, "c1", "a", [(GPU0, 1024), (GPU1, 1024)], "none")
-    path = container_info.claim_info_root(tmp_path) / "c1_a.json"
+    path = container_info.claim_info_dir(tmp_path, "c1") / "a.json"
     info = RequestInfo.model_validate_json(path.read_bytes())
     devices = [info.devices[0].model_copy(update={"enforcement": "nvml"}), info.devices[1]]
     f = container_info.info_file(tmp_path, info.model_copy(update={"devices": devices}))
-    container_info.write_claim_files(tmp_path, "c1", [f])
+    container_info.write_claim_files(f.host_path.parent, [f])
     assert {s.gpu_uuid: s.enforced for s in read_shares(tmp_path)} == {GPU0: True, GPU1: False}
 
 
@@ -226,7 +227,9 @@ def test_read_shares_sums_requests_per_gpu_and_skips_broken_claims(tmp_path: Pat
     write_info(tmp_path, "c1", "a", [(GPU0, 1024)], "none")
     write_info(tmp_path, "c1", "b", [(GPU0, 2048), (GPU1, 512)], "hami-core")
     write_info(tmp_path, "c2", "gpu", [(GPU1, 4096)], "none")
-    (container_info.claim_info_root(tmp_path) / "c3_gpu.json").write_text("{half")
+    broken = container_info.claim_info_dir(tmp_path, "c3")
+    broken.mkdir(parents=True)
+    (broken / "gpu.json").write_text("{half")
     assert read_shares(tmp_path) == [
         ClaimShare(
             claim_uid="c1", namespace="ns", name="claim-c1", gpu_uuid=GPU0, granted_bytes=3 * GiB, enforced=False
