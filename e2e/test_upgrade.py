@@ -169,6 +169,7 @@ class Churn:
     namespace: str
     ran: list[str] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)  # creation to Running (polled each second), per pod that ran
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -183,8 +184,10 @@ class Churn:
             name, node = f"churn-{i}", (H100_NODE, A100_NODE)[i % 2]
             i += 1
             try:
+                created = time.monotonic()
                 w.apply(self.cluster, self.namespace, _on(w.gpu_pod(name, "churn-1gi"), node))
                 w.wait_running(self.cluster, self.namespace, [name], timeout=150)
+                self.seconds.append(round(time.monotonic() - created, 1))
                 self.ran.append(name)
             except Exception as err:  # reported by stop(); the load goes on
                 self.failed.append(f"{name} on {node}: {err}")
@@ -326,6 +329,7 @@ def test_upgrade_and_rollback_keep_live_claims_under_load(upgrade: Upgrade, ns: 
     assert got == want_ledger
     print(
         f"upgrade test: {upgrade.previous.tag} ({upgrade.previous.commit[:7]}, found by {upgrade.previous.found_by})"
-        f" -> {upgrade.current_image} -> rollback; {len(churn.ran)} pods created and deleted meanwhile; "
+        f" -> {upgrade.current_image} -> rollback; {len(churn.ran)} pods created and deleted meanwhile (to Running:"
+        f" {churn.seconds} s); "
         f"{time.monotonic() - started:.0f} s after install"
     )
