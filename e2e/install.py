@@ -110,11 +110,13 @@ def chart_values(
     }
 
 
-def helm_install(kubeconfig: Path, values: dict[str, Any], values_file: Path, timeout: float) -> None:
-    """`helm upgrade --install` of the chart with `values` (written to `values_file`), waiting for its pods."""
+def helm_install(
+    kubeconfig: Path, values: dict[str, Any], values_file: Path, timeout: float, chart: Path = CHART
+) -> None:
+    """`helm upgrade --install` of `chart` with `values` (written to `values_file`), waiting for its pods."""
     values_file.write_text(json.dumps(values, indent=2))
     argv = [
-        str(binaries.binary("helm")), f"--kubeconfig={kubeconfig}", "upgrade", "--install", RELEASE, str(CHART),
+        str(binaries.binary("helm")), f"--kubeconfig={kubeconfig}", "upgrade", "--install", RELEASE, str(chart),
         "--namespace", NAMESPACE, "--create-namespace", "--values", str(values_file), "--wait",
         f"--timeout={int(timeout)}s",
     ]  # fmt: skip
@@ -150,23 +152,40 @@ class ClusterInstallation:
     driver_root: Path  # as every node sees it (NODE_GPUS/driver): a different directory on each
 
 
-def install_cluster(cluster: MultiNodeCluster, *, image_out: Path, timeout: float = 300) -> ClusterInstallation:
+def install_cluster(
+    cluster: MultiNodeCluster,
+    *,
+    image_out: Path,
+    timeout: float = 300,
+    chart: Path = CHART,
+    image: tuple[str, Path] | None = None,
+) -> ClusterInstallation:
     """Build and import the image on every node, give each node the simulated GPUs of its profile at the same
     path (its own directory), helm-install the chart once, wait until every node's GPUs are published.
-    The controller runs on the first node, whose network namespace holds the API server that calls its webhook."""
-    image = build_image(image_out)
-    cluster.import_image(image.archive.path)
+    The controller runs on the first node, whose network namespace holds the API server that calls its webhook.
+    `chart` and `image` (name, archive; default: this tree's, built into `image_out`) install another release."""
+    if image is None:
+        built = build_image(image_out)
+        image = (built.name, built.archive.path)
+    name, archive = image
+    cluster.import_image(archive)
     for node in cluster.nodes:
         simulated_gpus(node.host_path(NODE_GPUS), node.profile.gpus)
+    values = cluster_values(cluster, name)
+    helm_install(cluster.kubeconfig, values, cluster.state_dir / "fracgpu-values.json", timeout, chart)
+    wait_serving(cluster, timeout, frozenset(n.name for n in cluster.nodes))
+    return ClusterInstallation(cluster, name, NODE_GPUS / "driver")
+
+
+def cluster_values(cluster: MultiNodeCluster, image: str) -> dict[str, Any]:
+    """The chart values of a MultiNodeCluster with `image`: every node's paths, the controller on the first."""
     first = cluster.nodes[0]
     values = chart_values(
-        image.name, api_host=first.netns.address, api_port=cluster.plane.api_port, kubelet_dir=first.kubelet_dir,
+        image, api_host=first.netns.address, api_port=cluster.plane.api_port, kubelet_dir=first.kubelet_dir,
         cdi_dir=first.cdi_dir, driver_root=NODE_GPUS / "driver", nvml_dir=NODE_GPUS / "nvml",
     )  # fmt: skip
     values["controller"]["nodeSelector"] = {"kubernetes.io/hostname": first.name}
-    helm_install(cluster.kubeconfig, values, cluster.state_dir / "fracgpu-values.json", timeout)
-    wait_serving(cluster, timeout, frozenset(n.name for n in cluster.nodes))
-    return ClusterInstallation(cluster, image.name, NODE_GPUS / "driver")
+    return values
 
 
 def wait_serving(cluster: Cluster, timeout: float, nodes: frozenset[str] = frozenset()) -> None:

@@ -86,6 +86,15 @@ class NodePluginProcess:
 
     def start(self, timeout: float = 30) -> KubeletClient:
         """Start the plugin, wait for its registration socket, register like the kubelet does."""
+        self.launch()
+        return self.register(timeout)
+
+    def register(self, timeout: float = 30) -> KubeletClient:
+        """Wait until the running plugin serves its registration socket; register like the kubelet does."""
+        return register_when_serving(self.procs, self.registration_socket, timeout, "plugin")
+
+    def launch(self) -> None:
+        """Start the plugin process (without waiting for it to serve)."""
         self.procs.start(
             "plugin",
             [
@@ -103,7 +112,6 @@ class NodePluginProcess:
             ],
             env=self._env,
         )
-        return register_when_serving(self.procs, self.registration_socket, timeout, "plugin")
 
     def stop(self) -> None:
         """SIGTERM (the plugin removes its sockets) and wait."""

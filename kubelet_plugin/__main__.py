@@ -23,6 +23,7 @@ from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.preparer import Preparer
 from kubelet_plugin.publisher import SlicePublisher
 from kubelet_plugin.settings import Settings, parse_settings
+from kubelet_plugin.state_gate import RECHECK_SECONDS, newer_state, wait_until_readable
 
 log = logging.getLogger("fracgpu.kubelet_plugin")
 
@@ -111,19 +112,17 @@ def main(argv: list[str] | None = None) -> int:
         driver_edits.refresh()  # before recover(): restored specs carry the edits too
         threading.Thread(target=driver_edits.run, args=(stop,), name="driver-edits", daemon=True).start()
     enforcement = EnforcementDetector.detect(settings, gpus)
-    preparer = Preparer(
-        api,
-        settings,
-        gpus,
-        CheckpointStore(settings.checkpoint_path),
-        metrics,
-        driver_edits=driver_edits,
-        enforcement=enforcement,
-    )
+    store = CheckpointStore(settings.checkpoint_path)
+    preparer = Preparer(api, settings, gpus, store, metrics, driver_edits=driver_edits, enforcement=enforcement)
     preparer.recover()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
+    gate = wait_until_readable(lambda: newer_state(store), stop, RECHECK_SECONDS)  # a newer state: not registered
+    if gate == "stopped":
+        return 0
+    if gate == "waited":
+        preparer.recover()
     health = start_gpu_health(settings, api, gpus, metrics.registry, stop)
     publisher = SlicePublisher(
         api, settings, gpus, enforcement, taints=health.taints, changes=health.changes,

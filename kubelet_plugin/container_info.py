@@ -22,7 +22,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from kubelet_plugin.filelock import atomic_write
 
@@ -37,6 +37,7 @@ ENV_SUFFIXES = (
     "SHARE_ID",
 )  # none is a suffix of another
 INFO_FILE_MODE = 0o644  # readable by any container user
+INFO_SCHEMA_VERSION = 1  # `version` of a request's file; fracgpu 0.1.0 wrote none (schema 1)
 _KEYABLE_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")  # claim UIDs, DNS-label device names, share UUIDs
 _REQUEST_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label, as Kubernetes validates it
 _MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "noexec", "rbind", "rprivate")
@@ -71,10 +72,19 @@ class DeviceInfo(_Model):
 class RequestInfo(_Model):
     """The contents of one request's file."""
 
+    version: int = Field(INFO_SCHEMA_VERSION, description="schema of the file (absent: 1)")
     claim: ClaimName
     request: str
     enforcement: str = Field(description="the weakest tier among the request's devices")
     devices: list[DeviceInfo] = Field(description="CUDA order: by PCI bus ID")
+
+    @field_validator("version")
+    @classmethod
+    def _readable_schema(cls, v: int) -> int:
+        if not 1 <= v <= INFO_SCHEMA_VERSION:
+            newer = "was written by a newer fracgpu" if v > INFO_SCHEMA_VERSION else "is not a schema"
+            raise ValueError(f"info file of schema {v} {newer}: this plugin reads schemas 1 to {INFO_SCHEMA_VERSION}")
+        return v
 
     def to_json(self) -> bytes:
         """One line of JSON with the documented (camelCase) names."""

@@ -39,12 +39,14 @@ from e2e.nodeplugin import DRIVER, NodePluginProcess
 from tests.integration import kube
 
 
-def rss_mib(pid: int) -> float:
-    """Resident set size of `pid` in MiB."""
+def rss_mib(pid: int, field: str = "VmRSS") -> float:
+    """Resident set size of `pid` in MiB: all of it (``VmRSS``), or its anonymous memory (``RssAnon``: heap,
+    stacks, the interpreter's objects) or its file pages (``RssFile``: mapped binaries and libraries, resident
+    as far as the page cache holds them, so they vary with what else ran)."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(f"{field}:"):
             return round(int(line.split()[1]) / 1024, 1)
-    raise RuntimeError(f"no VmRSS for {pid}")
+    raise RuntimeError(f"no {field} for {pid}")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -165,6 +167,7 @@ def run(cycles: int, workdir: Path, configs: list[str]) -> dict[str, Any]:
         }
         first: dict[str, float] = {}
         rss: dict[str, dict[str, float]] = {mode: {} for mode in configs}
+        rss_split: dict[str, dict[str, float]] = {mode: {} for mode in configs}  # after the last cycle
         cpu: dict[str, dict[str, float]] = {mode: {} for mode in configs}
         for mode, plugin in started.items():
             first[mode] = _timed(plugin.kubelet.prepare, _refs(plugin.claims[:1]))  # fracgpu: incl. Ready write
@@ -177,6 +180,8 @@ def run(cycles: int, workdir: Path, configs: list[str]) -> dict[str, Any]:
                 samples[mode]["unprepare 1 claim"].append(_timed(plugin.kubelet.unprepare, single))
                 if i + 1 == 50 or (i + 1) % max(1, cycles // 5) == 0:
                     rss[mode][f"after_{i + 1}_cycles_mib"] = rss_mib(plugin.pid)
+                if i + 1 == cycles:
+                    rss_split[mode] = {f"{f}_mib": rss_mib(plugin.pid, f) for f in ("RssAnon", "RssFile")}
         for mode, plugin in started.items():
             spent = cpu_seconds(plugin.pid) - cpu_before[mode]
             cpu[mode]["per_1_claim_call_ms"] = round(spent / (2 * cycles) * 1000, 3)
@@ -198,6 +203,7 @@ def run(cycles: int, workdir: Path, configs: list[str]) -> dict[str, Any]:
                 "first_prepare_ms": round(first[mode] * 1000, 2),
                 "cpu": cpu[mode],
                 "rss": rss[mode],
+                "rss_after_the_cycles": rss_split[mode],
             }
             for mode in configs
         }
@@ -237,6 +243,10 @@ def main() -> None:
         print(f"first prepare: {part['first_prepare_ms']} ms")
         print("plugin CPU: " + ", ".join(f"{k.removesuffix('_ms')}={v} ms" for k, v in part["cpu"].items()))
         print("plugin RSS: " + ", ".join(f"{k.removesuffix('_mib')}={v} MiB" for k, v in part["rss"].items()))
+        print(
+            "  of which: "
+            + ", ".join(f"{k.removesuffix('_mib')}={v} MiB" for k, v in part["rss_after_the_cycles"].items())
+        )
     for mode, values in report.get("ratios_to_go_reference", {}).items():
         print(f"fracgpu {' '.join(CONFIGS[mode])} / Go reference:")
         print("  " + ", ".join(f"{k}={v}" for k, v in values.items()))

@@ -464,9 +464,12 @@ def test_kill_during_unprepare_or_prepare_always_recovers_to_a_consistent_state(
     _consistent(plugin)
 
 
-def test_a_checkpoint_of_a_newer_schema_is_refused_but_the_plugin_keeps_serving(
+def test_a_checkpoint_of_a_newer_schema_holds_the_plugin_unregistered_until_it_is_readable(
     plugin: Plugin, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
 ) -> None:
+    """A rollback past a checkpoint format change: the older plugin posts the Event, touches nothing and does not
+    register (a rolling update keeps the newer instance serving), without exiting; once the file is readable again
+    it recovers and serves."""
     (claim,) = kube.allocate_claims(api_client, dyn, namespace, plugin.node, device_class=DRIVER, memories=["1Gi"])
     assert plugin.kubelet.prepare(_refs([claim])).claims[claim["metadata"]["uid"]].error == ""
     spec = cdi.spec_path(plugin.process.cdi_dir, DRIVER, claim["metadata"]["uid"])
@@ -478,7 +481,7 @@ def test_a_checkpoint_of_a_newer_schema_is_refused_but_the_plugin_keeps_serving(
     plugin.process.checkpoint.write_bytes(newer)
     plugin.kubelet.close()
     try:
-        plugin.kubelet = plugin.process.start()  # registers: no crash loop
+        plugin.process.launch()
         core = client.CoreV1Api(api_client)
         events = kube.wait_for(
             lambda: (
@@ -491,16 +494,20 @@ def test_a_checkpoint_of_a_newer_schema_is_refused_but_the_plugin_keeps_serving(
         )
         expected = "was written by a newer fracgpu (schema 99, this plugin reads ≤ 1): upgrade the plugin back"
         assert expected in events[0].message
-        uid = claim["metadata"]["uid"]
-        assert expected in plugin.kubelet.prepare(_refs([claim])).claims[uid].error
-        assert expected in plugin.kubelet.unprepare(_refs([claim])).claims[uid].error
+        held_until = time.monotonic() + 6  # longer than the gate's re-check interval
+        while time.monotonic() < held_until:
+            plugin.process.procs.check_alive("plugin")  # no crash loop
+            assert not plugin.process.registration_socket.exists(), "registered with a checkpoint it cannot read"
+            time.sleep(0.2)
+        assert "not serving the kubelet: this node's state is of a newer schema" in plugin.process.log()
         assert plugin.process.checkpoint.read_bytes() == newer
         assert spec.read_bytes() == spec_content
-        assert sorted(p.name for p in plugin.process.checkpoint.parent.iterdir()) == listing  # nothing moved aside
-    finally:  # upgraded back: the schema-1 file this plugin wrote
-        plugin.process.stop()
+        now = {p.name for p in plugin.process.checkpoint.parent.iterdir()}
+        assert now <= set(listing), f"nothing moved aside or added: {sorted(now - set(listing))}"
+        assert not {"dra.sock", "dra.registered"} & now, "not serving the kubelet"
+    finally:  # upgraded back: the schema-1 file this plugin wrote; the same process goes on and serves
         plugin.process.checkpoint.write_bytes(saved)
-        plugin.kubelet.close()
-        plugin.kubelet = plugin.process.start()
+    plugin.kubelet = plugin.process.register(timeout=30)
+    assert plugin.kubelet.prepare(_refs([claim])).claims[claim["metadata"]["uid"]].error == ""
     plugin.kubelet.unprepare(_refs([claim]))
     _consistent(plugin)

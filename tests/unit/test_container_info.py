@@ -54,7 +54,8 @@ def test_file_paths() -> None:
 
 def test_json_uses_the_documented_names() -> None:
     data = json.loads(request_info().to_json())
-    assert set(data) == {"claim", "request", "enforcement", "devices"}
+    assert set(data) == {"version", "claim", "request", "enforcement", "devices"}
+    assert data["version"] == info.INFO_SCHEMA_VERSION == 1
     assert set(data["devices"][0]) == {
         "uuid",
         "memoryMiB",
@@ -66,6 +67,26 @@ def test_json_uses_the_documented_names() -> None:
         "envPrefix",
         "enforcement",
     }
+
+
+# A request's file as fracgpu 0.1.0 wrote it (no `version`: schema 1).
+V0_1_0_FILE = (
+    '{"claim":{"namespace":"ns","name":"c","uid":"UID"},"request":"gpu","enforcement":"none","devices":[{"uuid":'
+    '"GPU-1","memoryMiB":1024,"shareID":null,"device":"gpu-0","pciBusID":"0000:01:00.0","minor":0,"cdiDevice":'
+    '"k8s.gpu.fracgpu.dev/claim=UID-gpu-0","envPrefix":"FRACGPU_DEV_X_","enforcement":"none"}]}\n'
+).replace("UID", UID)
+
+
+def test_a_file_of_fracgpu_0_1_0_reads_as_schema_1() -> None:
+    read = info.RequestInfo.model_validate_json(V0_1_0_FILE)
+    assert read.version == 1 and read.devices[0].memory_mib == 1024
+    assert json.loads(read.to_json()) == {"version": 1, **json.loads(V0_1_0_FILE)}
+
+
+def test_a_file_of_a_newer_schema_is_refused_by_name() -> None:
+    newer = json.loads(request_info().to_json()) | {"version": info.INFO_SCHEMA_VERSION + 1}
+    with pytest.raises(ValueError, match=rf"info file of schema {info.INFO_SCHEMA_VERSION + 1} was written by a newer"):
+        info.RequestInfo.model_validate(newer)
 
 
 def test_write_keeps_unchanged_files_and_drops_stale_ones(tmp_path: Path) -> None:

@@ -1,0 +1,1 @@
+"""The previous release and upgrades to the current one (e2e/test_upgrade.py)."""
