@@ -49,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot load cluster credentials: %s", err)
         return 2
     metrics.serve(settings.metrics_port)
-    controller = Controller(settings, kube.KubeWriter(api))
+    controller = Controller(settings, kube.KubeWriter(api, settings.driver_name))
     kopf_json.install()  # no object the API server stores can stop a watch or the webhook
     registry = kopf.OperatorRegistry()
     register(registry, settings, controller)

@@ -11,6 +11,7 @@ generated into the node's CDI dir, as `nvidia-cdi-refresh` does on a real node.
 import json
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,17 @@ class ClusterInstallation:
     driver_root: Path  # as every node sees it (NODE_GPUS/driver): a different directory on each
 
 
-def install_cluster(cluster: MultiNodeCluster, *, image_out: Path, timeout: float = 300) -> ClusterInstallation:
+def merged(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` merged in, maps recursively (as Helm merges values files)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = merged(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def install_cluster(
+    cluster: MultiNodeCluster, *, image_out: Path, timeout: float = 300, overrides: Mapping[str, Any] | None = None
+) -> ClusterInstallation:
     """Build and import the image on every node, give each node the simulated GPUs of its profile at the same
     path (its own directory), helm-install the chart once, wait until every node's GPUs are published.
     The controller runs on the first node, whose network namespace holds the API server that calls its webhook."""
@@ -150,6 +161,7 @@ def install_cluster(cluster: MultiNodeCluster, *, image_out: Path, timeout: floa
         cdi_dir=first.cdi_dir, driver_root=NODE_GPUS / "driver", nvml_dir=NODE_GPUS / "nvml",
     )  # fmt: skip
     values["controller"]["nodeSelector"] = {"kubernetes.io/hostname": first.name}
+    values = merged(values, overrides or {})
     helm_install(cluster.kubeconfig, values, cluster.state_dir / "fracgpu-values.json", timeout)
     wait_serving(cluster, timeout, frozenset(n.name for n in cluster.nodes))
     return ClusterInstallation(cluster, image.name, NODE_GPUS / "driver")
