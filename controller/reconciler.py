@@ -588,6 +588,7 @@ class Controller:
         """List the heartbeat Leases a few times per timeout and update each node's `PluginReporting`. A failed
         list changes nothing (the controller's own outage says nothing about the plugins)."""
         period = min(15.0, max(0.5, self.settings.plugin_heartbeat_timeout_seconds / 4))
+        await self.ready.wait()  # the GPU index holds the conditions written before (their transition times)
         while True:
             try:
                 leases = await self._run(self.writer.list_heartbeats, namespace)
