@@ -71,6 +71,18 @@ class GpuUsageStatus(_Wire):
     )
 
 
+class GpuCondition(_Wire):
+    """A condition of a GPU object, written by the controller: PluginReporting, whether its node's plugin reports."""
+
+    type: str
+    status: str = Field(description="True, False or Unknown")
+    reason: str
+    message: str = ""
+    last_transition_time: str | None = Field(
+        None, alias="lastTransitionTime", description="when the status last changed (absent: not known)"
+    )
+
+
 class GpuStatus(_Wire):
     """The GPU and its allocations, recomputed by the controller from slices and claims; `usage`: the node plugin's."""
 
@@ -94,6 +106,9 @@ class GpuStatus(_Wire):
     usage: GpuUsageStatus | None = Field(
         None, description="memory in use, written by the node plugin when it samples usage (--usage-interval)"
     )
+    conditions: list[GpuCondition] | None = Field(
+        None, description="PluginReporting: whether the node's plugin renews its heartbeat (absent: not watched)"
+    )
 
 
 class Gpu(_Wire):
@@ -112,6 +127,7 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
     {"name": "Free", "type": "string", "jsonPath": ".status.freeMemory"},
     {"name": "Shares", "type": "integer", "jsonPath": ".status.shares"},
     {"name": "Enforcement", "type": "string", "jsonPath": ".status.enforcement"},
+    {"name": "Reporting", "type": "string", "jsonPath": '.status.conditions[?(@.type=="PluginReporting")].status'},
     {"name": "Index", "type": "integer", "jsonPath": ".status.index", "priority": 1},
     {"name": "UUID", "type": "string", "jsonPath": ".status.uuid", "priority": 1},
     {"name": "Share-Enforcement", "type": "string", "jsonPath": ".status.shareEnforcement", "priority": 1},
@@ -149,6 +165,12 @@ class AllocatedGpuData(_Wire):
         return out
 
 
+PLUGIN_REPORTING_CONDITION: Final = "PluginReporting"
+"""Condition of a GPU object: True while its node's plugin renews its heartbeat Lease, False once it has not for
+the controller's `--plugin-heartbeat-timeout`, Unknown while no heartbeat was ever seen."""
+DEVICE_GONE_CONDITION: Final = "AllocatedDeviceGone"
+"""Condition the controller sets on a claim's `status.devices` entries whose node was deleted (the device is gone
+with it; the claim must be recreated)."""
 ENFORCEMENT_CONDITION: Final = "MemoryEnforcement"
 """Condition the node plugin sets on each of its `status.devices` entries: the memory-enforcement tier it put
 into the CDI spec (status True unless the tier is `none`), by reason."""

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     if shared is not None and not _obtain(shared):
         return 0  # stopped while waiting for the certificate
     metrics.serve(settings.metrics_port)
-    writer = kube.KubeWriter(api)
+    writer = kube.KubeWriter(api, settings.driver_name)
     leadership = None
     if settings.leader_elect:
         controller = Controller(settings, writer)  # the writer is gated below, once the elector exists

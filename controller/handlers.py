@@ -32,7 +32,7 @@ from controller.webhook_config import CLAIMS, TEMPLATES, Registration
 log = logging.getLogger(__name__)
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
-INDEX_IDS = ("fracgpu_slices", "fracgpu_claims", "fracgpu_gpus", "fracgpu_classes")
+INDEX_IDS = ("fracgpu_slices", "fracgpu_claims", "fracgpu_gpus", "fracgpu_classes", "fracgpu_nodes")
 """The ids of the indexes, in the order `Controller.bind` takes them (kopf passes each as a keyword argument)."""
 
 
@@ -176,8 +176,15 @@ def register(
                 labels=dict(body.metadata.labels),
                 spec=dict(body.get("spec") or {}),
                 status=dict(body["status"]) if body.get("status") else None,
+                owners=tuple(
+                    str(o.get("uid")) for o in body.metadata.get("ownerReferences") or [] if o.get("kind") == "Node"
+                ),
             )
         }
+
+    @kopf.index("v1", "nodes", registry=registry, id="fracgpu_nodes")
+    async def index_node(name: str, uid: str, **_: Any) -> dict[str, str]:
+        return {name: uid}  # only which Nodes exist: claims on a deleted one are reported
 
     # ----- events: only wake the reconciler; it reads the indexes -------------------------------------
 
@@ -190,6 +197,11 @@ def register(
         claims: kopf.Index[tuple[str, str], ClaimView] = kwargs["fracgpu_claims"]
         key = (namespace or "", name)
         controller.claim_event(key, uid, deleted=type == "DELETED", indexed=key in claims)
+
+    @kopf.on.event("v1", "nodes", registry=registry, id="node_event")
+    async def node_event(*, type: str, name: str, **_: Any) -> None:
+        if type == "DELETED":
+            controller.node_deleted(name)
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", registry=registry, id="class_event")
     async def class_event(name: str, **_: Any) -> None:

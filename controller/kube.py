@@ -18,6 +18,7 @@ from kubernetes import client, config
 
 from api import bounded_json
 from api.gpu import GPU_PLURAL, GPU_VERSION
+from api.heartbeat import HEARTBEAT_LABEL, leases_path
 from api.kube_rest import APPLY, ApiError, KubeConnection, KubeRest, claim_path
 from api.names import API_GROUP
 from controller.model import ClaimView
@@ -165,8 +166,9 @@ class BoundedRest(KubeRest):
 class KubeWriter:
     """The controller's `Writer` (controller/reconciler.py) against the API server."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, driver: str) -> None:
         self.rest = BoundedRest(KubeConnection.of(api))
+        self.driver = driver
 
     def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
         apply_claim_status(self.rest, namespace, name, body)
@@ -179,3 +181,8 @@ class KubeWriter:
 
     def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
         return post_claim_event(self.rest, claim, key, reason=reason, message=message)
+
+    def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:
+        selector = f"{HEARTBEAT_LABEL}={self.driver}"
+        items: list[dict[str, Any]] = self.rest.get(leases_path(namespace), labelSelector=selector)["items"]
+        return items

@@ -52,6 +52,9 @@ class GatedWriter:
         self._check()
         self.writer.delete_gpu(name)
 
+    def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:
+        return self.writer.list_heartbeats(namespace)  # a read: not gated
+
     def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
         if not self.elector.is_leader():
             return False  # the next leader posts it (Event names are deterministic: no duplicate)

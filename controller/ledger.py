@@ -11,7 +11,16 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from api.gpu import GPU_API_VERSION, GPU_KIND, NODE_LABEL, GpuShare, GpuSpec, GpuStatus, gpu_object_name
+from api.gpu import (
+    GPU_API_VERSION,
+    GPU_KIND,
+    NODE_LABEL,
+    GpuCondition,
+    GpuShare,
+    GpuSpec,
+    GpuStatus,
+    gpu_object_name,
+)
 from api.quantity import format_bytes
 from controller.model import ClaimView, DeviceKey, DeviceRecord, Share
 
@@ -27,6 +36,8 @@ class GpuObject(BaseModel):
     labels: dict[str, str]
     spec: dict[str, Any]
     status: dict[str, Any]
+    owner_uid: str | None = None
+    """The uid of the Node that owns it (its slice's owner): the garbage collector deletes it with that Node."""
 
 
 class ExistingGpu(BaseModel):
@@ -38,6 +49,8 @@ class ExistingGpu(BaseModel):
     labels: dict[str, str]
     spec: dict[str, Any]
     status: dict[str, Any] | None
+    owners: tuple[str, ...] = ()
+    """The uids of the Nodes its ownerReferences name."""
 
 
 class LedgerPlan(BaseModel):
@@ -58,15 +71,24 @@ class LedgerPlan(BaseModel):
 
 
 def desired_ledger(
-    devices: Mapping[DeviceKey, DeviceRecord], claims: Iterable[ClaimView], driver: str, manager: str
+    devices: Mapping[DeviceKey, DeviceRecord],
+    claims: Iterable[ClaimView],
+    driver: str,
+    manager: str,
+    reporting: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, GpuObject]:
-    """One object per published device with the allocations of every claim on it."""
+    """One object per published device with the allocations of every claim on it; `reporting`: node -> its
+    `PluginReporting` condition (node_lifecycle.plan_plugin_reporting)."""
+    conditions = reporting or {}
     shares: dict[DeviceKey, list[tuple[ClaimView, Share]]] = {key: [] for key in devices}
     for claim in claims:
         for share in claim.shares:
             if share.device_key in shares:
                 shares[share.device_key].append((claim, share))
-    objects = (desired_gpu(device, shares[key], driver, manager) for key, device in devices.items())
+    objects = (
+        desired_gpu(device, shares[key], driver, manager, conditions.get(device.node))
+        for key, device in devices.items()
+    )
     return {o.name: o for o in objects}
 
 
@@ -76,9 +98,14 @@ def shares_on(key: DeviceKey, claims: Iterable[ClaimView]) -> list[tuple[ClaimVi
 
 
 def desired_gpu(
-    device: DeviceRecord, shares: Iterable[tuple[ClaimView, Share]], driver: str, manager: str
+    device: DeviceRecord,
+    shares: Iterable[tuple[ClaimView, Share]],
+    driver: str,
+    manager: str,
+    reporting: Mapping[str, Any] | None = None,
 ) -> GpuObject:
-    """The object of one published device carrying `shares` (each with its claim; any order)."""
+    """The object of one published device carrying `shares` (each with its claim; any order), owned by the Node
+    that owns the device's slice; `reporting`: its node's `PluginReporting` condition, if watched."""
     claims_on = []
     allocated = 0
     for claim, share in sorted(
@@ -111,6 +138,7 @@ def desired_gpu(
         shares=len(claims_on),
         claims=claims_on,
         share_enforcement=share_enforcement(claims_on),
+        conditions=[GpuCondition.model_validate(reporting)] if reporting is not None else None,
     )
     name = gpu_object_name(device.node, device.device)
     return GpuObject(
@@ -118,6 +146,7 @@ def desired_gpu(
         labels={NODE_LABEL: device.node, MANAGED_BY_LABEL: manager},
         spec=GpuSpec(driver=driver, pool=device.pool, device=device.device, node=device.node).model_dump(by_alias=True),
         status=status.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        owner_uid=device.node_uid,
     )
 
 
@@ -157,6 +186,7 @@ def plan_ledger(desired: Mapping[str, GpuObject], existing: Mapping[str, Existin
             have is None
             or any(have.labels.get(k) != v for k, v in want.labels.items())
             or _normalized(have.spec) != _normalized(want.spec)
+            or (want.owner_uid is not None and have.owners != (want.owner_uid,))
         ):
             identity.append(want)
         have_status = {k: v for k, v in (have.status or {}).items() if k not in PLUGIN_STATUS_FIELDS} if have else {}
@@ -169,13 +199,13 @@ def plan_ledger(desired: Mapping[str, GpuObject], existing: Mapping[str, Existin
 
 
 def identity_body(obj: GpuObject) -> dict[str, Any]:
-    """Server-side-apply body for the main resource (labels and spec)."""
-    return {
-        "apiVersion": GPU_API_VERSION,
-        "kind": GPU_KIND,
-        "metadata": {"name": obj.name, "labels": dict(obj.labels)},
-        "spec": dict(obj.spec),
-    }
+    """Server-side-apply body for the main resource (labels, owner and spec). The owner is the Node by uid: a
+    Node re-registered under the same name is another owner, and the apply replaces the stale reference."""
+    metadata: dict[str, Any] = {"name": obj.name, "labels": dict(obj.labels)}
+    if obj.owner_uid is not None:
+        node = str(obj.spec.get("node", ""))
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": obj.owner_uid}]
+    return {"apiVersion": GPU_API_VERSION, "kind": GPU_KIND, "metadata": metadata, "spec": dict(obj.spec)}
 
 
 def status_body(obj: GpuObject) -> dict[str, Any]:

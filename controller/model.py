@@ -12,7 +12,7 @@ from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ConfigDict
 
 from api.bounded_json import short_path, skipped_parts
-from api.gpu import ENFORCEMENT_CONDITION, tier_of_reason
+from api.gpu import DEVICE_GONE_CONDITION, ENFORCEMENT_CONDITION, tier_of_reason
 from api.names import MEMORY_CAPACITY
 
 P = ParamSpec("P")
@@ -31,6 +31,8 @@ class DeviceRecord(BaseModel):
     device: str
     node: str
     generation: int
+    node_uid: str | None = None
+    """The uid of the Node owning its ResourceSlice (None: no Node owner reference)."""
     index: int | None = None
     uuid: str | None = None
     product_name: str | None = None
@@ -131,6 +133,8 @@ class ClaimView(BaseModel):
     status_enforcement: dict[tuple[str, str, str], str] = {}
     """The tier the node plugin reports it applied (condition `MemoryEnforcement`), by entry key."""
     """Existing `data` of our driver's status.devices entries, by entry key (None when absent)."""
+    status_gone: dict[tuple[str, str, str], dict[str, Any]] = {}
+    """The controller's `AllocatedDeviceGone` condition of our entries that have one, by entry key."""
     skipped: tuple[str, ...] = ()
     """Field paths (shortened) of parts the decoder skipped (`api.bounded_json`: nested too deep, integers too
     long); the rest of the claim is read as usual."""
@@ -197,6 +201,8 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
     pool_name = str(pool.get("name", ""))
     generation = int(pool.get("generation", 0))
     node = str(spec.get("nodeName") or pool_name)
+    owners = (body.get("metadata") or {}).get("ownerReferences") or []
+    node_uid = next((str(o["uid"]) for o in owners if o.get("kind") == "Node" and o.get("name") == node), None)
     devices = []
     for dev in spec.get("devices") or []:
         attributes = dev.get("attributes") or {}
@@ -213,6 +219,7 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
                 device=str(dev["name"]),
                 node=node,
                 generation=generation,
+                node_uid=node_uid,
                 index=int(index) if index is not None else None,
                 uuid=_attribute(attributes, "uuid", driver, "string"),
                 product_name=_attribute(attributes, "productName", driver, "string"),
@@ -346,6 +353,13 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
         and c.get("type") == ENFORCEMENT_CONDITION
         and (tier := tier_of_reason(c.get("reason"))) is not None
     }
+    status_gone = {
+        (str(d["pool"]), str(d["device"]), str(d.get("shareID") or "")): dict(c)
+        for d in status.get("devices") or []
+        if d.get("driver") == driver
+        for c in d.get("conditions") or []
+        if isinstance(c, Mapping) and c.get("type") == DEVICE_GONE_CONDITION
+    }
     return ClaimView(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -357,5 +371,6 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
         memory_requests=tuple(memory_requests),
         status_data=status_data,
         status_enforcement=status_enforcement,
+        status_gone=status_gone,
         skipped=tuple(f"{short_path(path)}: {marker.strip('<>')}" for path, marker in skipped_parts(body)),
     )

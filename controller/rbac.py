@@ -38,6 +38,8 @@ def cluster_role_rules(
         {"apiGroups": [API_GROUP], "resources": [f"{GPU_PLURAL}/status"], "verbs": ["patch"]},
         # Events on claims
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        # Nodes: which exist (claims on a deleted one get AllocatedDeviceGone)
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
         # kopf: discovery of CRDs (the GPU CRD may be installed after the controller starts)
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     ]
@@ -68,3 +70,8 @@ def namespace_role_rules(lease: str | None, secret: str | None) -> list[dict[str
             )
             rules.append({"apiGroups": [group], "resources": [resource], "verbs": ["create"]})
     return rules
+
+
+def heartbeat_role_rules() -> list[dict[str, Any]]:
+    """Role rules in the controller's namespace: read the node plugins' heartbeat Leases (api/heartbeat.py)."""
+    return [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["list"]}]

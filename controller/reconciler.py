@@ -13,6 +13,7 @@ resync recompute the whole ledger.
 
 import asyncio
 import contextlib
+import datetime
 import json
 import logging
 import time
@@ -20,7 +21,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from api.gpu import GPU_CRD_NAME, gpu_object_name
+from api.gpu import GPU_CRD_NAME, PLUGIN_REPORTING_CONDITION, gpu_object_name
 from api.gpu_config import MAX_PARAMETERS_DEPTH
 from api.kube_rest import ApiError
 from controller import metrics
@@ -37,6 +38,14 @@ from controller.ledger import (
     status_body,
 )
 from controller.model import ClaimView, DeviceClassView, DeviceKey, DeviceRecord, Share, SliceView, current_devices
+from controller.node_lifecycle import (
+    Heartbeat,
+    NodeGonePlan,
+    node_gone_message,
+    observe,
+    plan_node_gone,
+    plan_plugin_reporting,
+)
 from controller.settings import FIELD_MANAGER, Settings
 from controller.workqueue import QueueShutDownError, WorkQueue
 
@@ -61,6 +70,10 @@ class Writer(Protocol):
 
         True once it exists (or can never be posted); False when a retry may succeed.
         """
+        ...
+
+    def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:
+        """The node plugins' heartbeat Leases of our driver in `namespace` (api/heartbeat.py). Raises on API errors."""
         ...
 
 
@@ -113,6 +126,9 @@ class Controller:
         self._claims: Index = {}
         self._gpus: Index = {}
         self._classes: Index = {}
+        self._nodes: Index | None = None  # node name -> uid; None: Nodes not watched
+        self._heartbeats: dict[str, Heartbeat] = {}
+        self._reporting: dict[str, dict[str, Any]] | None = None  # node -> PluginReporting; None: not computed yet
         self._devices: dict[DeviceKey, DeviceRecord] | None = None
         self._largest: int | None = None  # largest max_request of self._devices
         self._hami_core = False  # some device of self._devices offers HAMi-core
@@ -140,10 +156,13 @@ class Controller:
 
     # ----- wiring ---------------------------------------------------------------------------------
 
-    def bind(self, slices: Index, claims: Index, gpus: Index, classes: Index | None = None) -> None:
+    def bind(
+        self, slices: Index, claims: Index, gpus: Index, classes: Index | None = None, nodes: Index | None = None
+    ) -> None:
         """Attach kopf's live indexes (passed to startup handlers before they are populated)."""
         self._slices, self._claims, self._gpus = slices, claims, gpus
         self._classes = classes if classes is not None else {}
+        self._nodes = nodes
         self._devices = None
         self.admission = AdmissionFacts()
         self._seen.clear()
@@ -169,6 +188,8 @@ class Controller:
         self._mark_all()
         self._tasks.append(asyncio.create_task(self._ledger_loop(), name="ledger"))
         self._tasks.append(asyncio.create_task(self._resync_loop(), name="resync"))
+        if self.settings.namespace is not None:
+            self._tasks.append(asyncio.create_task(self._heartbeat_loop(self.settings.namespace), name="heartbeats"))
 
     async def stop(self) -> None:
         """Cancel every loop and wait for them; in-flight API calls finish in their threads."""
@@ -245,6 +266,20 @@ class Controller:
         for key in list(self._claims):
             self.enqueue(key)
         self._mark_all()
+
+    def node_deleted(self, name: str) -> None:
+        """The Node `name` is gone: its claims get `AllocatedDeviceGone` (their slices and GPU objects go by owner
+        reference, and with the published devices)."""
+        self.ready.set()
+        for view in self.claims():
+            if view.node == name:
+                self.enqueue(view.key)
+
+    def node_names(self) -> Collection[str] | None:
+        """The Nodes that exist; None while they are not known (not watched, or kopf's indexes not yet populated)."""
+        if self._nodes is None or not self.ready.is_set():
+            return None
+        return self._nodes.keys()
 
     def classes_changed(self) -> None:
         """Our DeviceClass changed: its selectors and configs apply to every claim."""
@@ -383,18 +418,20 @@ class Controller:
         told = await self._skipped_parts_event(claim)  # before the write: the API server may refuse that one
         devices = self.devices()
         plan = plan_status(claim, devices.get, self.driver)
-        if plan.changed:
+        gone = plan_node_gone(claim, self.node_names(), plan.entries, self.driver, datetime.datetime.now(datetime.UTC))
+        if plan.changed or gone.changed:
             started = time.monotonic()
             try:
                 await self._run(
-                    self.writer.apply_claim_status, claim.namespace, claim.name, apply_body(claim, plan.entries)
+                    self.writer.apply_claim_status, claim.namespace, claim.name, apply_body(claim, gone.entries)
                 )
             except Exception:
                 metrics.STATUS_WRITES.labels("error").inc()
                 raise
             metrics.STATUS_WRITES.labels("ok").inc()
             metrics.STATUS_WRITE_SECONDS.observe(time.monotonic() - started)
-        posted = await self._device_gone_events(claim, plan.missing)
+        posted = await self._device_gone_events(claim, tuple(s for s in plan.missing if s not in gone.shares))
+        posted = await self._node_gone_event(claim, gone) and posted
         posted = await self._unsatisfiable_events(claim) and posted
         posted = told and posted
         if not posted:
@@ -437,6 +474,12 @@ class Controller:
             key = (REASON_DEVICE_GONE, share.pool, share.device)
             ok = await self._post_once(claim, key, REASON_DEVICE_GONE, message) and ok
         return ok
+
+    async def _node_gone_event(self, claim: ClaimView, gone: NodeGonePlan) -> bool:
+        if gone.node is None:
+            return True
+        message = node_gone_message(claim, gone.node, self.driver)
+        return await self._post_once(claim, (REASON_DEVICE_GONE, "node", gone.node), REASON_DEVICE_GONE, message)
 
     async def _unsatisfiable_events(self, claim: ClaimView) -> bool:
         ok = True
@@ -495,14 +538,15 @@ class Controller:
             for view in self.claims():  # the inverse index rebuilt from the claims index: self-healing
                 for share in view.shares:
                     self._on_device.setdefault(share.device_key, set()).add(view.key)
-            return desired_ledger(devices, self.claims(), self.driver, FIELD_MANAGER)
+            return desired_ledger(devices, self.claims(), self.driver, FIELD_MANAGER, self._reporting)
         out: dict[str, GpuObject] = {}
         for name in names:
             key = self._name_keys.get(name)
             if key is None or key not in devices:
                 continue
             views = [v for c in self._on_device.get(key, ()) if (v := _first(self._claims, c)) is not None]
-            out[name] = desired_gpu(devices[key], shares_on(key, views), self.driver, FIELD_MANAGER)
+            reporting = (self._reporting or {}).get(devices[key].node)
+            out[name] = desired_gpu(devices[key], shares_on(key, views), self.driver, FIELD_MANAGER, reporting)
         return out
 
     async def reconcile_ledger(self, names: Collection[str] | None = None) -> bool:
@@ -550,6 +594,49 @@ class Controller:
             hint = f" (is the CRD {GPU_CRD_NAME} installed?)" if any(": 404 " in f for f in failures) else ""
             log.warning("%d GPU object writes failed%s; first: %s", len(failures), hint, failures[0])
         return all(results)
+
+    # ----- node plugin heartbeats ------------------------------------------------------------------
+
+    async def _heartbeat_loop(self, namespace: str) -> None:
+        """List the heartbeat Leases a few times per timeout and update each node's `PluginReporting`. A failed
+        list changes nothing (the controller's own outage says nothing about the plugins)."""
+        period = min(15.0, max(0.5, self.settings.plugin_heartbeat_timeout_seconds / 4))
+        await self.ready.wait()  # the GPU index holds the conditions written before (their transition times)
+        while True:
+            try:
+                leases = await self._run(self.writer.list_heartbeats, namespace)
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:
+                log.warning("cannot list the node plugins' heartbeat Leases", extra={"error": describe(err)})
+            else:
+                self.heartbeats_listed(namespace, leases, datetime.datetime.now(datetime.UTC))
+            await asyncio.sleep(period)
+
+    def heartbeats_listed(self, namespace: str, leases: Iterable[Mapping[str, Any]], now: datetime.datetime) -> None:
+        """Record a listing of the heartbeat Leases at `now`; mark the GPUs of nodes whose condition changed."""
+        self._heartbeats = observe(self._heartbeats, leases, now)
+        if self._reporting is None:  # a restart keeps the transition times the ledger holds
+            self._reporting = {
+                str(gpu.status.get("node")): c
+                for values in self._gpus.values()
+                for gpu in values
+                if gpu.status
+                for c in gpu.status.get("conditions") or []
+                if c.get("type") == PLUGIN_REPORTING_CONDITION
+            }
+        nodes = {d.node for d in self.devices().values()}
+        before = self._reporting
+        self._reporting = plan_plugin_reporting(
+            nodes,
+            self._heartbeats,
+            before,
+            now=now,
+            timeout_s=self.settings.plugin_heartbeat_timeout_seconds,
+            namespace=namespace,
+        )
+        changed = {n for n in nodes if before.get(n) != self._reporting[n]}
+        self._mark_devices(d.key for d in self.devices().values() if d.node in changed)
 
     async def _resync_loop(self) -> None:
         while True:

@@ -86,6 +86,18 @@ class Settings(OptionSettings):
     device_gone_grace_seconds: float = Field(
         60.0, ge=0, description="seconds an allocated device may be unpublished before the claim gets a Warning event"
     )
+    namespace: str | None = Field(
+        None,
+        description="the controller's namespace (the release's), where the node plugins renew their heartbeat "
+        "Leases; unset: plugin heartbeats are not watched",
+        json_schema_extra={"env": "POD_NAMESPACE"},
+    )
+    plugin_heartbeat_timeout_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="seconds without a renewal of a node plugin's heartbeat Lease after which the node's GPU "
+        "objects say PluginReporting=False",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["json", "text"] = Field("json", description="log format")
 

@@ -11,6 +11,7 @@ generated into the node's CDI dir, as `nvidia-cdi-refresh` does on a real node.
 import json
 import subprocess
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -152,6 +153,14 @@ class ClusterInstallation:
     driver_root: Path  # as every node sees it (NODE_GPUS/driver): a different directory on each
 
 
+def merged(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` merged in, maps recursively (as Helm merges values files)."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = merged(out[key], value) if isinstance(value, Mapping) and isinstance(out.get(key), dict) else value
+    return out
+
+
 def install_cluster(
     cluster: MultiNodeCluster,
     *,
@@ -159,11 +168,13 @@ def install_cluster(
     timeout: float = 300,
     chart: Path = CHART,
     image: tuple[str, Path] | None = None,
+    overrides: Mapping[str, Any] | None = None,
 ) -> ClusterInstallation:
     """Build and import the image on every node, give each node the simulated GPUs of its profile at the same
     path (its own directory), helm-install the chart once, wait until every node's GPUs are published.
     The controller runs on the first node, whose network namespace holds the API server that calls its webhook.
-    `chart` and `image` (name, archive; default: this tree's, built into `image_out`) install another release."""
+    `chart` and `image` (name, archive; default: this tree's, built into `image_out`) install another release;
+    `overrides` are merged into the values."""
     if image is None:
         built = build_image(image_out)
         image = (built.name, built.archive.path)
@@ -171,7 +182,7 @@ def install_cluster(
     cluster.import_image(archive)
     for node in cluster.nodes:
         simulated_gpus(node.host_path(NODE_GPUS), node.profile.gpus)
-    values = cluster_values(cluster, name)
+    values = merged(cluster_values(cluster, name), overrides or {})
     helm_install(cluster.kubeconfig, values, cluster.state_dir / "fracgpu-values.json", timeout, chart)
     wait_serving(cluster, timeout, frozenset(n.name for n in cluster.nodes))
     return ClusterInstallation(cluster, name, NODE_GPUS / "driver")

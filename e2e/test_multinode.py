@@ -2,8 +2,9 @@
 
 Claims land on both nodes and each node's GPUs are in the ledger as they are; memory and CEL selectors pick the
 node; each node plugin, with the real service-account token of its DaemonSet pod, is refused what belongs to
-the other node or to another driver. The cluster is this module's own (the other e2e modules share a
-single-node one).
+the other node or to another driver. The lifecycle tests at the end stop one node's plugin, drain
+that node and finally delete it (the last test: the node does not come back). The cluster is this module's own
+(the other e2e modules share a single-node one).
 """
 
 import json
@@ -15,9 +16,9 @@ import time
 import urllib.error
 import urllib.request
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -26,8 +27,15 @@ from e2e.cluster.multinode import A100X1, H100X2, ClusterNode, MultiNodeCluster,
 from e2e.install import NAMESPACE, ClusterInstallation, install_cluster, remove_dev_char_links
 from e2e.mocknvml import read_profile
 
+T = TypeVar("T")
 H100_NODE, A100_NODE = "fracgpu-h100", "fracgpu-a100"
 OTHER_DRIVER = "other.fracgpu.test"
+HEARTBEAT_TIMEOUT_S = 6
+SHORT_HEARTBEAT = {
+    "kubeletPlugin": {"heartbeat": {"interval": 1}},
+    "controller": {"pluginHeartbeatTimeout": HEARTBEAT_TIMEOUT_S},
+}
+"""Plugins renew every second, the controller calls one silent after 6 s (node lifecycle tests, at the end)."""
 A100_SELECTOR = f'device.attributes["{w.DEVICE_CLASS}"].productName.startsWith("NVIDIA A100")'
 
 
@@ -41,7 +49,7 @@ def two_nodes() -> Iterator[ClusterInstallation]:
     cluster.start()
     installed: ClusterInstallation | None = None
     try:
-        installed = install_cluster(cluster, image_out=state_dir / "image")
+        installed = install_cluster(cluster, image_out=state_dir / "image", overrides=SHORT_HEARTBEAT)
         yield installed
     finally:
         cluster.stop()
@@ -312,3 +320,192 @@ def test_each_plugin_is_refused_the_other_nodes_slices_and_claims_and_other_driv
         'requires resource="resourceclaims/driver", verb="[associated-node:patch arbitrary-node:patch]"' in refused
     ), refused
     assert f'"{OTHER_DRIVER}" is forbidden' in refused, refused
+
+
+# ----- node lifecycle (the node deletion test must stay last: the deleted node does not come back) -------------
+
+
+def _until(check: Callable[[], T | None], timeout: float, what: str) -> T:
+    """`check()` once it is truthy, polled every second up to `timeout` s; else fail saying `what`."""
+    deadline = time.monotonic() + timeout
+    while not (found := check()):
+        assert time.monotonic() < deadline, f"{what}: not within {timeout:g} s"
+        time.sleep(1)
+    return found
+
+
+def _of_node(cluster: MultiNodeCluster, kind: str, node: str, field: str) -> dict[str, dict[str, Any]]:
+    """Objects of `kind` whose `field` (spec.nodeName, spec.node) is `node`, by name."""
+    section, key = field.split(".")
+    return {o["metadata"]["name"]: o for o in w.get(cluster, kind)["items"] if o[section].get(key) == node}
+
+
+def _reporting(gpu: dict[str, Any]) -> dict[str, Any]:
+    conditions = gpu.get("status", {}).get("conditions") or []
+    return next((c for c in conditions if c["type"] == "PluginReporting"), {})
+
+
+def _plugin_pods(cluster: MultiNodeCluster, node: str) -> list[dict[str, Any]]:
+    selector = ("-l", "app.kubernetes.io/component=kubelet-plugin", f"--field-selector=spec.nodeName={node}")
+    pods: list[dict[str, Any]] = w.get(cluster, "pods", "-n", NAMESPACE, *selector)["items"]
+    return pods
+
+
+def test_a_silent_plugin_keeps_its_slices_and_its_gpus_say_not_reporting_until_it_is_back(
+    two_nodes: ClusterInstallation,
+) -> None:
+    cluster = two_nodes.cluster
+
+    def statuses() -> dict[str, str]:
+        return {
+            n: _reporting(g).get("status", "") for n, g in _of_node(cluster, "gpus", A100_NODE, "spec.node").items()
+        }
+
+    def h100_reporting() -> bool:
+        return all(
+            _reporting(g).get("status") == "True" for g in _of_node(cluster, "gpus", H100_NODE, "spec.node").values()
+        )
+
+    _until(lambda: statuses() and set(statuses().values()) == {"True"} and h100_reporting(), 60, "every GPU reporting")
+    slices = {
+        n: s["metadata"]["uid"] for n, s in _of_node(cluster, "resourceslices", A100_NODE, "spec.nodeName").items()
+    }
+    assert slices
+    # the plugin's node agent goes away: the DaemonSet deletes its pod from a node it no longer selects
+    cluster.kubectl("label", "node", A100_NODE, "nvidia.com/gpu.present-")
+    try:
+        silent = _until(lambda: s if set((s := statuses()).values()) == {"False"} else None, 60, "A100 not reporting")
+        (gpu, *_) = _of_node(cluster, "gpus", A100_NODE, "spec.node").values()
+        message = _reporting(gpu)["message"]
+        assert f"has not renewed its heartbeat Lease {NAMESPACE}/fracgpu-plugin-{A100_NODE}" in message, message
+        assert h100_reporting(), "the other node's plugin still reports"
+        _until(lambda: not _plugin_pods(cluster, A100_NODE), 90, "the A100 plugin pod gone")
+        kept = {
+            n: s["metadata"]["uid"] for n, s in _of_node(cluster, "resourceslices", A100_NODE, "spec.nodeName").items()
+        }
+        assert kept == slices, "a plugin that stops must leave its node's ResourceSlices published"
+        assert set(statuses()) == set(silent), "its GPU objects stay"
+    finally:
+        cluster.kubectl("label", "node", A100_NODE, "nvidia.com/gpu.present=true", "--overwrite")
+    _until(lambda: set(statuses().values()) == {"True"}, 120, "the A100 GPUs reporting again")
+    kept = {n: s["metadata"]["uid"] for n, s in _of_node(cluster, "resourceslices", A100_NODE, "spec.nodeName").items()}
+    assert kept == slices
+
+
+def test_a_drained_node_frees_its_claims_as_its_pods_go_and_keeps_its_slices_and_gpus(
+    two_nodes: ClusterInstallation, ns: str
+) -> None:
+    cluster = two_nodes.cluster
+    w.apply(cluster, ns, w.claim_template("share-5gi", "5Gi"), _on(w.gpu_pod("drained", "share-5gi"), A100_NODE))
+    w.wait_running(cluster, ns, ["drained"])
+    claim = w.claim_of(cluster, ns, "drained")["metadata"]["name"]
+
+    def a100_gpus() -> dict[str, dict[str, Any]]:
+        return _of_node(cluster, "gpus", A100_NODE, "spec.node")
+
+    _until(
+        lambda: {g["status"].get("allocatedMemory") for g in a100_gpus().values()} == {"5Gi"}, 30, "5Gi in the ledger"
+    )
+    gpus = {n: g["metadata"]["uid"] for n, g in a100_gpus().items()}
+    slices = {
+        n: s["metadata"]["uid"] for n, s in _of_node(cluster, "resourceslices", A100_NODE, "spec.nodeName").items()
+    }
+    try:
+        cluster.kubectl(
+            "drain", A100_NODE, "--ignore-daemonsets", "--delete-emptydir-data", "--force", "--timeout=120s"
+        )
+        _until(
+            lambda: cluster.kubectl("get", "resourceclaim", "-n", ns, claim, check=False).returncode != 0,
+            60,
+            "the drained pod's claim deleted",
+        )
+        _until(
+            lambda: (
+                {(g["status"].get("allocatedMemory"), g["status"].get("shares")) for g in a100_gpus().values()}
+                == {("0", 0)}
+            ),
+            30,
+            "the claim's share gone from the ledger",
+        )
+        assert {n: g["metadata"]["uid"] for n, g in a100_gpus().items()} == gpus, "a drained node keeps its GPUs"
+        kept = _of_node(cluster, "resourceslices", A100_NODE, "spec.nodeName")
+        assert {n: s["metadata"]["uid"] for n, s in kept.items()} == slices, "and its slices"
+        assert w.get(cluster, "node", A100_NODE)["spec"].get("unschedulable") is True
+    finally:
+        cluster.kubectl("uncordon", A100_NODE)
+
+
+def test_a_deleted_node_takes_its_slices_and_gpus_and_its_claims_are_told_nothing_else_is_touched(
+    two_nodes: ClusterInstallation, ns: str
+) -> None:
+    cluster = two_nodes.cluster
+    w.apply(
+        cluster,
+        ns,
+        w.claim_template("share-2gi", "2Gi"),
+        _on(w.gpu_pod("stays", "share-2gi"), H100_NODE),
+        _on(w.gpu_pod("goes", "share-2gi"), A100_NODE),
+    )
+    w.wait_running(cluster, ns, ["stays", "goes"])
+
+    def settled(pod: str) -> dict[str, Any] | None:
+        claim = w.claim_of(cluster, ns, pod)
+        entries = claim["status"].get("devices") or []
+        ready = entries and all(
+            "data" in e and any(c["type"] == "Ready" for c in e.get("conditions", [])) for e in entries
+        )
+        return claim if ready else None
+
+    stays = _until(lambda: settled("stays"), 30, "the H100 claim's status complete")
+    goes = _until(lambda: settled("goes"), 30, "the A100 claim's status complete")
+    node_uid = w.get(cluster, "node", A100_NODE)["metadata"]["uid"]
+    owner = [{"apiVersion": "v1", "kind": "Node", "name": A100_NODE, "uid": node_uid}]
+    for kind, field in (("resourceslices", "spec.nodeName"), ("gpus", "spec.node")):
+        objects = _of_node(cluster, kind, A100_NODE, field)
+        assert objects and all(
+            [{k: r[k] for k in ("apiVersion", "kind", "name", "uid")} for r in o["metadata"].get("ownerReferences", [])]
+            == owner
+            for o in objects.values()
+        ), (kind, objects)
+
+    def untouched() -> dict[str, str]:
+        """The resource versions of everything of the H100 node: its slices, GPU objects and claim."""
+        out = {
+            f"slice {n}": s["metadata"]["resourceVersion"]
+            for n, s in _of_node(cluster, "resourceslices", H100_NODE, "spec.nodeName").items()
+        }
+        out |= {
+            f"gpu {n}": g["metadata"]["resourceVersion"]
+            for n, g in _of_node(cluster, "gpus", H100_NODE, "spec.node").items()
+        }
+        claim = w.get(cluster, "resourceclaim", "-n", ns, stays["metadata"]["name"])
+        return out | {"claim": claim["metadata"]["resourceVersion"]}
+
+    before = untouched()
+    cluster.kubectl("delete", "node", A100_NODE, "--wait=false")
+    _until(lambda: not _of_node(cluster, "resourceslices", A100_NODE, "spec.nodeName"), 60, "the A100 slices gone")
+    _until(lambda: not _of_node(cluster, "gpus", A100_NODE, "spec.node"), 60, "the A100 GPU objects gone")
+
+    def told() -> list[dict[str, Any]] | None:
+        claim = w.get(cluster, "resourceclaim", "-n", ns, goes["metadata"]["name"])
+        gone = [
+            c
+            for e in claim["status"].get("devices") or []
+            for c in e.get("conditions", [])
+            if c["type"] == "AllocatedDeviceGone"
+        ]
+        return gone if gone and len(gone) == len(claim["status"]["devices"]) else None
+
+    (condition,) = _until(told, 30, "AllocatedDeviceGone on the A100 claim")
+    assert (condition["status"], condition["reason"]) == ("True", "NodeDeleted"), condition
+    assert f"node {A100_NODE} was deleted" in condition["message"], condition
+    name = goes["metadata"]["name"]
+
+    def event() -> list[str]:
+        events = w.get(cluster, "events", "-n", ns, f"--field-selector=involvedObject.name={name}")["items"]
+        return [e["message"] for e in events if e["reason"] == "AllocatedDeviceGone"]
+
+    (message,) = _until(event, 30, "the AllocatedDeviceGone Event")
+    assert message.startswith(f"node {A100_NODE} was deleted: the {w.DEVICE_CLASS} devices allocated"), message
+    assert untouched() == before, "the other node's slices, GPU objects and claim must not change"
+    assert "AllocatedDeviceGone" not in json.dumps(w.get(cluster, "resourceclaim", "-n", ns, stays["metadata"]["name"]))

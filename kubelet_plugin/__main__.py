@@ -17,6 +17,7 @@ from kubelet_plugin.events import post_node_event
 from kubelet_plugin.grpc_server import PluginServer
 from kubelet_plugin.handover import await_replacement
 from kubelet_plugin.health_watch import start_gpu_health
+from kubelet_plugin.heartbeat import Heartbeat
 from kubelet_plugin.http_server import HttpEndpoint
 from kubelet_plugin.metrics import PluginMetrics
 from kubelet_plugin.model import GpuInfo
@@ -70,6 +71,21 @@ def start_usage_sampler(
         ledger_threshold_bytes=settings.memory_step_bytes,
     )
     threading.Thread(target=sampler.run, args=(stop,), name="usage-sampler", daemon=True).start()
+
+
+def start_heartbeat(settings: Settings, api: KubeConnection, stop: threading.Event) -> None:
+    """With a namespace (the pod's), renew the node's heartbeat Lease in a thread of its own until `stop`."""
+    if settings.namespace is None:
+        return
+    rest = KubeRest.bounded(api, settings.api_timeout_seconds)
+    beat = Heartbeat(
+        rest,
+        settings.namespace,
+        settings.node_name,
+        settings.driver_name,
+        interval_s=settings.heartbeat_interval_seconds,
+    )
+    threading.Thread(target=beat.run, args=(stop,), name="heartbeat", daemon=True).start()
 
 
 def hand_over(server: PluginServer, http: HttpEndpoint | None, settings: Settings) -> None:
@@ -140,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     server.start()
     start_usage_sampler(settings, api, gpus, metrics, stop)
+    start_heartbeat(settings, api, stop)
     http = None
     if settings.metrics_port:  # /metrics, and /readyz: the chart's readiness probe
         http = HttpEndpoint(settings.metrics_address, settings.metrics_port, metrics.registry, lambda: server.ready)

@@ -111,6 +111,14 @@ class Settings(OptionSettings):
     proc_root: Path = Field(Path("/proc"), description="the host's /proc (process cgroups of the usage sampler)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["json", "text"] = Field("json", description="log format")
+    namespace: str | None = Field(
+        None,
+        description="the plugin pod's namespace, where it renews its node's heartbeat Lease; unset: no heartbeat",
+        json_schema_extra={"env": "POD_NAMESPACE"},
+    )
+    heartbeat_interval_seconds: float = Field(
+        10.0, gt=0, description="seconds between two renewals of the node's heartbeat Lease"
+    )
     handover_timeout_seconds: float = Field(
         25.0, ge=0, description="after SIGTERM, serve at most this long while no replacement instance is registered"
     )

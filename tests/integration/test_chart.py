@@ -7,6 +7,7 @@ it into a cluster with a kubelet.
 
 import asyncio
 import base64
+import datetime
 import json
 import re
 import subprocess
@@ -24,14 +25,16 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from api.gpu import GpuStatus
-from api.kube_rest import SLICES, ApiError, KubeConnection, KubeRest, claim_path
+from api.heartbeat import HEARTBEAT_LABEL, heartbeat_of, lease_body, lease_name, leases_path
+from api.kube_rest import APPLY, SLICES, ApiError, KubeConnection, KubeRest, claim_path
 from controller.admission import review_claim_spec
-from controller.rbac import cluster_role_rules, namespace_role_rules
+from controller.rbac import cluster_role_rules, heartbeat_role_rules, namespace_role_rules
 from controller.webhook import self_signed_certificate
 from controller.webhook_config import Registration
 from e2e.cluster import binaries
 from e2e.cluster.controlplane import ControlPlane
 from kubelet_plugin.claim_status import apply_ready
+from kubelet_plugin.heartbeat import Heartbeat
 from kubelet_plugin.slices import build_slices
 from tests.integration import kube
 
@@ -63,6 +66,7 @@ CUSTOM: dict[str, Any] = {
     "kubeletDir": "/data/kubelet",
     "cdiDir": "/etc/cdi",
     "controller": {
+        "pluginHeartbeatTimeout": 20,
         "hostNetwork": True,
         "healthPort": 9101,
         "metricsPort": 9100,
@@ -86,6 +90,7 @@ CUSTOM: dict[str, Any] = {
             "probeInterval": 2,
             "coalesce": 0.5,
         },
+        "heartbeat": {"interval": 3},
     },
 }
 # Everything optional switched off.
@@ -285,6 +290,9 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     assert "--webhook-service=gpus/fg-fracgpu-webhook" in ctr["args"]
     assert {"--webhook-port=9443", "--health-port=8080", "--metrics-port=8081"} <= set(ctr["args"])
     assert env_of(ctr)["POD_NAME"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    # the node plugins' heartbeat Leases are read in the release namespace, a plugin called silent after 60 s
+    assert env_of(ctr)["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert "--plugin-heartbeat-timeout=60" in ctr["args"]
     assert "hostNetwork" not in spec
     service = one(docs, "Service")
     assert service["spec"]["ports"] == [{"name": "webhook", "port": 9443, "targetPort": 9443, "protocol": "TCP"}]
@@ -303,6 +311,8 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     env = env_of(plugin)
     assert env["NODE_NAME"] == {"fieldRef": {"fieldPath": "spec.nodeName"}}
     assert env["POD_UID"] == {"fieldRef": {"fieldPath": "metadata.uid"}}
+    assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}  # its heartbeat Lease's
+    assert env["FRACGPU_HEARTBEAT_INTERVAL"] == "10"
     assert env["LD_LIBRARY_PATH"] == "/opt/fracgpu/nvml"
     # handover: serve after SIGTERM until the replacement registered, within the grace period; ready = registered
     assert (spec["terminationGracePeriodSeconds"], env["FRACGPU_HANDOVER_TIMEOUT"]) == (30, "25")
@@ -484,6 +494,7 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
         "--lease-duration=30",
         "--renew-deadline=20",
         "--retry-period=4",
+        "--plugin-heartbeat-timeout=20",
     } <= set(ctr["args"])
     assert deploy["spec"]["replicas"] == 3 and one(docs, "PodDisruptionBudget")["spec"]["minAvailable"] == 2
     # host network: no declared (host) ports, which would keep a second replica off a node; probes by number
@@ -510,6 +521,7 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
         "FRACGPU_HEALTH_FATAL_EFFECT": "NoSchedule",
         "FRACGPU_HEALTH_PROBE_INTERVAL": "2",
         "FRACGPU_HEALTH_COALESCE": "0.5",
+        "FRACGPU_HEARTBEAT_INTERVAL": "3",
         "FRACGPU_DRIVER_NAME": "gpu.example.test",
         "FRACGPU_KUBELET_DIR": "/data/kubelet",
         "FRACGPU_CDI_DIR": "/etc/cdi",
@@ -1021,6 +1033,66 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
         assert admin.get(status_path)["status"]["allocation"]
     finally:
         for n in (node_a, node_b):
+            core.delete_node(n)
+
+
+def test_each_plugin_renews_only_its_own_nodes_heartbeat_and_the_controller_reads_them(
+    control_plane: ControlPlane, api_client: client.ApiClient, installed: Installed
+) -> None:
+    ns, driver = installed.namespace, installed.driver
+    core = client.CoreV1Api(api_client)
+    nodes = [kube.create_fake_node(api_client, kube.unique("beat-node"))["metadata"]["name"] for _ in range(2)]
+    node_a, node_b = nodes
+    try:
+
+        def act_as(service_account: str, pod_on: str | None) -> KubeRest:
+            pod = None
+            if pod_on is not None:
+                pod = kube.node_bound_pod(
+                    api_client, ns, kube.unique("sa-pod"), node=pod_on, service_account=service_account
+                )
+            token = kube.service_account_token(api_client, ns, service_account, bound_pod=pod)
+            return KubeRest(KubeConnection.of(kube.token_client(control_plane.server, control_plane.ca_cert, token)))
+
+        plugin_a, plugin_unbound = act_as(installed.plugin_sa, node_a), act_as(installed.plugin_sa, None)
+        controller = act_as(installed.controller_sa, None)
+        now = datetime.datetime.now(datetime.UTC)
+
+        def write(rest: KubeRest, node: str, holder: str | None = None) -> None:
+            """Server-side apply of `node`'s Lease held by `holder` (default: that node), in dry run."""
+            body = lease_body(node, driver, renewed=now, acquired=now, duration_seconds=30)
+            body["spec"]["holderIdentity"] = holder or node
+            query = {"fieldManager": "fracgpu-kubelet-plugin", "dryRun": "All"}
+            path = f"{leases_path(ns)}/{lease_name(node)}"
+            rest.request("PATCH", path, query, body=json.dumps(body), content_type=APPLY)
+
+        # the policy is enforced from when the API server's informer has it
+        def policy_active() -> bool:
+            try:
+                write(plugin_a, node_b)
+            except ApiError as err:
+                assert err.status == 403, err.body
+                return True
+            return False
+
+        kube.wait_for(policy_active, 30, what="the heartbeat admission policy in force")
+        Heartbeat(plugin_a, ns, node_a, driver, interval_s=1).beat()  # the plugin's own code: created, then renewed
+        Heartbeat(plugin_a, ns, node_a, driver, interval_s=1).beat()
+        message = refused(lambda: write(plugin_a, node_b))
+        assert f"the node plugin on node '{node_a}' may only write its own heartbeat Lease" in message, message
+        assert "may only write its own heartbeat Lease" in refused(lambda: write(plugin_a, node_a, holder=node_b))
+        assert "no node name" in refused(lambda: write(plugin_unbound, node_a))
+        refused(lambda: plugin_a.get(leases_path(ns)))  # it reads no Lease
+        refused(lambda: plugin_a.request("DELETE", f"{leases_path(ns)}/{lease_name(node_a)}"))
+
+        (lease,) = controller.get(leases_path(ns), labelSelector=f"{HEARTBEAT_LABEL}={driver}")["items"]
+        assert heartbeat_of(lease) == (node_a, lease["spec"]["renewTime"])
+        refused(lambda: controller.get("/apis/coordination.k8s.io/v1/leases"))  # only its namespace's
+        refused(lambda: write(controller, node_a))  # it writes none
+        write(plugin_a, node_a)  # the dry run itself is allowed: what refuses the others is the policy
+        assert one(installed.docs, "Role", "-controller-heartbeats")["rules"] == heartbeat_role_rules()
+    finally:
+        for n in nodes:
             core.delete_node(n)
 
 

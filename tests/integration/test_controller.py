@@ -918,6 +918,7 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
         "FREE",
         "SHARES",
         "ENFORCEMENT",
+        "REPORTING",
         "AGE",
     ]
     rows = {line.split()[0]: line.split() for line in table[1:]}
@@ -928,6 +929,7 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
         # USED is blank: no node plugin samples these simulated GPUs
         assert rows[name][6:10] == [st["totalMemory"], st["allocatedMemory"], st["freeMemory"], str(st["shares"])]
         assert rows[name][10] == st["enforcement"] == "none"
+        assert "conditions" not in st  # REPORTING is blank too: this controller watches no heartbeats
 
     for i in range(10, 50):
         delete(i)

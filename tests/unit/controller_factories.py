@@ -101,6 +101,8 @@ class FakeWriter:
         self.event_attempts: list[tuple[str, ...]] = []
         self.event_results: list[bool] = []
         self.fail: list[Exception] = []
+        self.leases: list[dict[str, Any]] = []
+        """What `list_heartbeats` answers."""
 
     def _maybe_fail(self) -> None:
         if self.fail:
@@ -126,6 +128,10 @@ class FakeWriter:
             return False
         self.events.append((claim.name, reason, message))
         return True
+
+    def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:
+        self._maybe_fail()
+        return list(self.leases)
 
 
 class World:

@@ -29,7 +29,18 @@ def test_crd_shape() -> None:
     (version,) = spec["versions"]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == ["NODE", "MODEL", "TOTAL", "ALLOCATED", "USED", "FREE", "SHARES", "ENFORCEMENT", "AGE"]
+    assert columns == [
+        "NODE",
+        "MODEL",
+        "TOTAL",
+        "ALLOCATED",
+        "USED",
+        "FREE",
+        "SHARES",
+        "ENFORCEMENT",
+        "REPORTING",
+        "AGE",
+    ]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert {
         "node",

@@ -34,7 +34,8 @@ def ledger(*bodies: dict[str, object], count: int = 2) -> dict[str, GpuObject]:
 
 
 def existing(obj: GpuObject) -> ExistingGpu:
-    return ExistingGpu(name=obj.name, labels=obj.labels, spec=obj.spec, status=obj.status)
+    owners = (obj.owner_uid,) if obj.owner_uid else ()
+    return ExistingGpu(name=obj.name, labels=obj.labels, spec=obj.spec, status=obj.status, owners=owners)
 
 
 def test_one_object_per_device_with_totals_shares_and_claims() -> None:
@@ -148,11 +149,35 @@ def test_plan_reapplies_identity_when_labels_or_spec_drift() -> None:
     assert [o.name for o in plan_ledger(want, {name: drifted}, DRIVER_NAME).apply_identity] == [name]
 
 
+def test_a_gpu_object_is_owned_by_its_slices_node_and_a_new_node_uid_replaces_the_owner() -> None:
+    want = ledger(count=1)
+    name = f"{NODE}-gpu-0"
+    assert want[name].owner_uid == f"uid-{NODE}"
+    assert plan_ledger(want, {name: existing(want[name])}, DRIVER_NAME).empty
+    # the node re-registered under its name (a new uid): the object of the old Node is not kept as it is
+    stale = existing(want[name]).model_copy(update={"owners": ("uid-of-the-deleted-node",)})
+    assert [o.name for o in plan_ledger(want, {name: stale}, DRIVER_NAME).apply_identity] == [name]
+    unowned = existing(want[name]).model_copy(update={"owners": ()})
+    assert [o.name for o in plan_ledger(want, {name: unowned}, DRIVER_NAME).apply_identity] == [name]
+
+
+def test_the_plugin_reporting_condition_is_part_of_the_status() -> None:
+    condition = {"type": "PluginReporting", "status": "False", "reason": "PluginHeartbeatExpired", "message": "m"}
+    out = desired_ledger(devices(1), [], DRIVER_NAME, MANAGER, {NODE: condition})
+    (obj,) = out.values()
+    assert obj.status["conditions"] == [condition]
+    was_reporting = {**condition, "status": "True", "reason": "PluginHeartbeat"}
+    before = desired_ledger(devices(1), [], DRIVER_NAME, MANAGER, {NODE: was_reporting})
+    plan = plan_ledger(out, {n: existing(o) for n, o in before.items()}, DRIVER_NAME)
+    assert [o.name for o in plan.apply_status] == [obj.name] and not plan.apply_identity
+
+
 def test_apply_bodies() -> None:
     obj = ledger(count=1)[f"{NODE}-gpu-0"]
     ident = identity_body(obj)
     assert ident["apiVersion"] == "fracgpu.dev/v1alpha1" and ident["kind"] == "GPU"
-    assert ident["metadata"] == {"name": obj.name, "labels": obj.labels}
+    owner = {"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": f"uid-{NODE}"}  # its slice's owner
+    assert ident["metadata"] == {"name": obj.name, "labels": obj.labels, "ownerReferences": [owner]}
     assert "status" not in ident and ident["spec"] == obj.spec
     st = status_body(obj)
     assert st["metadata"] == {"name": obj.name} and st["status"] == obj.status and "spec" not in st

@@ -258,7 +258,8 @@ def _index_written(world: World, writer: FakeWriter) -> None:
     for name, status in writer.gpu_status.items():
         spec = {"driver": DRIVER_NAME, "pool": NODE, "device": name.removeprefix(f"{NODE}-"), "node": NODE}
         labels = {NODE_LABEL: NODE, MANAGED_BY_LABEL: FIELD_MANAGER}
-        world.gpus[name] = [ExistingGpu(name=name, labels=labels, spec=spec, status=status)]
+        owners = (f"uid-{NODE}",)  # the owner the identity apply set: the slices' Node
+        world.gpus[name] = [ExistingGpu(name=name, labels=labels, spec=spec, status=status, owners=owners)]
 
 
 def test_a_claim_change_recomputes_only_the_gpus_its_shares_were_and_are_on(monkeypatch: pytest.MonkeyPatch) -> None:
