@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         leadership = Leadership(controller, None, writer.rest)
         elector = LeaderElector(
             KubeRest(writer.rest.connection, timeout=settings.retry_period_seconds, attempts=1),
-            str(settings.lease_namespace),
+            str(settings.namespace),
             settings.lease_name,
             f"{settings.replica}_{uuid.uuid4().hex[:8]}",  # a restarted container is a new candidate
             LeaseTimings(

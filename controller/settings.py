@@ -58,11 +58,6 @@ class Settings(OptionSettings):
         False, description="elect a leader on a Lease: only the leader writes claim status, the ledger and Events"
     )
     lease_name: str = Field("fracgpu-controller", description="name of the leader Lease")
-    lease_namespace: str | None = Field(
-        None,
-        description="namespace of the leader Lease (required with --leader-elect)",
-        json_schema_extra={"env": "POD_NAMESPACE"},
-    )
     identity: str | None = Field(
         None,
         description="this replica's name, the leader Lease's holder before `_<random>` (default: the host name)",
@@ -88,8 +83,8 @@ class Settings(OptionSettings):
     )
     namespace: str | None = Field(
         None,
-        description="the controller's namespace (the release's), where the node plugins renew their heartbeat "
-        "Leases; unset: plugin heartbeats are not watched",
+        description="the controller's namespace (the release's): where the leader Lease is and the node plugins "
+        "renew their heartbeat Leases; unset: plugin heartbeats are not watched and --leader-elect is refused",
         json_schema_extra={"env": "POD_NAMESPACE"},
     )
     plugin_heartbeat_timeout_seconds: float = Field(
@@ -119,9 +114,9 @@ class Settings(OptionSettings):
     def _lease_settings_fit(self) -> "Settings":
         if not self.leader_elect:
             return self
-        if not self.lease_namespace:
+        if not self.namespace:
             raise ValueError(
-                "--leader-elect needs the Lease's namespace: --lease-namespace (or env POD_NAMESPACE, as the chart sets)"
+                "--leader-elect needs the Lease's namespace: --namespace (or env POD_NAMESPACE, as the chart sets)"
             )
         if not 0 < self.retry_period_seconds < self.renew_deadline_seconds < self.lease_duration_seconds:
             raise ValueError(

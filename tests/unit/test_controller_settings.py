@@ -45,9 +45,9 @@ def test_empty_device_gone_grace_falls_back_to_the_default(monkeypatch: pytest.M
         (["--log-format=xml"], "argument --log-format: invalid choice: 'xml'"),
         (["--admission=no"], "argument --admission/--no-admission: ignored explicit argument 'no'"),
         (["--webhook-cert-secret=nope"], "--webhook-cert-secret=nope: must be <namespace>/<name>"),
-        (["--leader-elect"], "--leader-elect needs the Lease's namespace: --lease-namespace (or env POD_NAMESPACE"),
+        (["--leader-elect"], "--leader-elect needs the Lease's namespace: --namespace (or env POD_NAMESPACE"),
         (
-            ["--leader-elect", "--lease-namespace=ns", "--renew-deadline=15"],
+            ["--leader-elect", "--namespace=ns", "--renew-deadline=15"],
             "--retry-period (2) < --renew-deadline (15) < --lease-duration (15)",
         ),
     ],

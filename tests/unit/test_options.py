@@ -21,7 +21,7 @@ Component = tuple[type[OptionSettings], Callable[[list[str] | None], OptionSetti
 COMPONENTS: dict[str, Component] = {
     "kubelet-plugin": (plugin_settings.Settings, plugin_settings.parse_settings, {"node_name": "node-a"}),
     # the controller: the Lease namespace that --leader-elect needs (the chart sets it)
-    "controller": (controller_settings.Settings, controller_settings.parse_settings, {"lease_namespace": "ns"}),
+    "controller": (controller_settings.Settings, controller_settings.parse_settings, {"namespace": "ns"}),
 }
 CASES = [(component, option) for component, (model, _, _) in COMPONENTS.items() for option in options(model)]
 
