@@ -15,7 +15,11 @@ allocation appears, when our `status.devices` data appears, and when each GPU ob
 - CPU per claim: the controller's user+system CPU from the burst's start until the ledger is current, divided
   by the claims;
 - admission: dry-run creates of a claim our webhook validates, sent at a steady rate by their own client,
-  timed before the burst (idle) and from the first pod created until the last status is written (burst).
+  timed before the burst (idle) and from the first pod created until the last status is written (burst);
+- where the time goes, during the burst (histograms scraped before and after it): the controller's queue
+  wait, status write (as its writer thread sees it), ledger writes and passes, event loop lag and the
+  webhook's own review time; the API server's own time for the same claim status applies, its call of our
+  webhook, the dry-run creates, and API Priority and Fairness queueing of each priority level.
 
 Reports medians and percentiles of this one run; asserts nothing.
 """
@@ -40,6 +44,7 @@ from api.crds import CRD_DIR
 from api.gpu import GPU_CRD_NAME, GPU_PLURAL, GPU_VERSION
 from api.names import API_GROUP, DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.rbac import cluster_role_rules
+from e2e.bench import histograms
 from e2e.bench.stats import summary_ms, table
 from e2e.cluster.controlplane import ControlPlane
 from tests.integration import kube
@@ -237,6 +242,84 @@ def wait_for_webhook(api: client.ApiClient, namespace: str) -> None:
     kube.wait_for(refused, 60, interval=0.5, what="the controller's webhook refusing a bad claim")
 
 
+def apiserver_metrics(api: client.ApiClient) -> str:
+    """The API server's /metrics text (as the admin client)."""
+    method, url, headers, body, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    response = api.call_api(method, url, header_params=headers, body=body)
+    response.read()
+    return str(response.data.decode())
+
+
+def controller_metrics(controller: kube.ControllerProcess) -> str:
+    """The controller's /metrics text."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{controller.metrics_port}/metrics", timeout=10) as r:
+        return str(r.read().decode())
+
+
+BREAKDOWN: tuple[tuple[str, str, str, dict[str, str]], ...] = (
+    ("controller: claim queue wait", "controller", "fracgpu_controller_claim_queue_wait_seconds", {}),
+    ("controller: claim status write", "controller", "fracgpu_controller_claim_status_write_seconds", {}),
+    ("controller: GPU status write", "controller", "fracgpu_controller_ledger_write_seconds", {"kind": "status"}),
+    ("controller: ledger pass", "controller", "fracgpu_controller_ledger_pass_seconds", {}),
+    ("controller: event loop lag", "controller", "fracgpu_controller_event_loop_lag_seconds", {}),
+    ("controller: gc pause, generation 2", "controller", "fracgpu_controller_gc_pause_seconds", {"generation": "2"}),
+    ("controller: gc pause, any generation", "controller", "fracgpu_controller_gc_pause_seconds", {}),
+    ("controller: webhook review (own)", "controller", "fracgpu_controller_admission_review_seconds", {}),
+    (
+        "apiserver: claim status apply",
+        "apiserver",
+        "apiserver_request_duration_seconds",
+        {"verb": "APPLY", "resource": "resourceclaims", "subresource": "status"},
+    ),
+    (
+        "apiserver: GPU status apply",
+        "apiserver",
+        "apiserver_request_duration_seconds",
+        {"verb": "APPLY", "resource": "gpus", "subresource": "status"},
+    ),
+    (
+        "apiserver: claim status update (scheduler)",
+        "apiserver",
+        "apiserver_request_duration_seconds",
+        {"verb": "UPDATE", "resource": "resourceclaims", "subresource": "status"},
+    ),
+    (
+        "apiserver: dry-run claim create (probe)",
+        "apiserver",
+        "apiserver_request_duration_seconds",
+        {"verb": "POST", "resource": "resourceclaims", "dry_run": "All"},
+    ),
+    (
+        "apiserver: its call of our webhook",
+        "apiserver",
+        "apiserver_admission_webhook_admission_duration_seconds",
+        {"type": "validating"},
+    ),
+    *(
+        (
+            f"apiserver: APF queue wait, {level}",
+            "apiserver",
+            "apiserver_flowcontrol_request_wait_duration_seconds",
+            {"priority_level": level},
+        )
+        for level in ("workload-low", "workload-high", "exempt")
+    ),
+)
+"""(row, scrape, histogram, labels) of the burst's breakdown."""
+
+
+def breakdown(before: dict[str, histograms.Scrape], after: dict[str, histograms.Scrape]) -> dict[str, Any]:
+    """Estimated n/p50/p90/p99 of each `BREAKDOWN` histogram over the burst."""
+    out: dict[str, Any] = {}
+    for row, source, name, labels in BREAKDOWN:
+        summary = histograms.summary_ms(histograms.delta(before[source], after[source], name, **labels))
+        if summary is not None:
+            out[row] = summary
+    return out
+
+
 def ledger_shares(api: client.ApiClient) -> int:
     """Total shares over all GPU objects."""
     return sum(((g.get("status") or {}).get("shares") or 0) for g in _gpus(api))
@@ -303,6 +386,7 @@ def run(
             watch.start()
             gpu_watch.start()
             time.sleep(1)
+            scraped = {"controller": controller_metrics(controller), "apiserver": apiserver_metrics(api)}
             cpu_before = cpu_seconds(controller.pid)
             started = time.monotonic()
             with ThreadPoolExecutor(8) as pool:
@@ -319,6 +403,11 @@ def run(
             kube.wait_for(lambda: len(watch.written) >= claims, budget, interval=0.5, what=f"{claims} claims written")
             all_written = time.monotonic()
             probe.stop()
+            before = {k: histograms.parse(v) for k, v in scraped.items()}
+            after = {
+                "controller": histograms.parse(controller_metrics(controller)),
+                "apiserver": histograms.parse(apiserver_metrics(api)),
+            }
             burst_rss = rss_mib(controller.pid)
             want: dict[DeviceKey, set[str]] = {}
             for name, keys in watch.devices.items():
@@ -357,6 +446,7 @@ def run(
         "controller_rss_mib_idle": idle_rss.get("VmRSS"),
         "controller_rss_mib_after_burst": burst_rss.get("VmRSS"),
         "controller_rss_mib_peak": burst_rss.get("VmHWM"),
+        "burst_breakdown": breakdown(before, after),
     }
 
 
@@ -367,7 +457,7 @@ def _gpus(api: client.ApiClient) -> list[dict[str, Any]]:
     return items
 
 
-SUMMARIES = ("allocation_to_status_written", "admission_idle", "admission_during_burst")
+SUMMARIES = ("allocation_to_status_written", "admission_idle", "admission_during_burst", "burst_breakdown")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -411,6 +501,10 @@ def main(argv: list[str] | None = None) -> int:
         "admission, during the burst": result["admission_during_burst"],
     }
     print(table({k: v for k, v in rows.items() if v}))
+    print("\nduring the burst (estimated from histogram buckets):")
+    width = max((len(k) for k in result["burst_breakdown"]), default=0) + 2
+    for row, summary in result["burst_breakdown"].items():
+        print(row.ljust(width) + "".join(f"{k}={v}".rjust(14) for k, v in summary.items()))
     for key, value in result.items():
         if key not in SUMMARIES:
             print(f"{key:40} {value}")

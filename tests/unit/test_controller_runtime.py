@@ -1,0 +1,46 @@
+"""Unit tests of the controller's interpreter settings (controller/runtime.py)."""
+
+import gc
+import sys
+import weakref
+from collections.abc import Iterator
+
+import pytest
+
+from controller import runtime
+
+
+@pytest.fixture
+def interpreter() -> Iterator[None]:
+    """Restore the switch interval, the thresholds and an unfrozen heap after the test."""
+    interval, thresholds = sys.getswitchinterval(), gc.get_threshold()
+    yield
+    sys.setswitchinterval(interval)
+    gc.set_threshold(*thresholds)
+    gc.unfreeze()
+
+
+class Node:
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+def test_tune_shortens_the_gil_hand_over_and_makes_full_collections_rarer(interpreter: None) -> None:
+    young, middle, _ = gc.get_threshold()
+    runtime.tune()
+    runtime.tune()
+    assert sys.getswitchinterval() == pytest.approx(runtime.SWITCH_INTERVAL)
+    assert gc.get_threshold() == (young, middle, runtime.FULL_COLLECTION_EVERY)
+
+
+def test_compact_freezes_what_is_live_and_collects_garbage_among_frozen_objects(interpreter: None) -> None:
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle: only the collector frees it
+    alive = weakref.ref(a)
+    runtime.compact()
+    assert gc.get_freeze_count() > 0 and alive() is a, "live objects are frozen, not freed"
+    del a, b
+    gc.collect()
+    assert alive() is not None, "a frozen cycle is skipped by ordinary collections"
+    runtime.compact()
+    assert alive() is None, "the next compaction unfreezes and collects it"
