@@ -16,6 +16,7 @@ allocation appears, when our `status.devices` data appears, and when each GPU ob
   by the claims;
 - admission: dry-run creates of a claim our webhook validates, sent at a steady rate by their own client,
   timed before the burst (idle) and from the first pod created until the last status is written (burst);
+  each followed by the same review sent straight to the webhook (the webhook's latency without the API server);
 - where the time goes, during the burst (histograms scraped before and after it): the controller's queue
   wait, status write (as its writer thread sees it), ledger writes and passes, event loop lag and the
   webhook's own review time; the API server's own time for the same claim status applies, its call of our
@@ -35,6 +36,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import urllib3
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
@@ -44,6 +46,7 @@ from api.crds import CRD_DIR
 from api.gpu import GPU_CRD_NAME, GPU_PLURAL, GPU_VERSION
 from api.names import API_GROUP, DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.rbac import cluster_role_rules
+from controller.webhook_config import CLAIMS
 from e2e.bench import histograms
 from e2e.bench.stats import summary_ms, table
 from e2e.cluster.controlplane import ControlPlane
@@ -184,14 +187,20 @@ class GpuWatch(Watch):
 
 
 class AdmissionProbe:
-    """Dry-run creates of a valid claim of ours, `rate` per second from their own client, each one timed."""
+    """Dry-run creates of a valid claim of ours, `rate` per second from their own client, each one timed; with
+    `direct`, the webhook's URL, each followed by the same review sent straight to the webhook (no API server)."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, rate: float) -> None:
+    def __init__(self, api: client.ApiClient, namespace: str, rate: float, direct: str | None = None) -> None:
         self.resource = client.ResourceV1Api(api)
         self.namespace = namespace
         self.interval = 1 / rate
+        self.direct = direct
         self.samples: list[tuple[float, float]] = []  # (sent at, seconds)
+        self.direct_samples: list[tuple[float, float]] = []
         self.errors = 0
+        self.direct_errors = 0
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        self._pool = urllib3.PoolManager(cert_reqs="CERT_NONE", timeout=30)  # the webhook's certificate is self-signed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -212,11 +221,42 @@ class AdmissionProbe:
                 self.samples.append((sent, time.monotonic() - sent))
             except ApiException:
                 self.errors += 1
+            if self.direct is not None:
+                self._review(body)
             next_at = max(next_at + self.interval, time.monotonic())
             self._stop.wait(next_at - time.monotonic())
 
-    def between(self, start: float, end: float) -> list[float]:
-        return [took for sent, took in self.samples if start <= sent <= end]
+    def _review(self, claim: dict[str, Any]) -> None:
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "bench-probe",
+                "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+                "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+                "operation": "CREATE",
+                "namespace": self.namespace,
+                "name": claim["metadata"]["name"],
+                "object": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **claim},
+                "userInfo": {"username": "bench"},
+                "dryRun": True,
+            },
+        }
+        sent = time.monotonic()
+        try:
+            answer = self._pool.request(
+                "POST", str(self.direct), body=json.dumps(review), headers={"Content-Type": "application/json"}
+            )
+            allowed = answer.status == 200 and json.loads(answer.data)["response"]["allowed"]
+        except (urllib3.exceptions.HTTPError, ValueError, KeyError, TypeError):
+            allowed = False
+        if allowed:
+            self.direct_samples.append((sent, time.monotonic() - sent))
+        else:
+            self.direct_errors += 1
+
+    def between(self, start: float, end: float, *, direct: bool = False) -> list[float]:
+        return [took for sent, took in (self.direct_samples if direct else self.samples) if start <= sent <= end]
 
 
 def probe_claim(name: str, memory: str) -> dict[str, Any]:
@@ -379,7 +419,8 @@ def run(
             idle_rss = rss_mib(controller.pid)
 
             probe_api = config.new_client_from_config(config_file=str(plane.kubeconfig))
-            probe = AdmissionProbe(probe_api, NAMESPACE, admission_rate)
+            webhook = f"https://127.0.0.1:{controller.webhook_port}/{CLAIMS.id}"
+            probe = AdmissionProbe(probe_api, NAMESPACE, admission_rate, direct=webhook)
             probe.start()
             time.sleep(max(3.0, 30 / admission_rate))  # idle admission samples
             watch, gpu_watch = ClaimWatch(api, NAMESPACE), GpuWatch(api)
@@ -427,6 +468,7 @@ def run(
     last_allocation = max(watch.allocated.values())
     idle = probe.between(0, started)
     burst = probe.between(started, all_written)
+    direct = probe.between(started, all_written, direct=True)
     return {
         "claims": claims,
         "nodes": nodes,
@@ -436,7 +478,9 @@ def run(
         "allocation_to_status_written": summary_ms(latencies),
         "admission_idle": summary_ms(idle) if idle else None,
         "admission_during_burst": summary_ms(burst) if burst else None,
+        "webhook_direct_during_burst": summary_ms(direct) if direct else None,
         "admission_errors": probe.errors,
+        "webhook_direct_errors": probe.direct_errors,
         "pods_created_s": round(created, 2),
         "allocations_span_s": round(last_allocation - min(watch.allocated.values()), 2),
         "all_status_written_s": round(all_written - started, 2),
@@ -457,7 +501,13 @@ def _gpus(api: client.ApiClient) -> list[dict[str, Any]]:
     return items
 
 
-SUMMARIES = ("allocation_to_status_written", "admission_idle", "admission_during_burst", "burst_breakdown")
+SUMMARIES = (
+    "allocation_to_status_written",
+    "admission_idle",
+    "admission_during_burst",
+    "webhook_direct_during_burst",
+    "burst_breakdown",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -499,6 +549,7 @@ def main(argv: list[str] | None = None) -> int:
         "allocation -> status written": result["allocation_to_status_written"],
         "admission, idle": result["admission_idle"],
         "admission, during the burst": result["admission_during_burst"],
+        "webhook straight, during the burst": result["webhook_direct_during_burst"],
     }
     print(table({k: v for k, v in rows.items() if v}))
     print("\nduring the burst (estimated from histogram buckets):")
