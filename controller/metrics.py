@@ -52,6 +52,9 @@ GC_PAUSE_SECONDS = Histogram(
     ["generation"],
     buckets=LATENCY_BUCKETS,
 )
+GC_FROZEN = Gauge(
+    "fracgpu_controller_gc_frozen_objects", "Objects frozen at the last heap compaction (skipped by full collections)"
+)
 ADMISSION_SECONDS = Histogram(
     "fracgpu_controller_admission_review_seconds",
     "Seconds the webhook server took for one admission review, from its request read to its answer",

@@ -518,7 +518,7 @@ class Controller:
         if plan.empty:
             if self._compact_due:  # quiet after a start or resync: the heap now is the steady one
                 self._compact_due = False
-                runtime.compact()
+                metrics.GC_FROZEN.set(runtime.compact())
             return True
         identity = {o.name for o in plan.apply_identity}
         status = {o.name for o in plan.apply_status}

@@ -26,8 +26,9 @@ def tune() -> None:
     gc.set_threshold(young, middle, FULL_COLLECTION_EVERY)
 
 
-def compact() -> None:
-    """Collect every generation (frozen objects included) and freeze what survives."""
+def compact() -> int:
+    """Collect every generation (frozen objects included) and freeze what survives; the objects frozen."""
     gc.unfreeze()
     gc.collect()
     gc.freeze()
+    return gc.get_freeze_count()

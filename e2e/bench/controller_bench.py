@@ -460,6 +460,7 @@ def run(
             watch.stop()
             gpu_watch.stop()
             writes = controller.metric("fracgpu_controller_claim_status_writes_total", result="ok")
+            frozen_objects = controller.metric("fracgpu_controller_gc_frozen_objects")
     finally:
         if controller is not None:
             controller.terminate()
@@ -490,6 +491,7 @@ def run(
         "controller_rss_mib_idle": idle_rss.get("VmRSS"),
         "controller_rss_mib_after_burst": burst_rss.get("VmRSS"),
         "controller_rss_mib_peak": burst_rss.get("VmHWM"),
+        "controller_gc_frozen_objects": int(frozen_objects),
         "burst_breakdown": breakdown(before, after),
     }
 

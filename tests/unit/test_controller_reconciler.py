@@ -305,7 +305,12 @@ def test_the_echo_of_our_own_gpu_write_is_recomputed_alone_and_not_written(monke
 
 def test_the_heap_is_compacted_once_the_ledger_is_quiet_after_a_full_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     compactions: list[None] = []
-    monkeypatch.setattr("controller.runtime.compact", lambda: compactions.append(None))
+
+    def compact() -> int:
+        compactions.append(None)
+        return 7
+
+    monkeypatch.setattr("controller.runtime.compact", compact)
 
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         controller.slices_changed()

@@ -37,8 +37,8 @@ def test_compact_freezes_what_is_live_and_collects_garbage_among_frozen_objects(
     a, b = Node(), Node()
     a.other, b.other = b, a  # a cycle: only the collector frees it
     alive = weakref.ref(a)
-    runtime.compact()
-    assert gc.get_freeze_count() > 0 and alive() is a, "live objects are frozen, not freed"
+    frozen = runtime.compact()
+    assert frozen == gc.get_freeze_count() > 0 and alive() is a, "live objects are frozen, not freed"
     del a, b
     gc.collect()
     assert alive() is not None, "a frozen cycle is skipped by ordinary collections"
