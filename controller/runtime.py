@@ -1,8 +1,8 @@
 """Interpreter settings for the controller's mix of one busy event loop and many writer threads.
 
 - GIL hand-over (`SWITCH_INTERVAL`): a thread that waits for the GIL (a status writer whose answer arrived, the
-  webhook's thread with a review) gets it once the running thread has held it this long; CPython's 5 ms made
-  each of the many small steps of a write or a review wait behind the event loop's work.
+  webhook's thread with a review) gets it once the running thread has held it this long; with CPython's 5 ms
+  each of the many small steps of a write or a review may wait that long behind the event loop's work.
 - Garbage collection: a full collection scans every tracked object while every thread waits (0.2-0.5 s with
   2000 claims indexed). `tune` makes full collections rarer (`FULL_COLLECTION_EVERY` younger collections
   instead of 10); `compact`, called when the ledger is quiet after a full pass (start, resync), collects

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from controller import runtime
+from controller import metrics, runtime
 
 
 @pytest.fixture
@@ -44,3 +44,16 @@ def test_compact_freezes_what_is_live_and_collects_garbage_among_frozen_objects(
     assert alive() is not None, "a frozen cycle is skipped by ordinary collections"
     runtime.compact()
     assert alive() is None, "the next compaction unfreezes and collects it"
+
+
+def _full_collections_timed() -> float:
+    samples = [s for m in metrics.GC_PAUSE_SECONDS.collect() for s in m.samples]
+    return next((s.value for s in samples if s.name.endswith("_count") and s.labels == {"generation": "2"}), 0.0)
+
+
+def test_every_collection_is_timed_once_however_often_timing_is_installed() -> None:
+    metrics.time_gc()
+    metrics.time_gc()
+    before = _full_collections_timed()
+    gc.collect()
+    assert _full_collections_timed() == before + 1
