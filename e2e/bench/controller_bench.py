@@ -17,6 +17,8 @@ allocation appears, when our `status.devices` data appears, and when each GPU ob
 - admission: dry-run creates of a claim our webhook validates, sent at a steady rate by their own client,
   timed before the burst (idle) and from the first pod created until the last status is written (burst);
   each followed by the same review sent straight to the webhook (the webhook's latency without the API server);
+- bare writes: a GPU object status apply at the same rate from the bench's own client, on an object of
+  another driver (the API server's answer to the controller's most frequent write, without the controller);
 - where the time goes, during the burst (histograms scraped before and after it): the controller's queue
   wait, status write (as its writer thread sees it), ledger writes and passes, event loop lag and the
   webhook's own review time; the API server's own time for the same claim status applies, its call of our
@@ -43,7 +45,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from api.crds import CRD_DIR
-from api.gpu import GPU_CRD_NAME, GPU_PLURAL, GPU_VERSION
+from api.gpu import GPU_API_VERSION, GPU_CRD_NAME, GPU_KIND, GPU_PLURAL, GPU_VERSION
 from api.names import API_GROUP, DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.rbac import cluster_role_rules
 from controller.webhook_config import CLAIMS
@@ -259,6 +261,77 @@ class AdmissionProbe:
         return [took for sent, took in (self.direct_samples if direct else self.samples) if start <= sent <= end]
 
 
+class WriteProbe:
+    """The write the controller makes most, a server-side apply of a GPU object's status, made by a bare client of
+    the bench's own, `rate` per second on an object of another driver (which the controller leaves alone), each
+    timed: the API server's answer without the controller's process in between."""
+
+    NAME = "bench-write-probe"
+
+    def __init__(self, api: client.ApiClient, rate: float) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.interval = 1 / rate
+        self.samples: list[tuple[float, float]] = []  # (sent at, seconds)
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _apply(self, body: dict[str, Any], *, status: bool) -> None:
+        apply = self.custom.patch_cluster_custom_object_status if status else self.custom.patch_cluster_custom_object
+        apply(
+            API_GROUP,
+            GPU_VERSION,
+            GPU_PLURAL,
+            self.NAME,
+            body,
+            field_manager="bench-write-probe",
+            force=True,
+            _content_type="application/apply-patch+yaml",
+            _preload_content=False,
+        )
+
+    def start(self) -> None:
+        spec = {"driver": "probe.bench.example", "pool": "probe", "device": "gpu-0", "node": "probe"}
+        try:
+            self._apply({**self._head(), "spec": spec}, status=False)
+        except ApiException:
+            self.errors += 1  # reported; the run goes on without these samples
+            return
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def _head(self) -> dict[str, Any]:
+        return {"apiVersion": GPU_API_VERSION, "kind": GPU_KIND, "metadata": {"name": self.NAME}}
+
+    def _run(self) -> None:
+        next_at, shares = time.monotonic(), 0
+        while not self._stop.is_set():
+            shares += 1  # a changed status every time: a real write
+            status = {
+                "node": "probe",
+                "totalMemory": "80Gi",
+                "allocatedMemory": "0",
+                "freeMemory": "80Gi",
+                "shares": shares,
+                "shareEnforcement": "",
+            }
+            sent = time.monotonic()
+            try:
+                self._apply({**self._head(), "status": status}, status=True)
+                self.samples.append((sent, time.monotonic() - sent))
+            except ApiException:
+                self.errors += 1
+            next_at = max(next_at + self.interval, time.monotonic())
+            self._stop.wait(next_at - time.monotonic())
+
+    def between(self, start: float, end: float) -> list[float]:
+        return [took for sent, took in self.samples if start <= sent <= end]
+
+
 def probe_claim(name: str, memory: str) -> dict[str, Any]:
     """A ResourceClaim asking our DeviceClass for `memory` (validated by our webhook)."""
     request = {
@@ -422,6 +495,8 @@ def run(
             webhook = f"https://127.0.0.1:{controller.webhook_port}/{CLAIMS.id}"
             probe = AdmissionProbe(probe_api, NAMESPACE, admission_rate, direct=webhook)
             probe.start()
+            writes_probe = WriteProbe(probe_api, admission_rate)
+            writes_probe.start()
             time.sleep(max(3.0, 30 / admission_rate))  # idle admission samples
             watch, gpu_watch = ClaimWatch(api, NAMESPACE), GpuWatch(api)
             watch.start()
@@ -444,6 +519,7 @@ def run(
             kube.wait_for(lambda: len(watch.written) >= claims, budget, interval=0.5, what=f"{claims} claims written")
             all_written = time.monotonic()
             probe.stop()
+            writes_probe.stop()
             before = {k: histograms.parse(v) for k, v in scraped.items()}
             after = {
                 "controller": histograms.parse(controller_metrics(controller)),
@@ -470,6 +546,7 @@ def run(
     idle = probe.between(0, started)
     burst = probe.between(started, all_written)
     direct = probe.between(started, all_written, direct=True)
+    bare_writes = writes_probe.between(started, all_written)
     return {
         "claims": claims,
         "nodes": nodes,
@@ -480,6 +557,8 @@ def run(
         "admission_idle": summary_ms(idle) if idle else None,
         "admission_during_burst": summary_ms(burst) if burst else None,
         "webhook_direct_during_burst": summary_ms(direct) if direct else None,
+        "bare_gpu_status_apply_during_burst": summary_ms(bare_writes) if bare_writes else None,
+        "bare_write_errors": writes_probe.errors,
         "admission_errors": probe.errors,
         "webhook_direct_errors": probe.direct_errors,
         "pods_created_s": round(created, 2),
@@ -508,6 +587,7 @@ SUMMARIES = (
     "admission_idle",
     "admission_during_burst",
     "webhook_direct_during_burst",
+    "bare_gpu_status_apply_during_burst",
     "burst_breakdown",
 )
 
@@ -552,6 +632,7 @@ def main(argv: list[str] | None = None) -> int:
         "admission, idle": result["admission_idle"],
         "admission, during the burst": result["admission_during_burst"],
         "webhook straight, during the burst": result["webhook_direct_during_burst"],
+        "bare client GPU status apply, burst": result["bare_gpu_status_apply_during_burst"],
     }
     print(table({k: v for k, v in rows.items() if v}))
     print("\nduring the burst (estimated from histogram buckets):")
