@@ -4,7 +4,7 @@ kopf feeds the indexes (slices, claims, GPU objects) and calls the `*_changed` m
 handlers; this module decides what to write and retries failed writes. All decisions are recomputed
 from the indexes, never from what this process did before, so a restart converges to the same state.
 
-Claims wait in a `WorkQueue` for `workers` concurrent status writers (32: at the API server's latency under a
+Claims wait in a `WorkQueue` for `workers` concurrent status writers (64: at the API server's latency under a
 burst, fewer writers leave claims queued behind writes in flight). The ledger is recomputed per GPU: a
 claim event marks the GPUs its shares were and are on, a GPU event (our own write's echo included) marks that
 GPU; each pass recomputes only the marked GPUs and writes those whose content differs (an echo compares equal
