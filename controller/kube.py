@@ -34,7 +34,7 @@ def configuration(settings: Settings) -> client.Configuration:
         config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=cfg)
     else:
         config.load_incluster_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, 2 * settings.workers + 8)
+    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, settings.workers + settings.ledger_workers + 8)
     return cfg
 
 

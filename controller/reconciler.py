@@ -4,11 +4,13 @@ kopf feeds the indexes (slices, claims, GPU objects) and calls the `*_changed` m
 handlers; this module decides what to write and retries failed writes. All decisions are recomputed
 from the indexes, never from what this process did before, so a restart converges to the same state.
 
-Claims wait in a `WorkQueue` for `workers` concurrent status writers. The ledger is recomputed per GPU: a
+Claims wait in a `WorkQueue` for `workers` concurrent status writers (64: at the API server's latency under a
+burst, fewer writers leave claims queued behind writes in flight). The ledger is recomputed per GPU: a
 claim event marks the GPUs its shares were and are on, a GPU event (our own write's echo included) marks that
 GPU; each pass recomputes only the marked GPUs and writes those whose content differs (an echo compares equal
-and costs one GPU's recompute). A slice change that alters the published devices, a start and the periodic
-resync recompute the whole ledger.
+and costs one GPU's recompute), at most `ledger_workers` at a time. A slice change that alters the published
+devices, a start and the periodic resync recompute the whole ledger. `controller.runtime` tunes the interpreter
+for this mix of threads (GIL hand-over, garbage collection of the indexes' heap).
 """
 
 import asyncio
@@ -24,7 +26,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from api.gpu import GPU_CRD_NAME, PLUGIN_REPORTING_CONDITION, gpu_object_name
 from api.gpu_config import MAX_PARAMETERS_DEPTH
 from api.kube_rest import ApiError
-from controller import metrics
+from controller import metrics, runtime
 from controller.claim_status import apply_body, plan_status
 from controller.feasibility import plan_unsatisfiable
 from controller.ledger import (
@@ -144,9 +146,10 @@ class Controller:
         self._missing_since: dict[tuple[str, str, str], float] = {}  # (uid, pool, device) -> monotonic
         self._dirty_gpus: set[str] = set()  # GPU object names the next ledger pass recomputes
         self._dirty_all = True  # the next ledger pass recomputes every GPU
+        self._compact_due = False  # a full pass succeeded: compact the heap once a pass has nothing to write
         self._ledger_wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
-        # status writers and ledger writers (`workers` each) plus Event posts
+        # status writers, ledger writers and Event posts
         self._executor = self._new_executor()
         self._stopped = False
         self.ready = asyncio.Event()
@@ -170,14 +173,20 @@ class Controller:
         self._mark_all()
 
     def _new_queue(self) -> WorkQueue[ClaimKey]:
-        return WorkQueue(max_attempts=MAX_ATTEMPTS, on_depth=metrics.RECONCILE_QUEUE.set)
+        return WorkQueue(
+            max_attempts=MAX_ATTEMPTS, on_depth=metrics.RECONCILE_QUEUE.set, on_wait=metrics.QUEUE_WAIT_SECONDS.observe
+        )
 
     def _new_executor(self) -> ThreadPoolExecutor:
-        return ThreadPoolExecutor(max_workers=2 * self.settings.workers + 4, thread_name_prefix="fracgpu-api")
+        return ThreadPoolExecutor(
+            max_workers=self.settings.workers + self.settings.ledger_workers + 4, thread_name_prefix="fracgpu-api"
+        )
 
     async def start(self) -> None:
         """Start the writers, the ledger loop and the resync loop. A start after `stop` (leadership regained,
         controller/leadership.py) is a full resync: every indexed claim is queued, the whole ledger recomputed."""
+        metrics.time_gc()
+        runtime.tune()
         if self._stopped:
             self.queue, self._executor, self._stopped = self._new_queue(), self._new_executor(), False
         for key in list(self._claims):
@@ -190,6 +199,7 @@ class Controller:
         self._tasks.append(asyncio.create_task(self._resync_loop(), name="resync"))
         if self.settings.namespace is not None:
             self._tasks.append(asyncio.create_task(self._heartbeat_loop(self.settings.namespace), name="heartbeats"))
+        self._tasks.append(asyncio.create_task(_loop_lag(), name="loop-lag"))
 
     async def stop(self) -> None:
         """Cancel every loop and wait for them; in-flight API calls finish in their threads."""
@@ -519,6 +529,7 @@ class Controller:
         some write failed, and then its GPUs stay marked for the next pass."""
         full, names = self._dirty_all, self._dirty_gpus
         self._dirty_all, self._dirty_gpus = False, set()
+        started = time.monotonic()
         try:
             ok = await self.reconcile_ledger(None if full else names)
         except asyncio.CancelledError:
@@ -526,6 +537,8 @@ class Controller:
         except Exception:
             log.exception("ledger reconcile failed")
             ok = False
+        metrics.LEDGER_PASS_SECONDS.observe(time.monotonic() - started)
+        self._compact_due = self._compact_due or (ok and full)
         if not ok:
             self._dirty_all = self._dirty_all or full
             self._dirty_gpus |= names
@@ -560,15 +573,19 @@ class Controller:
         plan = plan_ledger(desired, existing, self.driver)
         metrics.LEDGER_OBJECTS.set(len(self.devices()))
         if plan.empty:
+            if self._compact_due:  # quiet after a start or resync: the heap now is the steady one
+                self._compact_due = False
+                metrics.GC_FROZEN.set(runtime.compact())
             return True
         identity = {o.name for o in plan.apply_identity}
         status = {o.name for o in plan.apply_status}
         objects = {o.name: o for o in (*plan.apply_identity, *plan.apply_status)}
-        limit = asyncio.Semaphore(self.settings.workers)
+        limit = asyncio.Semaphore(self.settings.ledger_workers)
         failures: list[str] = []
 
         async def write(kind: str, fn: Callable[..., None], *args: Any, **kwargs: Any) -> bool:
             async with limit:
+                started = time.monotonic()
                 try:
                     await self._run(fn, *args, **kwargs)
                 except ApiError as err:
@@ -576,6 +593,7 @@ class Controller:
                     failures.append(f"{kind}: {describe(err)}")
                     return False
                 metrics.LEDGER_WRITES.labels(kind, "ok").inc()
+                metrics.LEDGER_WRITE_SECONDS.labels(kind).observe(time.monotonic() - started)
                 return True
 
         async def upsert(name: str) -> bool:
@@ -644,3 +662,17 @@ class Controller:
             for key in list(self._claims):
                 self.enqueue(key)
             self._mark_all()
+
+
+LOOP_LAG_PERIOD = 0.25
+"""Seconds between the event loop lag probe's timers."""
+
+
+async def _loop_lag() -> None:
+    """Observe how late the event loop runs a timer (`metrics.LOOP_LAG_SECONDS`): every status write, watch event
+    and ledger pass waits behind whatever holds the loop (or the GIL) that long."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + LOOP_LAG_PERIOD
+        await asyncio.sleep(LOOP_LAG_PERIOD)
+        metrics.LOOP_LAG_SECONDS.observe(max(0.0, loop.time() - due))

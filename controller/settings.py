@@ -75,7 +75,8 @@ class Settings(OptionSettings):
     health_address: str = Field("0.0.0.0", description="where the liveness endpoint listens")
     health_port: int = Field(8080, ge=0, le=65535, description="kopf liveness endpoint /healthz; 0 disables")
     metrics_port: int = Field(8081, ge=0, le=65535, description="Prometheus /metrics; 0 disables")
-    workers: int = Field(16, ge=1, le=64, description="concurrent status writers (and ledger writers)")
+    workers: int = Field(64, ge=1, le=128, description="concurrent claim status writers")
+    ledger_workers: int = Field(16, ge=1, le=64, description="concurrent GPU object writes of one ledger pass")
     ledger_delay_seconds: float = Field(0.5, ge=0, description="batch ledger updates over this window")
     resync_seconds: float = Field(300.0, gt=0, description="full re-check of claims and ledger")
     device_gone_grace_seconds: float = Field(

@@ -13,6 +13,7 @@ import contextvars
 import datetime
 import ipaddress
 import threading
+import time
 from collections.abc import AsyncIterator, Collection
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from api import bounded_json
-from controller import kopf_json
+from controller import kopf_json, metrics
 from controller.webhook_config import Registration
 
 if TYPE_CHECKING:
@@ -159,14 +160,19 @@ class WebhookServer(kopf.WebhookServer):
     async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
         """kopf's `_serve`, with bytes that are not UTF-8 read as U+FFFD (and reported): kopf reads the body
         with `request.text()`, which raises on them, and the API server sends a claim's bytes as stored, so
-        a claim of any driver would get an error answer instead of a review."""
+        a claim of any driver would get an error answer instead of a review. Timed into
+        `metrics.ADMISSION_SECONDS` (the webhook's own latency, apart from the API server's round trip)."""
+        started = time.monotonic()
         body = await request.read()
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
             text = body.decode("utf-8", errors="replace")
             kopf_json.report_not_utf8(bounded_json.loads(text))
-        served: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, _Utf8Request(request, text))  # type: ignore[arg-type]
+        try:
+            served: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, _Utf8Request(request, text))  # type: ignore[arg-type]
+        finally:
+            metrics.ADMISSION_SECONDS.observe(time.monotonic() - started)
         return served
 
     async def _serve_in_thread(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:

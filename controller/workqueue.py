@@ -6,13 +6,15 @@ Contract, for keys of any hashable type:
   worker calls `done` (a change seen while processing is never lost, and never processed concurrently);
 - `retry` queues a failed key again after an exponential backoff, up to `max_attempts` times in a row; `forget`
   (or a `retry` past the limit) resets its count;
-- `shutdown` wakes every waiting `get` with `QueueShutDownError` and cancels pending delayed adds.
+- `shutdown` wakes every waiting `get` with `QueueShutDownError` and cancels pending delayed adds;
+- `on_wait`, when given, is told how long each key waited from being queued until a `get` took it.
 
 Single-threaded: call it from the event loop that runs the workers.
 """
 
 import asyncio
 import collections
+import time
 from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
@@ -33,14 +35,19 @@ class WorkQueue(Generic[K]):
         max_delay: float = 30.0,
         max_attempts: int = 8,
         on_depth: Callable[[int], None] | None = None,
+        on_wait: Callable[[float], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """`on_depth` is called with the number of queued keys whenever it changes (e.g. a gauge)."""
+        """`on_depth` is called with the number of queued keys whenever it changes (e.g. a gauge); `on_wait` with
+        the seconds a key waited in the queue, at each `get` (e.g. a histogram)."""
         self.base_delay = base_delay
         self.max_delay = max_delay
         self.max_attempts = max_attempts
         self._on_depth = on_depth
+        self._on_wait = on_wait
+        self._clock = clock
         self._order: collections.deque[K] = collections.deque()
-        self._queued: set[K] = set()
+        self._queued: dict[K, float] = {}  # key -> monotonic time it was queued
         self._processing: set[K] = set()
         self._again: set[K] = set()
         self._attempts: dict[K, int] = {}
@@ -71,7 +78,7 @@ class WorkQueue(Generic[K]):
         if key in self._processing:
             self._again.add(key)
         elif key not in self._queued:
-            self._queued.add(key)
+            self._queued[key] = self._clock()
             self._order.append(key)
             self._wakeup.set()
             self._depth()
@@ -99,9 +106,11 @@ class WorkQueue(Generic[K]):
         if self._shut:
             raise QueueShutDownError
         key = self._order.popleft()
-        self._queued.discard(key)
+        since = self._queued.pop(key)
         self._processing.add(key)
         self._depth()
+        if self._on_wait is not None:
+            self._on_wait(self._clock() - since)
         return key
 
     def done(self, key: K) -> None:

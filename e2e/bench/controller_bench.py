@@ -15,7 +15,14 @@ allocation appears, when our `status.devices` data appears, and when each GPU ob
 - CPU per claim: the controller's user+system CPU from the burst's start until the ledger is current, divided
   by the claims;
 - admission: dry-run creates of a claim our webhook validates, sent at a steady rate by their own client,
-  timed before the burst (idle) and from the first pod created until the last status is written (burst).
+  timed before the burst (idle) and from the first pod created until the last status is written (burst);
+  each followed by the same review sent straight to the webhook (the webhook's latency without the API server);
+- bare writes: a GPU object status apply at the same rate from the bench's own client, on an object of
+  another driver (the API server's answer to the controller's most frequent write, without the controller);
+- where the time goes, during the burst (histograms scraped before and after it): the controller's queue
+  wait, status write (as its writer thread sees it), ledger writes and passes, event loop lag and the
+  webhook's own review time; the API server's own time for the same claim status applies, its call of our
+  webhook, the dry-run creates, and API Priority and Fairness queueing of each priority level.
 
 Reports medians and percentiles of this one run; asserts nothing.
 """
@@ -31,15 +38,18 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import urllib3
 import yaml
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from api.crds import CRD_DIR
-from api.gpu import GPU_CRD_NAME, GPU_PLURAL, GPU_VERSION
+from api.gpu import GPU_API_VERSION, GPU_CRD_NAME, GPU_KIND, GPU_PLURAL, GPU_VERSION
 from api.names import API_GROUP, DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.rbac import cluster_role_rules
+from controller.webhook_config import CLAIMS
+from e2e.bench import histograms
 from e2e.bench.stats import summary_ms, table
 from e2e.cluster.controlplane import ControlPlane
 from tests.integration import kube
@@ -179,14 +189,20 @@ class GpuWatch(Watch):
 
 
 class AdmissionProbe:
-    """Dry-run creates of a valid claim of ours, `rate` per second from their own client, each one timed."""
+    """Dry-run creates of a valid claim of ours, `rate` per second from their own client, each one timed; with
+    `direct`, the webhook's URL, each followed by the same review sent straight to the webhook (no API server)."""
 
-    def __init__(self, api: client.ApiClient, namespace: str, rate: float) -> None:
+    def __init__(self, api: client.ApiClient, namespace: str, rate: float, direct: str | None = None) -> None:
         self.resource = client.ResourceV1Api(api)
         self.namespace = namespace
         self.interval = 1 / rate
+        self.direct = direct
         self.samples: list[tuple[float, float]] = []  # (sent at, seconds)
+        self.direct_samples: list[tuple[float, float]] = []
         self.errors = 0
+        self.direct_errors = 0
+        urllib3.disable_warnings(urllib3.exceptions.InsecureRequestWarning)
+        self._pool = urllib3.PoolManager(cert_reqs="CERT_NONE", timeout=30)  # the webhook's certificate is self-signed
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -204,6 +220,108 @@ class AdmissionProbe:
             sent = time.monotonic()
             try:
                 self.resource.create_namespaced_resource_claim(self.namespace, body, dry_run="All")
+                self.samples.append((sent, time.monotonic() - sent))
+            except ApiException:
+                self.errors += 1
+            if self.direct is not None:
+                self._review(body)
+            next_at = max(next_at + self.interval, time.monotonic())
+            self._stop.wait(next_at - time.monotonic())
+
+    def _review(self, claim: dict[str, Any]) -> None:
+        review = {
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "bench-probe",
+                "kind": {"group": "resource.k8s.io", "version": "v1", "kind": "ResourceClaim"},
+                "resource": {"group": "resource.k8s.io", "version": "v1", "resource": "resourceclaims"},
+                "operation": "CREATE",
+                "namespace": self.namespace,
+                "name": claim["metadata"]["name"],
+                "object": {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", **claim},
+                "userInfo": {"username": "bench"},
+                "dryRun": True,
+            },
+        }
+        sent = time.monotonic()
+        try:
+            answer = self._pool.request(
+                "POST", str(self.direct), body=json.dumps(review), headers={"Content-Type": "application/json"}
+            )
+            allowed = answer.status == 200 and json.loads(answer.data)["response"]["allowed"]
+        except (urllib3.exceptions.HTTPError, ValueError, KeyError, TypeError):
+            allowed = False
+        if allowed:
+            self.direct_samples.append((sent, time.monotonic() - sent))
+        else:
+            self.direct_errors += 1
+
+    def between(self, start: float, end: float, *, direct: bool = False) -> list[float]:
+        return [took for sent, took in (self.direct_samples if direct else self.samples) if start <= sent <= end]
+
+
+class WriteProbe:
+    """The write the controller makes most, a server-side apply of a GPU object's status, made by a bare client of
+    the bench's own, `rate` per second on an object of another driver (which the controller leaves alone), each
+    timed: the API server's answer without the controller's process in between."""
+
+    NAME = "bench-write-probe"
+
+    def __init__(self, api: client.ApiClient, rate: float) -> None:
+        self.custom = client.CustomObjectsApi(api)
+        self.interval = 1 / rate
+        self.samples: list[tuple[float, float]] = []  # (sent at, seconds)
+        self.errors = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _apply(self, body: dict[str, Any], *, status: bool) -> None:
+        apply = self.custom.patch_cluster_custom_object_status if status else self.custom.patch_cluster_custom_object
+        apply(
+            API_GROUP,
+            GPU_VERSION,
+            GPU_PLURAL,
+            self.NAME,
+            body,
+            field_manager="bench-write-probe",
+            force=True,
+            _content_type="application/apply-patch+yaml",
+            _preload_content=False,
+        )
+
+    def start(self) -> None:
+        spec = {"driver": "probe.bench.example", "pool": "probe", "device": "gpu-0", "node": "probe"}
+        try:
+            self._apply({**self._head(), "spec": spec}, status=False)
+        except ApiException:
+            self.errors += 1  # reported; the run goes on without these samples
+            return
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    def _head(self) -> dict[str, Any]:
+        return {"apiVersion": GPU_API_VERSION, "kind": GPU_KIND, "metadata": {"name": self.NAME}}
+
+    def _run(self) -> None:
+        next_at, shares = time.monotonic(), 0
+        while not self._stop.is_set():
+            shares += 1  # a changed status every time: a real write
+            status = {
+                "node": "probe",
+                "totalMemory": "80Gi",
+                "allocatedMemory": "0",
+                "freeMemory": "80Gi",
+                "shares": shares,
+                "shareEnforcement": "",
+            }
+            sent = time.monotonic()
+            try:
+                self._apply({**self._head(), "status": status}, status=True)
                 self.samples.append((sent, time.monotonic() - sent))
             except ApiException:
                 self.errors += 1
@@ -235,6 +353,84 @@ def wait_for_webhook(api: client.ApiClient, namespace: str) -> None:
         return False
 
     kube.wait_for(refused, 60, interval=0.5, what="the controller's webhook refusing a bad claim")
+
+
+def apiserver_metrics(api: client.ApiClient) -> str:
+    """The API server's /metrics text (as the admin client)."""
+    method, url, headers, body, _ = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    response = api.call_api(method, url, header_params=headers, body=body)
+    response.read()
+    return str(response.data.decode())
+
+
+def controller_metrics(controller: kube.ControllerProcess) -> str:
+    """The controller's /metrics text."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{controller.metrics_port}/metrics", timeout=10) as r:
+        return str(r.read().decode())
+
+
+BREAKDOWN: tuple[tuple[str, str, str, dict[str, str]], ...] = (
+    ("controller: claim queue wait", "controller", "fracgpu_controller_claim_queue_wait_seconds", {}),
+    ("controller: claim status write", "controller", "fracgpu_controller_claim_status_write_seconds", {}),
+    ("controller: GPU status write", "controller", "fracgpu_controller_ledger_write_seconds", {"kind": "status"}),
+    ("controller: ledger pass", "controller", "fracgpu_controller_ledger_pass_seconds", {}),
+    ("controller: event loop lag", "controller", "fracgpu_controller_event_loop_lag_seconds", {}),
+    ("controller: gc pause, generation 2", "controller", "fracgpu_controller_gc_pause_seconds", {"generation": "2"}),
+    ("controller: gc pause, any generation", "controller", "fracgpu_controller_gc_pause_seconds", {}),
+    ("controller: webhook review (own)", "controller", "fracgpu_controller_admission_review_seconds", {}),
+    (
+        "apiserver: claim status apply",
+        "apiserver",
+        "apiserver_request_duration_seconds",
+        {"verb": "APPLY", "resource": "resourceclaims", "subresource": "status"},
+    ),
+    (
+        "apiserver: GPU status apply",
+        "apiserver",
+        "apiserver_request_duration_seconds",
+        {"verb": "APPLY", "resource": "gpus", "subresource": "status"},
+    ),
+    (
+        "apiserver: claim status update (scheduler)",
+        "apiserver",
+        "apiserver_request_duration_seconds",
+        {"verb": "UPDATE", "resource": "resourceclaims", "subresource": "status"},
+    ),
+    (
+        "apiserver: dry-run claim create (probe)",
+        "apiserver",
+        "apiserver_request_duration_seconds",
+        {"verb": "POST", "resource": "resourceclaims", "dry_run": "All"},
+    ),
+    (
+        "apiserver: its call of our webhook",
+        "apiserver",
+        "apiserver_admission_webhook_admission_duration_seconds",
+        {"type": "validating"},
+    ),
+    *(
+        (
+            f"apiserver: APF queue wait, {level}",
+            "apiserver",
+            "apiserver_flowcontrol_request_wait_duration_seconds",
+            {"priority_level": level},
+        )
+        for level in ("workload-low", "workload-high", "exempt")
+    ),
+)
+"""(row, scrape, histogram, labels) of the burst's breakdown."""
+
+
+def breakdown(before: dict[str, histograms.Scrape], after: dict[str, histograms.Scrape]) -> dict[str, Any]:
+    """Estimated n/p50/p90/p99 of each `BREAKDOWN` histogram over the burst."""
+    out: dict[str, Any] = {}
+    for row, source, name, labels in BREAKDOWN:
+        summary = histograms.summary_ms(histograms.delta(before[source], after[source], name, **labels))
+        if summary is not None:
+            out[row] = summary
+    return out
 
 
 def ledger_shares(api: client.ApiClient) -> int:
@@ -296,13 +492,17 @@ def run(
             idle_rss = rss_mib(controller.pid)
 
             probe_api = config.new_client_from_config(config_file=str(plane.kubeconfig))
-            probe = AdmissionProbe(probe_api, NAMESPACE, admission_rate)
+            webhook = f"https://127.0.0.1:{controller.webhook_port}/{CLAIMS.id}"
+            probe = AdmissionProbe(probe_api, NAMESPACE, admission_rate, direct=webhook)
             probe.start()
+            writes_probe = WriteProbe(probe_api, admission_rate)
+            writes_probe.start()
             time.sleep(max(3.0, 30 / admission_rate))  # idle admission samples
             watch, gpu_watch = ClaimWatch(api, NAMESPACE), GpuWatch(api)
             watch.start()
             gpu_watch.start()
             time.sleep(1)
+            scraped = {"controller": controller_metrics(controller), "apiserver": apiserver_metrics(api)}
             cpu_before = cpu_seconds(controller.pid)
             started = time.monotonic()
             with ThreadPoolExecutor(8) as pool:
@@ -319,6 +519,12 @@ def run(
             kube.wait_for(lambda: len(watch.written) >= claims, budget, interval=0.5, what=f"{claims} claims written")
             all_written = time.monotonic()
             probe.stop()
+            writes_probe.stop()
+            before = {k: histograms.parse(v) for k, v in scraped.items()}
+            after = {
+                "controller": histograms.parse(controller_metrics(controller)),
+                "apiserver": histograms.parse(apiserver_metrics(api)),
+            }
             burst_rss = rss_mib(controller.pid)
             want: dict[DeviceKey, set[str]] = {}
             for name, keys in watch.devices.items():
@@ -330,6 +536,7 @@ def run(
             watch.stop()
             gpu_watch.stop()
             writes = controller.metric("fracgpu_controller_claim_status_writes_total", result="ok")
+            frozen_objects = controller.metric("fracgpu_controller_gc_frozen_objects")
     finally:
         if controller is not None:
             controller.terminate()
@@ -338,6 +545,8 @@ def run(
     last_allocation = max(watch.allocated.values())
     idle = probe.between(0, started)
     burst = probe.between(started, all_written)
+    direct = probe.between(started, all_written, direct=True)
+    bare_writes = writes_probe.between(started, all_written)
     return {
         "claims": claims,
         "nodes": nodes,
@@ -347,7 +556,11 @@ def run(
         "allocation_to_status_written": summary_ms(latencies),
         "admission_idle": summary_ms(idle) if idle else None,
         "admission_during_burst": summary_ms(burst) if burst else None,
+        "webhook_direct_during_burst": summary_ms(direct) if direct else None,
+        "bare_gpu_status_apply_during_burst": summary_ms(bare_writes) if bare_writes else None,
+        "bare_write_errors": writes_probe.errors,
         "admission_errors": probe.errors,
+        "webhook_direct_errors": probe.direct_errors,
         "pods_created_s": round(created, 2),
         "allocations_span_s": round(last_allocation - min(watch.allocated.values()), 2),
         "all_status_written_s": round(all_written - started, 2),
@@ -357,6 +570,8 @@ def run(
         "controller_rss_mib_idle": idle_rss.get("VmRSS"),
         "controller_rss_mib_after_burst": burst_rss.get("VmRSS"),
         "controller_rss_mib_peak": burst_rss.get("VmHWM"),
+        "controller_gc_frozen_objects": int(frozen_objects),
+        "burst_breakdown": breakdown(before, after),
     }
 
 
@@ -367,7 +582,14 @@ def _gpus(api: client.ApiClient) -> list[dict[str, Any]]:
     return items
 
 
-SUMMARIES = ("allocation_to_status_written", "admission_idle", "admission_during_burst")
+SUMMARIES = (
+    "allocation_to_status_written",
+    "admission_idle",
+    "admission_during_burst",
+    "webhook_direct_during_burst",
+    "bare_gpu_status_apply_during_burst",
+    "burst_breakdown",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -409,8 +631,14 @@ def main(argv: list[str] | None = None) -> int:
         "allocation -> status written": result["allocation_to_status_written"],
         "admission, idle": result["admission_idle"],
         "admission, during the burst": result["admission_during_burst"],
+        "webhook straight, during the burst": result["webhook_direct_during_burst"],
+        "bare client GPU status apply, burst": result["bare_gpu_status_apply_during_burst"],
     }
     print(table({k: v for k, v in rows.items() if v}))
+    print("\nduring the burst (estimated from histogram buckets):")
+    width = max((len(k) for k in result["burst_breakdown"]), default=0) + 2
+    for row, summary in result["burst_breakdown"].items():
+        print(row.ljust(width) + "".join(f"{k}={v}".rjust(14) for k, v in summary.items()))
     for key, value in result.items():
         if key not in SUMMARIES:
             print(f"{key:40} {value}")

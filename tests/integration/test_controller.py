@@ -625,6 +625,7 @@ def test_admission_refuses_bad_claims_with_field_and_rule(
 def test_admission_checks_templates_and_passes_valid_claims_with_a_warning_for_oversized_requests(
     controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
 ) -> None:
+    reviewed = controller.metric("fracgpu_controller_admission_review_seconds_count")
     templates = kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaimTemplate")
     bad_template = kube.claim_template(
         "bad",
@@ -662,6 +663,8 @@ def test_admission_checks_templates_and_passes_valid_claims_with_a_warning_for_o
     warning = headers.get("Warning", "")
     assert "spec.devices.requests[0].exactly.capacity.requests.memory" in warning, headers
     assert f"largest GPU has {format_bytes(largest)}" in warning
+    # the webhook's own time of each review it answered (2 templates, 3 claims) is in its histogram
+    assert controller.metric("fracgpu_controller_admission_review_seconds_count") == reviewed + 5
 
 
 def _create_warnings(api_client: client.ApiClient, namespace: str, body: dict[str, Any], dry_run: bool) -> str:

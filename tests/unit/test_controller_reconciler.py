@@ -304,6 +304,32 @@ def test_the_echo_of_our_own_gpu_write_is_recomputed_alone_and_not_written(monke
     run(test)
 
 
+def test_the_heap_is_compacted_once_the_ledger_is_quiet_after_a_full_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    compactions: list[None] = []
+
+    def compact() -> int:
+        compactions.append(None)
+        return 7
+
+    monkeypatch.setattr("controller.runtime.compact", compact)
+
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        controller.slices_changed()
+        key = world.put(claim(results=[result("a", "gpu-0", "10Gi", "s-1")]))
+        controller.claim_changed(key)
+        assert await controller.ledger_pass()  # full, with writes: not quiet yet
+        assert writer.gpus and not compactions
+        _index_written(world, writer)
+        controller.gpus_changed(f"{NODE}-gpu-0")  # the echo: nothing to write
+        assert await controller.ledger_pass()
+        assert len(compactions) == 1
+        controller.gpus_changed(f"{NODE}-gpu-0")
+        assert await controller.ledger_pass()
+        assert len(compactions) == 1, "once per full pass, not at every quiet pass"
+
+    run(test)
+
+
 def test_a_deleted_claim_leaves_its_gpu_and_a_stray_object_of_our_driver_is_deleted() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         controller.slices_changed()

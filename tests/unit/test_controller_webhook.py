@@ -16,6 +16,7 @@ import pytest
 from cryptography import x509
 
 from api.kube_rest import ApiError
+from controller import metrics
 from controller.certificate import SharedCertificate
 from controller.webhook import WebhookServer, self_signed_certificate
 from controller.webhook_config import CONFIGS, MERGE, VALIDATED, Registration, webhooks
@@ -74,6 +75,17 @@ def test_server_serves_tls_with_the_ca_it_registers_by_url() -> None:
     config, answer = _serve_once(WebhookServer(addr="127.0.0.1", port=port), {"uid": "u1"})
     assert config["url"] == f"https://127.0.0.1:{port}"
     assert answer == {"echo": "u1"}
+
+
+def _reviews_timed() -> float:
+    return next(s.value for m in metrics.ADMISSION_SECONDS.collect() for s in m.samples if s.name.endswith("_count"))
+
+
+def test_each_review_served_is_timed_into_the_webhooks_own_histogram() -> None:
+    before = _reviews_timed()
+    _, answer = _serve_once(WebhookServer(addr="127.0.0.1", port=_free_port()), {"uid": "u2"})
+    assert answer == {"echo": "u2"}
+    assert _reviews_timed() == before + 1
 
 
 def test_server_registers_a_service_reference_when_asked() -> None:

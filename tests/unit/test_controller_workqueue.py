@@ -27,6 +27,28 @@ def test_a_queued_key_is_queued_once_and_order_is_kept() -> None:
     run(test)
 
 
+def test_on_wait_reports_the_time_from_first_queued_to_taken() -> None:
+    async def test() -> None:
+        now = [100.0]
+        waits: list[float] = []
+        queue: WorkQueue[str] = WorkQueue(on_wait=waits.append, clock=lambda: now[0])
+        queue.add("a")
+        now[0] = 101.0
+        queue.add("b")
+        queue.add("a")  # already queued: its wait still counts from its first add
+        now[0] = 103.5
+        assert [await queue.get(), await queue.get()] == ["a", "b"]
+        assert waits == [3.5, 2.5]
+        queue.add("a")  # held by a worker: queued again at done, and its wait counts from then
+        now[0] = 104.0
+        queue.done("a")
+        now[0] = 104.25
+        assert await queue.get() == "a"
+        assert waits[-1] == 0.25
+
+    run(test)
+
+
 def test_a_key_added_while_processing_is_queued_again_at_done_not_before() -> None:
     async def test() -> None:
         queue: WorkQueue[str] = WorkQueue()
