@@ -9,8 +9,9 @@ from collections.abc import Callable
 from api import kube_config
 from api.kube_rest import ApiError, KubeConnection, KubeRest
 from api.logs import configure_logging
+from kubelet_plugin import gpu_inventory
 from kubelet_plugin.checkpoint import CheckpointStore
-from kubelet_plugin.discovery import DiscoveryError, discover_gpus, driver_version
+from kubelet_plugin.discovery import Discovery, DiscoveryError, UnknownLostGpu, discover, driver_version
 from kubelet_plugin.driver_edits import DriverEdits, GeneratorConfig
 from kubelet_plugin.enforcement_probe import EnforcementDetector
 from kubelet_plugin.events import post_node_event
@@ -102,15 +103,45 @@ def hand_over(server: PluginServer, http: HttpEndpoint | None, settings: Setting
         await_replacement(server.dra_socket, settings.handover_timeout_seconds)
 
 
+def discover_node_gpus(settings: Settings) -> Discovery:
+    """Discover the GPUs, a lost one with the identity remembered in the GPU inventory (which is then written
+    anew). Without ``--health-nvml`` nothing would taint a lost GPU, so it is left out like an unknown one."""
+    inventory = settings.plugin_data_dir / gpu_inventory.INVENTORY_FILE_NAME
+    found = discover(gpu_inventory.load(inventory))
+    if found.lost and not settings.health_nvml:
+        left_out = tuple(
+            UnknownLostGpu(index=g.index, reason="lost, and --no-health-nvml cannot taint it")
+            for g in found.gpus
+            if g.device_name in found.lost
+        )
+        found = Discovery(
+            gpus=[g for g in found.gpus if g.device_name not in found.lost], unknown=found.unknown + left_out
+        )
+    gpu_inventory.save(inventory, found.gpus)
+    for device in found.lost:
+        log.warning("GPU is lost; publishing it with its remembered identity, tainted", extra={"gpu": device})
+    return found
+
+
+def report_unknown(settings: Settings, api: KubeConnection, unknown: tuple[UnknownLostGpu, ...]) -> None:
+    """A lost GPU left out of the ResourceSlice: a log line and a Warning Event ``GpuLostUnpublished`` each."""
+    rest = KubeRest.bounded(api, settings.api_timeout_seconds)
+    for gpu in unknown:
+        message = f"GPU {gpu.index} is not published: {gpu.reason}"
+        log.error("lost GPU left out of the ResourceSlice", extra={"gpu": gpu.index, "reason": gpu.reason})
+        post_node_event(rest, settings.node_name, "GpuLostUnpublished", message)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the node plugin; returns the process exit code."""
     settings = parse_settings(argv)
     configure_logging(settings.log_level, settings.log_format)
     try:
-        gpus = discover_gpus()
+        found = discover_node_gpus(settings)
     except DiscoveryError as err:
         log.error("GPU discovery failed", extra={"error": str(err)})
         return 1
+    gpus = found.gpus
     log.info(
         "discovered GPUs",
         extra={"node": settings.node_name, "gpus": [f"{g.device_name}={g.uuid} {g.product_name}" for g in gpus]},
@@ -120,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     except (kube_config.ConfigError, ApiError) as err:
         log.error("cannot load cluster credentials", extra={"error": str(err)})
         return 2
+    report_unknown(settings, api, found.unknown)
     metrics = PluginMetrics()
     stop = threading.Event()
     driver_edits = None
@@ -139,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if gate == "waited":
         preparer.recover()
-    health = start_gpu_health(settings, api, gpus, metrics.registry, stop)
+    health = start_gpu_health(settings, api, gpus, metrics.registry, stop, lost=found.lost)
     publisher = SlicePublisher(
         api, settings, gpus, enforcement, taints=health.taints, changes=health.changes,
         on_write=health.metrics.slice_writes.inc,

@@ -2,7 +2,7 @@
 metrics. ``start_gpu_health`` starts its threads; ``__main__`` hands its parts to the publisher and the server."""
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -39,9 +39,16 @@ class GpuHealthParts:
 
 
 def start_gpu_health(
-    settings: Settings, api: KubeConnection, gpus: list[GpuInfo], registry: CollectorRegistry, stop: threading.Event
+    settings: Settings,
+    api: KubeConnection,
+    gpus: list[GpuInfo],
+    registry: CollectorRegistry,
+    stop: threading.Event,
+    *,
+    lost: Sequence[str] = (),
 ) -> GpuHealthParts:
-    """Start the NVML watcher and the Event poster (with ``--health-nvml``)."""
+    """Start the NVML watcher and the Event poster (with ``--health-nvml``); ``lost``: devices discovery found
+    lost, recorded so before anything is published (with their Event)."""
     metrics = HealthMetrics(registry)
     effects = Effects(degraded=settings.health_degraded_effect, fatal=settings.health_fatal_effect)
     if not settings.health_nvml:
@@ -58,6 +65,9 @@ def start_gpu_health(
         changes.notify()
         poster.submit(transition)
 
+    for device in lost:
+        if (transition := book.record_lost(device)) is not None:
+            on_transition(transition)
     watcher = NvmlHealthWatcher(
         gpus,
         book,

@@ -4,7 +4,8 @@ Registers every GPU for XID critical error events (nvmlDeviceRegisterEvents) and
 timeout (nvmlEventSetWait_v2: one event per call, NVML_ERROR_TIMEOUT when none came). After each XID it reads the
 GPU's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, where the driver reports it). A wait answering
 NVML_ERROR_GPU_IS_LOST, and every ``probe_interval`` seconds, each GPU is probed: lost (GPU_IS_LOST), or answering
-with its recovery action, which is how a reset GPU becomes healthy again (gpu_health). Any NVML failure is logged
+with its recovery action, which is how a reset GPU becomes healthy again (gpu_health). A GPU is opened by its UUID;
+one the driver gives no handle for yet (lost since before the plugin started) is opened again at each probe. Any NVML failure is logged
 and retried; the thread never ends before ``stop``.
 """
 
@@ -80,17 +81,14 @@ class NvmlHealthWatcher:
         nv.nvmlInit()
         event_set = None
         try:
-            self._handles = {g.device_name: nv.nvmlDeviceGetHandleByUUID(g.uuid) for g in self._gpus}
-            self._by_address = {_address(h): name for name, h in self._handles.items()}
+            self._handles, self._by_address = {}, {}
             event_set = nv.nvmlEventSetCreate()
-            for name, handle in self._handles.items():
-                self._register(name, handle, event_set)
-            self._probe_all()
+            self._probe_all(event_set)
             next_probe = self._clock() + self._probe_interval
             while not stop.is_set():
                 self._wait_one(event_set)
                 if self._clock() >= next_probe:
-                    self._probe_all()
+                    self._probe_all(event_set)
                     next_probe = self._clock() + self._probe_interval
         finally:
             if event_set is not None:
@@ -99,6 +97,23 @@ class NvmlHealthWatcher:
                 except nv.NVMLError as err:
                     log.warning("nvmlEventSetFree failed", extra={"error": str(err)})
             nv.nvmlShutdown()
+
+    def _open(self, gpu: GpuInfo, event_set: Any) -> bool:
+        """Get the handle of ``gpu`` by its UUID (so it is that GPU that answers) and register it for events;
+        False where the driver cannot give one yet (a GPU lost at start): recorded lost, tried at each probe."""
+        nv = self._nvml
+        try:
+            handle = nv.nvmlDeviceGetHandleByUUID(gpu.uuid)
+        except nv.NVMLError as err:
+            if err.value == nv.NVML_ERROR_GPU_IS_LOST:
+                self._emit(self._book.record_lost(gpu.device_name))
+            else:
+                log.warning("no NVML handle for the GPU", extra={"gpu": gpu.device_name, "error": str(err)})
+            return False
+        self._handles[gpu.device_name] = handle
+        self._by_address[_address(handle)] = gpu.device_name
+        self._register(gpu.device_name, handle, event_set)
+        return True
 
     def _register(self, name: str, handle: Any, event_set: Any) -> None:
         nv = self._nvml
@@ -122,7 +137,7 @@ class NvmlHealthWatcher:
             if err.value == nv.NVML_ERROR_TIMEOUT:
                 return
             if err.value == nv.NVML_ERROR_GPU_IS_LOST:
-                self._probe_all()  # which GPU: the one whose calls now fail
+                self._probe_all(event_set)  # which GPU: the one whose calls now fail
                 return
             raise
         name = self._by_address.get(_address(data.device))
@@ -142,9 +157,13 @@ class NvmlHealthWatcher:
             return None
         return int(value.value.uiVal) if value.nvmlReturn == nv.NVML_SUCCESS else None
 
-    def _probe_all(self) -> None:
+    def _probe_all(self, event_set: Any) -> None:
         nv = self._nvml
-        for name, handle in self._handles.items():
+        for gpu in self._gpus:
+            name = gpu.device_name
+            if name not in self._handles and not self._open(gpu, event_set):
+                continue
+            handle = self._handles[name]
             try:
                 nv.nvmlDeviceGetUUID(handle)
             except nv.NVMLError as err:

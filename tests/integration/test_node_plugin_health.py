@@ -3,6 +3,7 @@ GPUs whose mock NVML reads XIDs, lost GPUs and resets from a control file; the r
 device taints (its validation of `devices[].taints`), the kubelet's health stream and the Node's Events follow.
 """
 
+import json
 import os
 import shutil
 import tempfile
@@ -112,3 +113,69 @@ def test_a_lost_gpu_is_tainted_until_it_answers_again(plugin: Plugin, api_client
     assert [(t["key"], t["value"]) for t in taints] == [("gpu.fracgpu.dev/gpu-lost", "gpu-is-lost")]
     plugin.inject(f"{GPU1} reset")
     kube.wait_for(lambda: "taints" not in plugin.devices(api_client)["gpu-1"], 30, what="gpu-1 untainted")
+
+
+def _prepared(process: NodePluginProcess) -> set[str]:
+    return set(json.loads(process.checkpoint.read_text())["claims"])
+
+
+def test_a_gpu_lost_at_start_does_not_stop_the_plugin(
+    control_plane: ControlPlane, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the simulated GPUs' device nodes are made with mknod")
+    node = kube.unique("lostnode")
+    kube.create_fake_node(api_client, node)
+    kube.ensure_device_class(dyn, DRIVER, DRIVER)
+    workdir = Path(tempfile.mkdtemp(prefix="fgnl-", dir="/tmp"))
+    control = workdir / "events"
+    control.write_text("1 lost\n")  # fell off the bus before the plugin first started: nobody knows who it was
+    process = NodePluginProcess(
+        workdir, node, control_plane.kubeconfig, PROFILE, mocknvml.build(workdir / "nvml"),
+        "--health-probe-interval=0.5", "--health-coalesce=0.5", "--health-interval=0.5",
+        env={"FRACGPU_MOCK_NVML_EVENTS": str(control)},
+    )  # fmt: skip
+    plugin = Plugin(process, process.start(), node, control)
+    try:
+        devices = kube.wait_for(lambda: plugin.devices(api_client), 30, what="ResourceSlices of the plugin")
+        assert sorted(devices) == ["gpu-0"], "an unknown identity is not published"
+        (message,) = kube.wait_for(lambda: _node_events(api_client, node, "GpuLostUnpublished"), 30, what="Event")
+        assert message.startswith("GPU 1 is not published: NVML ") and "no earlier record of this GPU" in message
+
+        plugin.kubelet.close()
+        process.stop()
+        plugin.inject("1 reset")
+        plugin.kubelet = process.start()
+        kube.wait_for(lambda: sorted(plugin.devices(api_client)) == ["gpu-0", "gpu-1"], 30, what="both GPUs")
+        claims = kube.allocate_claims(
+            api_client, dyn, namespace, node, device_class=DRIVER, memories=["81408Mi", "81408Mi"]
+        )  # a whole GPU each: one on each GPU
+        refs = [(c["metadata"]["namespace"], c["metadata"]["uid"], c["metadata"]["name"]) for c in claims]
+        first = plugin.kubelet.prepare(refs)
+        assert sorted(first.claims[r[1]].devices[0].device_name for r in refs) == ["gpu-0", "gpu-1"]
+
+        plugin.kubelet.close()
+        process.stop()
+        plugin.inject("1 lost")  # lost while the plugin was down: its identity is the one NVML gave before
+        plugin.kubelet = process.start()
+        devices = kube.wait_for(lambda: plugin.devices(api_client), 30, what="ResourceSlices of the plugin")
+        assert devices["gpu-1"]["attributes"]["uuid"]["string"] == GPU1
+        assert [(t["key"], t["value"], t["effect"]) for t in devices["gpu-1"]["taints"]] == [
+            ("gpu.fracgpu.dev/gpu-lost", "gpu-is-lost", "NoExecute")
+        ], "tainted from the first publication on"
+        assert "taints" not in devices["gpu-0"]
+        assert _prepared(process) == {r[1] for r in refs}, "the claims prepared before are kept"
+        again = plugin.kubelet.prepare(refs)
+        for ref in refs:
+            assert again.claims[ref[1]].error == ""
+            assert again.claims[ref[1]].devices[0].device_name == first.claims[ref[1]].devices[0].device_name
+        kube.wait_for(lambda: plugin.kubelet.health() == {"gpu-0": True, "gpu-1": False}, 10, what="health")
+
+        plugin.inject(f"{GPU1} reset")
+        kube.wait_for(lambda: "taints" not in plugin.devices(api_client)["gpu-1"], 30, what="gpu-1 untainted")
+        kube.wait_for(lambda: plugin.kubelet.health() == {"gpu-0": True, "gpu-1": True}, 10, what="healthy again")
+        assert _prepared(process) == {r[1] for r in refs}
+    finally:
+        plugin.kubelet.close()
+        process.stop()
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -114,6 +114,49 @@ out["stopped"] = not thread.is_alive()
 print(json.dumps(out))
 """
 
+LOST_AT_START = """
+import json, os, threading, time
+from prometheus_client import CollectorRegistry
+from kubelet_plugin.discovery import DiscoveryError, discover, discover_gpus
+from kubelet_plugin.gpu_health import HealthBook
+from kubelet_plugin.health_metrics import HealthMetrics
+from kubelet_plugin.nvml_health import NvmlHealthWatcher
+ctl = os.environ["FRACGPU_MOCK_NVML_EVENTS"]
+def write(text):
+    with open(ctl, "a") as f:
+        f.write(text)
+out = {}
+remembered = discover_gpus()
+write("1 lost\\n")
+try:
+    discover_gpus()
+    out["strict"] = "no error"
+except DiscoveryError as err:
+    out["strict"] = str(err)
+found = discover(remembered)
+out["found"] = found.model_dump(mode="json")
+out["same"] = found.gpus == remembered
+out["unknown"] = discover().model_dump(mode="json")
+book = HealthBook(g.device_name for g in found.gpus)
+for name in found.lost:
+    book.record_lost(name)
+watcher = NvmlHealthWatcher(found.gpus, book, ignored_xids=frozenset(), on_transition=lambda t: None,
+                            metrics=HealthMetrics(CollectorRegistry()), probe_interval=0.2)
+stop = threading.Event()
+thread = threading.Thread(target=watcher.run, args=(stop,))
+thread.start()
+time.sleep(1)  # five probes: the GPU stays lost
+out["still_lost"] = {d: h.lost for d, h in book.snapshot().items()}
+write("1 reset\\n")
+deadline = time.monotonic() + 30
+while book.snapshot()["gpu-1"].state != "healthy" and time.monotonic() < deadline:
+    time.sleep(0.05)
+out["after_reset"] = {d: h.state for d, h in book.snapshot().items()}
+stop.set()
+thread.join(10)
+print(json.dumps(out))
+"""
+
 
 @pytest.fixture(scope="session")
 def lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -175,3 +218,25 @@ def test_the_watcher_turns_events_into_health(lib: Path, tmp_path: Path) -> None
     assert out["flood_transitions"] == 3
     assert out["count"] == [2500, 2500, 2500, 2501], "every event counted"
     assert out["alive"] and out["stopped"]
+
+
+def test_discovery_keeps_going_past_a_gpu_lost_at_start_and_the_watcher_sees_it_come_back(
+    lib: Path, tmp_path: Path
+) -> None:
+    control = tmp_path / "events"
+    control.write_text("")
+    out, _ = _run(lib, LOST_AT_START, control)
+    assert "NVML_ERROR_GPU_IS_LOST" in out["strict"] or "GPU is lost" in out["strict"], out["strict"]
+    found = out["found"]
+    assert [g["index"] for g in found["gpus"]] == [0, 1], "the answering GPU and the lost one"
+    assert found["lost"] == ["gpu-1"] and found["unknown"] == []
+    assert found["gpus"][1]["uuid"] == GPU1, "its identity as NVML gave it before it was lost"
+    assert out["same"], "nothing but the lost flag differs from the discovery before the loss"
+    unknown = out["unknown"]
+    assert [g["index"] for g in unknown["gpus"]] == [0], "no record of GPU 1: not published"
+    assert unknown["lost"] == []
+    (left_out,) = unknown["unknown"]
+    assert left_out["index"] == 1
+    assert "GPU is lost" in left_out["reason"] and "no earlier record" in left_out["reason"]
+    assert out["still_lost"] == {"gpu-0": False, "gpu-1": True}
+    assert out["after_reset"] == {"gpu-0": "healthy", "gpu-1": "healthy"}, "it answers again: healthy"
