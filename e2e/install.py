@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from e2e import mocknvml
 from e2e.cluster import binaries, nvidia_runtime
 from e2e.cluster.mountns import NODE_ROOT
@@ -161,6 +163,20 @@ def merged(base: dict[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]
     return out
 
 
+def accepted_by(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` without the keys a chart whose values.yaml is `defaults` does not declare (maps recursively; under
+    a key whose default is an empty map, everything is kept): this tree's values for an older chart whose schema
+    refuses keys it does not know."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if key not in defaults:
+            continue
+        default = defaults[key]
+        nested = isinstance(value, Mapping) and isinstance(default, Mapping) and default
+        out[key] = accepted_by(value, default) if nested else value
+    return out
+
+
 def install_cluster(
     cluster: MultiNodeCluster,
     *,
@@ -174,7 +190,7 @@ def install_cluster(
     path (its own directory), helm-install the chart once, wait until every node's GPUs are published.
     The controller runs on the first node, whose network namespace holds the API server that calls its webhook.
     `chart` and `image` (name, archive; default: this tree's, built into `image_out`) install another release;
-    `overrides` are merged into the values."""
+    `overrides` are merged into the values; another chart gets only the values its values.yaml declares."""
     if image is None:
         built = build_image(image_out)
         image = (built.name, built.archive.path)
@@ -183,6 +199,8 @@ def install_cluster(
     for node in cluster.nodes:
         simulated_gpus(node.host_path(NODE_GPUS), node.profile.gpus)
     values = merged(cluster_values(cluster, name), overrides or {})
+    if chart != CHART:  # another release's chart: only the values it declares
+        values = accepted_by(values, yaml.safe_load((chart / "values.yaml").read_text()))
     helm_install(cluster.kubeconfig, values, cluster.state_dir / "fracgpu-values.json", timeout, chart)
     wait_serving(cluster, timeout, frozenset(n.name for n in cluster.nodes))
     return ClusterInstallation(cluster, name, NODE_GPUS / "driver")

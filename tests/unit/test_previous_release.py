@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from e2e.install import accepted_by
 from e2e.upgrade import release
 
 
@@ -67,3 +68,16 @@ def test_export_writes_the_commits_tree(repo: Path, tmp_path: Path) -> None:
     tree = release.export(release.Release("v0.1.0", head, "commit"), tmp_path / "tree", repo)
     assert (tree / "chart.yaml").read_text() == "version: 0.1.0\n"
     assert not (tmp_path / "tree.tar").exists(), "the archive is removed after extraction"
+
+
+def test_an_older_chart_gets_only_the_values_it_declares() -> None:
+    defaults = {"controller": {"replicas": 1, "nodeSelector": {}}, "kubeletPlugin": {"image": "x"}}
+    values = {
+        "controller": {"replicas": 2, "leaderElection": {"enabled": True}, "nodeSelector": {"kubernetes.io/os": "l"}},
+        "kubeletPlugin": {"image": "y", "health": {"enabled": True}},
+        "deviceClass": {"extendedResource": {"enabled": True}},
+    }
+    assert accepted_by(values, defaults) == {
+        "controller": {"replicas": 2, "nodeSelector": {"kubernetes.io/os": "l"}},
+        "kubeletPlugin": {"image": "y"},
+    }
