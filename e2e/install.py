@@ -9,6 +9,7 @@ generated into the node's CDI dir, as `nvidia-cdi-refresh` does on a real node.
 """
 
 import json
+import re
 import subprocess
 import time
 from collections.abc import Mapping
@@ -123,7 +124,9 @@ def helm_install(
         "--namespace", NAMESPACE, "--create-namespace", "--values", str(values_file), "--wait",
         f"--timeout={int(timeout)}s",
     ]  # fmt: skip
-    subprocess.run(argv, check=True, capture_output=True, text=True, timeout=timeout + 60)
+    done = subprocess.run(argv, check=False, capture_output=True, text=True, timeout=timeout + 60)
+    if done.returncode != 0:
+        raise RuntimeError(f"helm upgrade --install of {chart} failed ({done.returncode}):\n{done.stderr}{done.stdout}")
 
 
 def install(cluster: SingleNodeCluster, *, image_out: Path, timeout: float = 300) -> Installation:
@@ -177,6 +180,30 @@ def accepted_by(values: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[
     return out
 
 
+def accepted_by_chart(values: Mapping[str, Any], chart: Path, attempts: int = 5) -> dict[str, Any]:
+    """`values` for another release's `chart`: the keys its values.yaml does not declare dropped
+    (`accepted_by`), then each value its schema refuses (as `helm template` names it) set to that chart's
+    default. Raises RuntimeError when it still refuses them after `attempts` renders."""
+    defaults = yaml.safe_load((chart / "values.yaml").read_text())
+    out = accepted_by(values, defaults)
+    kube = binaries.version_of("kube-apiserver").removeprefix("v")
+    for _ in range(attempts):
+        argv = [str(binaries.binary("helm")), "template", RELEASE, str(chart), "--values", "-", "--kube-version", kube]
+        done = subprocess.run(argv, check=False, input=json.dumps(out), capture_output=True, text=True, timeout=60)
+        refused = re.findall(r"^- at '(/[^']*)'", done.stderr, re.MULTILINE)
+        if done.returncode == 0 or not refused:
+            break
+        for pointer in refused:
+            *parents, leaf = pointer.lstrip("/").split("/")
+            target, default = out, defaults
+            for key in parents:
+                target, default = target[key], default[key]
+            target[leaf] = default[leaf]
+    if done.returncode != 0:
+        raise RuntimeError(f"{chart} refuses the e2e values:\n{done.stderr}")
+    return out
+
+
 def install_cluster(
     cluster: MultiNodeCluster,
     *,
@@ -190,7 +217,7 @@ def install_cluster(
     path (its own directory), helm-install the chart once, wait until every node's GPUs are published.
     The controller runs on the first node, whose network namespace holds the API server that calls its webhook.
     `chart` and `image` (name, archive; default: this tree's, built into `image_out`) install another release;
-    `overrides` are merged into the values; another chart gets only the values its values.yaml declares."""
+    `overrides` are merged into the values; another chart gets only the values it declares and accepts."""
     if image is None:
         built = build_image(image_out)
         image = (built.name, built.archive.path)
@@ -199,8 +226,8 @@ def install_cluster(
     for node in cluster.nodes:
         simulated_gpus(node.host_path(NODE_GPUS), node.profile.gpus)
     values = merged(cluster_values(cluster, name), overrides or {})
-    if chart != CHART:  # another release's chart: only the values it declares
-        values = accepted_by(values, yaml.safe_load((chart / "values.yaml").read_text()))
+    if chart != CHART:  # another release's chart: only the values it declares and accepts
+        values = accepted_by_chart(values, chart)
     helm_install(cluster.kubeconfig, values, cluster.state_dir / "fracgpu-values.json", timeout, chart)
     wait_serving(cluster, timeout, frozenset(n.name for n in cluster.nodes))
     return ClusterInstallation(cluster, name, NODE_GPUS / "driver")

@@ -1,4 +1,4 @@
-"""Kubernetes Events the node plugin posts about its Node."""
+"""Kubernetes Events the node plugin posts: about its Node, or about another object (a claim)."""
 
 import datetime
 import logging
@@ -12,33 +12,18 @@ COMPONENT = "fracgpu-kubelet-plugin"
 
 def post_node_event(rest: KubeRest, node_name: str, reason: str, message: str, type_: str = "Warning") -> None:
     """Post a core/v1 Event about Node `node_name`; failures are logged, never raised."""
-    now = datetime.datetime.now(datetime.UTC).isoformat()
-    body = {
-        "metadata": {"name": f"{node_name}.{uuid.uuid4().hex[:12]}", "namespace": "default"},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_name},
-        "reason": reason,
-        "message": message[:1024],
-        "type": type_,
-        "source": {"component": COMPONENT, "host": node_name},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": node_name,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
-    try:
-        rest.create("/api/v1/namespaces/default/events", body)
-    except ApiError as err:
-        log.warning("could not post Event", extra={"reason": reason, "status": err.status})
+    node = {"apiVersion": "v1", "kind": "Node", "name": node_name, "uid": node_name}
+    post_object_event(rest, node, node_name, reason, message, type_=type_)
 
 
 def post_object_event(
     rest: KubeRest, involved: dict[str, str], node_name: str, reason: str, message: str, *, type_: str = "Warning"
-) -> None:
+) -> bool:
     """Post a core/v1 Event about ``involved`` (kind, name, namespace, uid, apiVersion; the Event goes to its
-    namespace), reported from ``node_name``; failures are logged, never raised."""
+    namespace; a cluster-scoped object's, without one, to ``default``), reported from
+    ``node_name``; failures are logged, never raised: False."""
     now = datetime.datetime.now(datetime.UTC).isoformat()
-    namespace = involved["namespace"]
+    namespace = involved.get("namespace", "default")
     body = {
         "metadata": {"name": f"{involved['name']}.{uuid.uuid4().hex[:12]}", "namespace": namespace},
         "involvedObject": involved,
@@ -56,3 +41,5 @@ def post_object_event(
         rest.create(f"/api/v1/namespaces/{namespace}/events", body)
     except ApiError as err:
         log.warning("could not post Event", extra={"reason": reason, "status": err.status})
+        return False
+    return True

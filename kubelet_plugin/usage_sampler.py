@@ -8,11 +8,9 @@ pods when an unenforced share goes over its grant (once per crossing), and write
 sample is logged and counted, and the next one is tried as usual: nothing here stops the plugin.
 """
 
-import datetime
 import logging
 import threading
 import time
-import uuid as uuidlib
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -24,6 +22,7 @@ from api.kube_rest import ApiError, KubeRest, claim_path
 from api.quantity import MiB, format_bytes
 from kubelet_plugin import cgroups, container_info
 from kubelet_plugin.container_info import RequestInfo
+from kubelet_plugin.events import post_object_event
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.usage import ClaimShare, CrossingTracker, LedgerWriter, ProcessSample, Snapshot, attribute
 from kubelet_plugin.usage_metrics import UsageMetrics
@@ -32,7 +31,6 @@ from kubelet_plugin.usage_nvml import NvmlProcesses, SampleError
 log = logging.getLogger(__name__)
 
 FIELD_MANAGER = "fracgpu-kubelet-plugin"
-COMPONENT = "fracgpu-kubelet-plugin"
 OVER_GRANT_REASON = "OverMemoryGrant"
 POD_REFRESH_MIN_S = 30.0
 
@@ -126,27 +124,7 @@ class ClaimPods:
 
 def post_event(rest: KubeRest, involved: dict[str, str], node: str, reason: str, message: str) -> bool:
     """Post a Warning Event about ``involved`` (its ``namespace`` holds the Event); False when it failed."""
-    now = datetime.datetime.now(datetime.UTC).isoformat()
-    namespace = involved["namespace"]
-    body = {
-        "metadata": {"name": f"{involved['name']}.{uuidlib.uuid4().hex[:12]}", "namespace": namespace},
-        "involvedObject": involved,
-        "reason": reason,
-        "message": message[:1024],
-        "type": "Warning",
-        "source": {"component": COMPONENT, "host": node},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": node,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
-    try:
-        rest.create(f"/api/v1/namespaces/{namespace}/events", body)
-    except ApiError as err:
-        log.warning("could not post Event", extra={"reason": reason, "status": err.status})
-        return False
-    return True
+    return post_object_event(rest, involved, node, reason, message)
 
 
 def usage_status(used_bytes: int) -> dict[str, Any]:
