@@ -42,16 +42,22 @@ def api_client(kubeconfig: Path) -> client.ApiClient:
     return client.ApiClient(configuration)
 
 
-def leader(api: client.ApiClient) -> str | None:
-    """The pod holding the leader Lease, None when nobody holds it."""
+def holder(api: client.ApiClient) -> tuple[str | None, int]:
+    """The leader Lease's holder identity (`<pod>_<random per process>`; None when nobody holds it) and its
+    leaseTransitions."""
     try:
         lease = client.CoordinationV1Api(api).read_namespaced_lease(LEASE, NAMESPACE)
     except ApiException as err:
         if err.status == 404:
-            return None
+            return None, 0
         raise
-    holder = str(lease.spec.holder_identity or "")
-    return holder.rsplit("_", 1)[0] or None  # the pod name: `<pod>_<random per process>`
+    return (lease.spec.holder_identity or None), int(lease.spec.lease_transitions or 0)
+
+
+def leader(api: client.ApiClient) -> str | None:
+    """The pod holding the leader Lease, None when nobody holds it."""
+    identity, _ = holder(api)
+    return (identity or "").rsplit("_", 1)[0] or None
 
 
 def ready_controllers(api: client.ApiClient) -> dict[str, str]:
