@@ -190,11 +190,27 @@ def discover_gpus() -> list[GpuInfo]:
     Initialises NVML and always shuts it down again (a failed shutdown is only logged). Raises
     DiscoveryError when NVML cannot be loaded or initialised, or when any query fails (a lost GPU too).
     """
+    _, answered, lost = _query_all()
+    if lost:
+        raise lost[min(lost)]
+    return answered
+
+
+def _query_all() -> tuple[str, list[GpuInfo], dict[int, GpuLostError]]:
+    """One NVML session: the driver version, the GPUs that answer and the lost ones (index -> their error).
+    Any other failure raises DiscoveryError."""
     _nvml("initialisation (nvmlInit)", pynvml.nvmlInit)
     try:
-        driver_version = _text(_nvml("driver version", pynvml.nvmlSystemGetDriverVersion))
+        version = _text(_nvml("driver version", pynvml.nvmlSystemGetDriverVersion))
         count = int(_nvml("device count", pynvml.nvmlDeviceGetCount))
-        return [_gpu(index, driver_version) for index in range(count)]
+        answered: list[GpuInfo] = []
+        lost: dict[int, GpuLostError] = {}
+        for index in range(count):
+            try:
+                answered.append(_gpu(index, version))
+            except GpuLostError as err:
+                lost[index] = err
+        return version, answered, lost
     finally:
         _shutdown()
 
@@ -214,20 +230,8 @@ def discover(remembered: Sequence[GpuInfo] = ()) -> Discovery:
     are now: every GPU that answers has the UUID and PCI bus id remembered at its index. Otherwise the lost GPU
     is ``unknown``. Any other failure raises DiscoveryError, as discover_gpus does.
     """
-    _nvml("initialisation (nvmlInit)", pynvml.nvmlInit)
-    try:
-        version = _text(_nvml("driver version", pynvml.nvmlSystemGetDriverVersion))
-        count = int(_nvml("device count", pynvml.nvmlDeviceGetCount))
-        answered: list[GpuInfo] = []
-        lost: dict[int, str] = {}
-        for index in range(count):
-            try:
-                answered.append(_gpu(index, version))
-            except GpuLostError as err:
-                lost[index] = str(err)
-    finally:
-        _shutdown()
-    return resolve_lost(answered, lost, remembered, version)
+    version, answered, lost = _query_all()
+    return resolve_lost(answered, {i: str(err) for i, err in lost.items()}, remembered, version)
 
 
 def resolve_lost(
