@@ -12,6 +12,8 @@ from e2e import workloads as w
 from e2e.cluster.node import SingleNodeCluster
 from e2e.install import Installation, install, remove_dev_char_links
 
+KEEP_STATE = "FRACGPU_E2E_KEEP_STATE"  # set (non-empty): the session's state dir (logs/*.log) is kept for a look
+
 
 @pytest.fixture(scope="session")
 def installation() -> Iterator[Installation]:
@@ -30,7 +32,10 @@ def installation() -> Iterator[Installation]:
         cluster.stop()
         if installed is not None:
             remove_dev_char_links(installed.driver_root)
-        shutil.rmtree(state_dir, ignore_errors=True)
+        if os.environ.get(KEEP_STATE):
+            print(f"\n{KEEP_STATE}: the e2e cluster's files and logs stay in {state_dir}")
+        else:
+            shutil.rmtree(state_dir, ignore_errors=True)
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ exactly what it sees of real pods.
 """
 
 import contextlib
+import datetime
 import json
 import os
 import signal
@@ -189,6 +190,28 @@ def ledger_matches(api: client.ApiClient, node: str, claims: list[dict[str, Any]
     return len(have) == FAKE_GPUS and all(have.get(d, set()) == want.get(d, set()) for d in have)
 
 
+CRASH_WINDOW_S = 1.0
+"""How long after a SIGKILL an admission call may still meet the killed process: a call in flight to it, or sent on
+an API-server connection to it before the API server has read the reset, fails (connection reset by peer) and,
+under failurePolicy Ignore, is admitted unchecked. No server can answer it; every later call must be answered."""
+
+
+@dataclass(frozen=True)
+class ProbeProblem:
+    """A probe request whose answer was not the webhook's: when it was sent and answered (epoch s), what went wrong."""
+
+    sent: float
+    answered: float
+    what: str
+
+    def overlaps(self, start: float, end: float) -> bool:
+        """Whether the request was in flight at some moment of [start, end]."""
+        return self.sent <= end and self.answered >= start
+
+    def __str__(self) -> str:
+        return f"{time.strftime('%H:%M:%S', time.localtime(self.sent))}: {self.what}"
+
+
 @dataclass
 class AdmissionProbe:
     """Dry-run creates every `interval` s from their own client, alternating a claim our webhook admits and one it
@@ -199,7 +222,7 @@ class AdmissionProbe:
     namespace: str
     interval: float = 0.25
     answers: int = 0
-    problems: list[str] = field(default_factory=list)
+    problems: list[ProbeProblem] = field(default_factory=list)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -212,6 +235,10 @@ class AdmissionProbe:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(30)
+
+    def outside(self, start: float, end: float) -> list[ProbeProblem]:
+        """The problems of requests that were not in flight during [start, end] (epoch s)."""
+        return [p for p in self.problems if not p.overlaps(start, end)]
 
     def _claim(self, good: bool) -> dict[str, Any]:
         bad = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig", "computeLimitPercent": 150}
@@ -227,17 +254,38 @@ class AdmissionProbe:
         objects = client.CustomObjectsApi(self.api)
         good = True
         while not self._stop.is_set():
-            at = time.strftime("%H:%M:%S")
+            sent = time.time()
+            problem = None
             try:
                 objects.create_namespaced_custom_object(
                     "resource.k8s.io", "v1", self.namespace, "resourceclaims", self._claim(good), dry_run="All"
                 )
                 if not good:
-                    self.problems.append(f"{at}: a claim with a bad GpuConfig was admitted (webhook not answering)")
+                    problem = "a claim with a bad GpuConfig was admitted (webhook not answering)"
             except ApiException as err:
                 message = str(json.loads(err.body or "{}").get("message", err.body))
                 if good or "computeLimitPercent" not in message:
-                    self.problems.append(f"{at}: {'good' if good else 'bad'} claim: {err.status} {message[:200]}")
+                    problem = f"{'good' if good else 'bad'} claim: {err.status} {message[:200]}"
+            if problem is not None:
+                self.problems.append(ProbeProblem(sent, time.time(), problem))
             self.answers += 1
             good = not good
             self._stop.wait(self.interval)
+
+
+FAILED_OPEN = "Failed calling webhook, failing open"
+
+
+def failed_open_calls(apiserver_log: Path, since: float) -> list[tuple[float, str]]:
+    """The admission calls the API server let through unanswered (its klog warning "Failed calling webhook,
+    failing open ...") logged at or after `since` (epoch s): (when, the line). klog stamps local time, no year."""
+    year = time.localtime().tm_year
+    out = []
+    for line in apiserver_log.read_text(errors="replace").splitlines():
+        if FAILED_OPEN not in line:
+            continue
+        stamp = line[1:21]  # W1201 21:33:56.631878
+        when = datetime.datetime.strptime(f"{year}{stamp}", "%Y%m%d %H:%M:%S.%f").timestamp()
+        if when >= since:
+            out.append((when, line[:400]))
+    return out
