@@ -70,6 +70,10 @@ class KubeletClient:
 
     def health(self, timeout: float = 30) -> dict[str, bool]:
         """The first message of the v1 health stream, as device name -> healthy (the kubelet's view)."""
+        return {device: healthy for device, (healthy, _) in self.health_report(timeout).items()}
+
+    def health_report(self, timeout: float = 30) -> dict[str, tuple[bool, str]]:
+        """The first message of the v1 health stream, as device name -> (healthy, message)."""
         assert self._dra is not None, "register() first"
         watch = self._dra.unary_stream(
             WATCH_HEALTH,
@@ -81,7 +85,7 @@ class KubeletClient:
             first = next(iter(stream))
         finally:
             stream.cancel()
-        return {d.device.device_name: d.health == dra_health_v1_pb2.HEALTHY for d in first.devices}
+        return {d.device.device_name: (d.health == dra_health_v1_pb2.HEALTHY, d.message) for d in first.devices}
 
     def close(self) -> None:
         self._registration.close()

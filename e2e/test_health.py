@@ -10,7 +10,7 @@ import json
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -19,6 +19,7 @@ from e2e import workloads as w
 from e2e.install import HEALTH_IGNORED_XIDS, Installation
 
 pytestmark = pytest.mark.e2e
+T = TypeVar("T")
 DEADLINE = 60.0  # probe interval 1 s, coalescing 1 s, the scheduler, eviction, the kubelet's 10 s health stream
 XID_TAINT = "gpu.fracgpu.dev/xid"
 
@@ -34,11 +35,13 @@ def _metric(installation: Installation, name: str, **labels: str) -> float | Non
     return None
 
 
-def _wait(probe: Callable[[], object], what: str, timeout: float = DEADLINE) -> None:
+def _wait(probe: Callable[[], T | None], what: str, timeout: float = DEADLINE) -> T:
+    """Until `probe` returns something truthy: that."""
     deadline = time.monotonic() + timeout
-    while not probe():
+    while not (value := probe()):
         assert time.monotonic() < deadline, f"{what} not within {timeout:g} s"
         time.sleep(0.5)
+    return value
 
 
 def _devices(installation: Installation) -> dict[str, dict[str, Any]]:
@@ -125,13 +128,15 @@ def test_a_fatal_xid_taints_evicts_reports_and_clears_on_reset(healthy: Installa
 
     _wait(victim_gone, "the pod on gpu-1 evicted")
 
-    def unhealthy_in_pod_status() -> bool:
+    def unhealthy_in_pod_status() -> list[tuple[str, str]] | None:
         status = w.get(cluster, "pod", "-n", ns, "tolerant")["status"]
         resources = [r for c in status.get("containerStatuses", []) for r in c.get("allocatedResourcesStatus") or []]
-        health = [h.get("health") for r in resources for h in r.get("resources") or []]
-        return health == ["Unhealthy"]
+        health = [(h.get("health"), h.get("message", "")) for r in resources for h in r.get("resources") or []]
+        return health if [h for h, _ in health] == ["Unhealthy"] else None
 
-    _wait(unhealthy_in_pod_status, "the tolerant pod's status showing its device Unhealthy")
+    # the kubelet shows the plugin's message with it (ResourceHealthStatusMessage, on since 1.36)
+    ((_, why),) = _wait(unhealthy_in_pod_status, "the tolerant pod's status showing its device Unhealthy")
+    assert why == "XID 48 (double-bit-ecc-error, fatal); driver asks for recovery action gpu-reset", why
     assert w.get(cluster, "pod", "-n", ns, "tolerant")["status"]["phase"] == "Running"
 
     # new shares land on gpu-0 only; one pinned to gpu-1 stays Pending

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol, Self
+from typing import TYPE_CHECKING, Any, Protocol, Self
 
 import grpc
 from typing_extensions import override
@@ -40,6 +40,9 @@ from kubelet_plugin.proto import (
     pluginregistration_pb2_grpc,
 )
 
+if TYPE_CHECKING:
+    from kubelet_plugin.health import HealthSource
+
 log = logging.getLogger(__name__)
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet")
@@ -58,8 +61,8 @@ KUBELET_DEFAULT_HEALTH_TIMEOUT_S = 30
 #: sun_path of a Unix socket address holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
 
-#: ``() -> [(pool, device, healthy), ...]``: the complete current health list of the driver's devices.
-HealthSource = Callable[[], list[tuple[str, str, bool]]]
+#: The kubelet truncates a health message past this many characters (to 1021 and "...").
+MAX_HEALTH_MESSAGE = 1024
 
 
 class ClaimPreparer(Protocol):
@@ -241,12 +244,13 @@ class HealthStreams:
             return None
         now = int(time.time())
         resp = dra_health_v1_pb2.NodeWatchResourcesResponse()
-        for pool, device, healthy in devices:
+        for pool, device, healthy, message in devices:
             resp.devices.add(
                 device=dra_health_v1_pb2.DeviceIdentifier(pool_name=pool, device_name=device),
                 health=dra_health_v1_pb2.HEALTHY if healthy else dra_health_v1_pb2.UNHEALTHY,
                 last_updated_time=now,
                 health_check_timeout_seconds=self._timeout_s,
+                message=message if len(message) <= MAX_HEALTH_MESSAGE else message[: MAX_HEALTH_MESSAGE - 3] + "...",
             )
         return resp
 

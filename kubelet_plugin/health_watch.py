@@ -2,7 +2,7 @@
 metrics. ``start_gpu_health`` starts its threads; ``__main__`` hands its parts to the publisher and the server."""
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
@@ -10,14 +10,12 @@ from prometheus_client import CollectorRegistry
 from api.kube_rest import KubeConnection, KubeRest
 from kubelet_plugin.coalesce import Coalescer
 from kubelet_plugin.gpu_health import Effects, HealthBook, Transition, plan_taints
-from kubelet_plugin.health import with_reported_health
+from kubelet_plugin.health import HealthSource, with_reported_health
 from kubelet_plugin.health_events import HealthEventPoster
 from kubelet_plugin.health_metrics import HealthMetrics
 from kubelet_plugin.model import GpuInfo
 from kubelet_plugin.nvml_health import NvmlHealthWatcher
 from kubelet_plugin.settings import Settings
-
-HealthSource = Callable[[], list[tuple[str, str, bool]]]
 
 
 @dataclass(frozen=True)

@@ -93,10 +93,10 @@ def test_a_fatal_xid_is_a_taint_an_unhealthy_device_and_an_event_until_the_reset
     assert taints[0]["timeAdded"], "the time the GPU turned fatal, set by the plugin"
     assert "taints" not in plugin.devices(api_client)["gpu-0"]
     kube.wait_for(lambda: plugin.kubelet.health() == {"gpu-0": True, "gpu-1": False}, 10, what="health stream")
+    what = "XID 95 (uncontained-ecc-error, fatal); driver asks for recovery action drain-and-reset"
+    assert plugin.kubelet.health_report() == {"gpu-0": (True, ""), "gpu-1": (False, what)}  # the pod status shows it
     (message,) = kube.wait_for(lambda: _node_events(api_client, plugin.node, "GpuUnhealthy"), 30, what="Event")
-    assert message == (
-        "GPU gpu-1 is fatal: XID 95 (uncontained-ecc-error, fatal); driver asks for recovery action drain-and-reset"
-    )
+    assert message == f"GPU gpu-1 is fatal: {what}"
 
     time.sleep(2)  # probes every 0.5 s see the GPU answering with its action pending: no clearing
     assert plugin.devices(api_client)["gpu-1"].get("taints") == taints

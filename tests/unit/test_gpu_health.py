@@ -11,7 +11,7 @@ import pytest
 from kubelet_plugin.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry
 from kubelet_plugin.coalesce import Coalescer
 from kubelet_plugin.gpu_health import LOST_TAINT, RECOVERY_TAINT, XID_TAINT, Effects, GpuHealth, HealthBook, plan_taints
-from kubelet_plugin.health import with_reported_health
+from kubelet_plugin.health import ReportedHealth, with_reported_health
 from kubelet_plugin.health_events import claims_on, message
 from kubelet_plugin.slices import MAX_TAINTED_DEVICES_PER_SLICE, build_slices
 from kubelet_plugin.xid_catalog import XIDS, classify_action, classify_xid
@@ -185,10 +185,20 @@ def test_taints_go_into_the_slice_which_then_holds_64_devices() -> None:
 
 def test_the_health_stream_reports_unhealthy_gpus() -> None:
     b = book()
-    source = with_reported_health(lambda: [("node", "gpu-0", True), ("node", "gpu-1", False)], b)
-    assert source() == [("node", "gpu-0", True), ("node", "gpu-1", False)]
+    gone = "its device node /dev/nvidia1 is missing"
+    source = with_reported_health(
+        lambda: [ReportedHealth("node", "gpu-0", True), ReportedHealth("node", "gpu-1", False, gone)], b
+    )
+    assert source() == [("node", "gpu-0", True, ""), ("node", "gpu-1", False, gone)]
     b.record_xid("gpu-0", 63, frozenset(), None)
-    assert source() == [("node", "gpu-0", False), ("node", "gpu-1", False)]
+    b.record_xid("gpu-1", 79, frozenset(), None)
+    assert source() == [
+        ("node", "gpu-0", False, "XID 63 (ecc-page-retirement-or-row-remap, degraded)"),
+        ("node", "gpu-1", False, f"{gone}; XID 79 ({classify_xid(79).name}, fatal)"),
+    ]
+    b.record_answer("gpu-0", 1)  # the driver asks for a GPU reset ...
+    b.record_answer("gpu-0", 0)  # ... and reports none pending after it
+    assert source()[0] == ("node", "gpu-0", True, "")
 
 
 # --- coalescing (fake clock) -----------------------------------------------------------------------------------

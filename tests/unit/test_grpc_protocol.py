@@ -25,6 +25,7 @@ import grpc
 import pytest
 
 from kubelet_plugin.grpc_server import SUPPORTED_VERSIONS, PluginServer
+from kubelet_plugin.health import ReportedHealth
 from kubelet_plugin.model import ClaimRef
 from kubelet_plugin.proto import (
     dra_health_v1_pb2,
@@ -48,7 +49,7 @@ HEALTH_V1ALPHA1 = "/v1alpha1.DRAResourceHealth/NodeWatchResources"
 HEALTH_V1 = "/v1.DRAResourceHealth/NodeWatchResources"
 
 TIMEOUT = 5.0
-HEALTH = [("node-a", "gpu-0", True), ("node-a", "gpu-1", False)]
+HEALTH = [ReportedHealth("node-a", "gpu-0", True), ReportedHealth("node-a", "gpu-1", False, "X" * 2000)]
 
 
 @pytest.fixture
@@ -272,6 +273,8 @@ def test_health_stream_delivers_device_list(server: PluginServer, module: Any, m
     for resp in (first, second):
         got = [(d.device.pool_name, d.device.device_name, d.health) for d in resp.devices]
         assert got == [("node-a", "gpu-0", module.HEALTHY), ("node-a", "gpu-1", module.UNHEALTHY)]
+        # the message says why; past the kubelet's 1024 characters it is cut as the kubelet would cut it
+        assert [d.message for d in resp.devices] == ["", "X" * 1021 + "..."]
         for d in resp.devices:
             assert abs(d.last_updated_time - time.time()) < 60
             assert d.health_check_timeout_seconds >= 1

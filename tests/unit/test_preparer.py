@@ -430,9 +430,10 @@ def test_recover_same_boot_does_not_fetch(env: Env) -> None:
 
 
 def test_health_follows_device_nodes(env: Env) -> None:
-    assert env.preparer.health() == [(NODE, "gpu-0", True), (NODE, "gpu-1", True)]
+    assert env.preparer.health() == [(NODE, "gpu-0", True, ""), (NODE, "gpu-1", True, "")]
     del env.nodes.nodes["nvidia1"]
-    assert env.preparer.health() == [(NODE, "gpu-0", True), (NODE, "gpu-1", False)]
+    missing = "its device node /dev/nvidia1 is missing (GPU or driver gone)"
+    assert env.preparer.health() == [(NODE, "gpu-0", True, ""), (NODE, "gpu-1", False, missing)]
 
 
 # --- API failures ----------------------------------------------------------------------------------
