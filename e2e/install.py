@@ -8,14 +8,18 @@ On a node whose default runtime is NVIDIA's, the node-level `nvidia.com/gpu` CDI
 generated into the node's CDI dir, as `nvidia-cdi-refresh` does on a real node.
 """
 
+import contextlib
 import json
+import os
 import re
+import shutil
 import subprocess
+import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import yaml
 
@@ -279,3 +283,31 @@ def remove_dev_char_links(driver_root: Path, dev_char: Path = Path("/dev/char"))
     for link in dev_char.iterdir():
         if link.is_symlink() and str(link.readlink()).startswith(f"{driver_root}/"):
             link.unlink()
+
+
+KEEP_STATE = "FRACGPU_E2E_KEEP_STATE"  # set (non-empty): a cluster's state dir (logs/*.log) is kept for a look
+
+
+@contextlib.contextmanager
+def state_dir(prefix: str) -> Iterator[Path]:
+    """A fresh directory under /tmp for one e2e cluster's files and logs; removed afterwards unless the
+    environment sets FRACGPU_E2E_KEEP_STATE (then its path is printed)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    try:
+        yield path
+    finally:
+        if os.environ.get(KEEP_STATE):
+            print(f"\n{KEEP_STATE}: the e2e cluster's files and logs stay in {path}")
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+def tear_down(cluster: Stoppable, installed: Installation | ClusterInstallation | None) -> None:
+    """Stop `cluster`'s processes and delete the /dev/char links its plugins made (when it got installed)."""
+    cluster.stop()
+    if installed is not None:
+        remove_dev_char_links(installed.driver_root)

@@ -9,9 +9,7 @@ that node and finally delete it (the last test: the node does not come back). Th
 
 import json
 import os
-import shutil
 import ssl
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -24,7 +22,7 @@ import pytest
 
 from e2e import workloads as w
 from e2e.cluster.multinode import A100X1, H100X2, ClusterNode, MultiNodeCluster, NodeProfile
-from e2e.install import NAMESPACE, ClusterInstallation, install_cluster, remove_dev_char_links
+from e2e.install import NAMESPACE, ClusterInstallation, install_cluster, state_dir, tear_down
 from e2e.mocknvml import read_profile
 
 T = TypeVar("T")
@@ -44,18 +42,15 @@ def two_nodes() -> Iterator[ClusterInstallation]:
     """A Ready two-node cluster with fracgpu installed by its chart (one plugin per node, the controller on A)."""
     if os.geteuid() != 0:
         pytest.skip("the e2e cluster needs root: network and mount namespaces, mounts, mknod and runc")
-    state_dir = Path(tempfile.mkdtemp(prefix="fracgpu-e2e-multi-", dir="/tmp"))
-    cluster = MultiNodeCluster(state_dir, [NodeProfile(H100_NODE, H100X2), NodeProfile(A100_NODE, A100X1)])
-    cluster.start()
-    installed: ClusterInstallation | None = None
-    try:
-        installed = install_cluster(cluster, image_out=state_dir / "image", overrides=SHORT_HEARTBEAT)
-        yield installed
-    finally:
-        cluster.stop()
-        if installed is not None:
-            remove_dev_char_links(installed.driver_root)
-        shutil.rmtree(state_dir, ignore_errors=True)
+    with state_dir("fracgpu-e2e-multi-") as files:
+        cluster = MultiNodeCluster(files, [NodeProfile(H100_NODE, H100X2), NodeProfile(A100_NODE, A100X1)])
+        cluster.start()
+        installed: ClusterInstallation | None = None
+        try:
+            installed = install_cluster(cluster, image_out=files / "image", overrides=SHORT_HEARTBEAT)
+            yield installed
+        finally:
+            tear_down(cluster, installed)
 
 
 @pytest.fixture
@@ -63,10 +58,6 @@ def ns(two_nodes: ClusterInstallation) -> Iterator[str]:
     """A fresh namespace, deleted with everything in it afterwards."""
     with w.fresh_namespace(two_nodes.cluster) as name:
         yield name
-
-
-def _on(pod: dict[str, Any], node: str) -> dict[str, Any]:
-    return {**pod, "spec": {**pod["spec"], "nodeSelector": {"kubernetes.io/hostname": node}}}
 
 
 def _profile_gpus(profile: Path) -> dict[str, str]:
@@ -113,8 +104,8 @@ def test_claims_land_on_both_nodes_and_the_ledger_lists_each_nodes_gpus(
     w.apply(
         cluster,
         ns,
-        _on(w.gpu_pod("on-h100", "share-10gi"), H100_NODE),
-        _on(w.gpu_pod("on-a100", "share-10gi"), A100_NODE),
+        w.on_node(w.gpu_pod("on-h100", "share-10gi"), H100_NODE),
+        w.on_node(w.gpu_pod("on-a100", "share-10gi"), A100_NODE),
     )
     w.wait_running(cluster, ns, ["on-h100", "on-a100"])
     for pod, node, profile in (("on-h100", H100_NODE, H100X2), ("on-a100", A100_NODE, A100X1)):
@@ -290,7 +281,7 @@ def test_each_plugin_is_refused_the_other_nodes_slices_and_claims_and_other_driv
         assert refused.startswith("403 ") and "may only write ResourceSlices of its own node" in refused, refused
 
     # status.devices of our driver on a claim allocated on node A: node A's plugin may mark it, node B's not
-    w.apply(cluster, ns, w.claim_template("share-1gi", "1Gi"), _on(w.gpu_pod("on-h100", "share-1gi"), H100_NODE))
+    w.apply(cluster, ns, w.claim_template("share-1gi", "1Gi"), w.on_node(w.gpu_pod("on-h100", "share-1gi"), H100_NODE))
     w.wait_running(cluster, ns, ["on-h100"])
     claim = w.claim_of(cluster, ns, "on-h100")
     (result,) = claim["status"]["allocation"]["devices"]["results"]
@@ -396,7 +387,7 @@ def test_a_drained_node_frees_its_claims_as_its_pods_go_and_keeps_its_slices_and
     two_nodes: ClusterInstallation, ns: str
 ) -> None:
     cluster = two_nodes.cluster
-    w.apply(cluster, ns, w.claim_template("share-5gi", "5Gi"), _on(w.gpu_pod("drained", "share-5gi"), A100_NODE))
+    w.apply(cluster, ns, w.claim_template("share-5gi", "5Gi"), w.on_node(w.gpu_pod("drained", "share-5gi"), A100_NODE))
     w.wait_running(cluster, ns, ["drained"])
     claim = w.claim_of(cluster, ns, "drained")["metadata"]["name"]
 
@@ -443,8 +434,8 @@ def test_a_deleted_node_takes_its_slices_and_gpus_and_its_claims_are_told_nothin
         cluster,
         ns,
         w.claim_template("share-2gi", "2Gi"),
-        _on(w.gpu_pod("stays", "share-2gi"), H100_NODE),
-        _on(w.gpu_pod("goes", "share-2gi"), A100_NODE),
+        w.on_node(w.gpu_pod("stays", "share-2gi"), H100_NODE),
+        w.on_node(w.gpu_pod("goes", "share-2gi"), A100_NODE),
     )
     w.wait_running(cluster, ns, ["stays", "goes"])
 

@@ -12,9 +12,7 @@ the claims allocated on it, and the ledger lists exactly the live claims. The cl
 import json
 import os
 import re
-import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -35,7 +33,8 @@ from e2e.install import (
     ClusterInstallation,
     cluster_values,
     install_cluster,
-    remove_dev_char_links,
+    state_dir,
+    tear_down,
     wait_serving,
 )
 from e2e.rollout import PLUGIN_SELECTOR
@@ -76,34 +75,27 @@ def upgrade() -> Iterator[Upgrade]:
     if os.geteuid() != 0:
         pytest.skip("the e2e cluster needs root: network and mount namespaces, mounts, mknod and runc")
     previous = release.find()  # fails, saying how to fetch it, when the clone lacks the release
-    state_dir = Path(tempfile.mkdtemp(prefix="fracgpu-e2e-upgrade-", dir="/tmp"))
-    cluster = MultiNodeCluster(state_dir, [NodeProfile(H100_NODE, H100X2), NodeProfile(A100_NODE, A100X1)])
-    installed: ClusterInstallation | None = None
-    try:
-        tree = release.export(previous, state_dir / "previous-src")
-        old = release.build_image(previous, tree, state_dir / "previous-image")
-        current = build_image(state_dir / "image")
-        cluster.start()
-        cluster.import_image(current.archive.path)
-        installed = install_cluster(
-            cluster, image_out=state_dir / "unused", chart=tree / "charts" / "fracgpu", image=(old.name, old.archive)
-        )
-        yield Upgrade(installed, previous, old.name, current.name, state_dir)
-    finally:
-        cluster.stop()
-        if installed is not None:
-            remove_dev_char_links(installed.driver_root)
-        shutil.rmtree(state_dir, ignore_errors=True)
+    with state_dir("fracgpu-e2e-upgrade-") as files:
+        cluster = MultiNodeCluster(files, [NodeProfile(H100_NODE, H100X2), NodeProfile(A100_NODE, A100X1)])
+        installed: ClusterInstallation | None = None
+        try:
+            tree = release.export(previous, files / "previous-src")
+            old = release.build_image(previous, tree, files / "previous-image")
+            current = build_image(files / "image")
+            cluster.start()
+            cluster.import_image(current.archive.path)
+            installed = install_cluster(
+                cluster, image_out=files / "unused", chart=tree / "charts" / "fracgpu", image=(old.name, old.archive)
+            )
+            yield Upgrade(installed, previous, old.name, current.name, files)
+        finally:
+            tear_down(cluster, installed)
 
 
 @pytest.fixture
 def ns(upgrade: Upgrade) -> Iterator[str]:
     with w.fresh_namespace(upgrade.cluster) as name:
         yield name
-
-
-def _on(pod: dict[str, Any], node: str) -> dict[str, Any]:
-    return {**pod, "spec": {**pod["spec"], "nodeSelector": {"kubernetes.io/hostname": node}}}
 
 
 def _plugin_dir(node: ClusterNode) -> Path:
@@ -185,7 +177,7 @@ class Churn:
             i += 1
             try:
                 created = time.monotonic()
-                w.apply(self.cluster, self.namespace, _on(w.gpu_pod(name, "churn-1gi"), node))
+                w.apply(self.cluster, self.namespace, w.on_node(w.gpu_pod(name, "churn-1gi"), node))
                 w.wait_running(self.cluster, self.namespace, [name], timeout=150)
                 self.seconds.append(round(time.monotonic() - created, 1))
                 self.ran.append(name)
@@ -261,7 +253,7 @@ def test_upgrade_and_rollback_keep_live_claims_under_load(upgrade: Upgrade, ns: 
     # pods holding claims on every node, prepared by the previous release
     w.apply(cluster, ns, w.claim_template("keep-1gi", "1Gi"))
     names = [f"keep-{node.removeprefix('fracgpu-')}-{i}" for node in (H100_NODE, A100_NODE) for i in range(2)]
-    w.apply(cluster, ns, *(_on(w.gpu_pod(n, "keep-1gi"), H100_NODE if "h100" in n else A100_NODE) for n in names))
+    w.apply(cluster, ns, *(w.on_node(w.gpu_pod(n, "keep-1gi"), H100_NODE if "h100" in n else A100_NODE) for n in names))
     w.wait_running(cluster, ns, names)
     before = {n: live_pod(cluster, ns, n) for n in names}
     assert {p.node for p in before.values()} == {H100_NODE, A100_NODE}

@@ -131,6 +131,11 @@ def requests_template(name: str, memories: dict[str, str]) -> dict[str, Any]:
     }
 
 
+def on_node(pod: dict[str, Any], node: str) -> dict[str, Any]:
+    """`pod` pinned to the Node `node` (a nodeSelector on its hostname label)."""
+    return {**pod, "spec": {**pod["spec"], "nodeSelector": {"kubernetes.io/hostname": node}}}
+
+
 def gpu_pod(name: str, template: str, containers: int = 1, run_as_user: int | None = None) -> dict[str, Any]:
     """A pod whose `containers` busybox containers all use one claim `gpu` made from `template`."""
     names = [f"app{i}" for i in range(containers)] if containers > 1 else ["app"]
