@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import yaml
 
@@ -302,11 +302,9 @@ def state_dir(prefix: str) -> Iterator[Path]:
             shutil.rmtree(path, ignore_errors=True)
 
 
-class Stoppable(Protocol):
-    def stop(self) -> None: ...
-
-
-def tear_down(cluster: Stoppable, installed: Installation | ClusterInstallation | None) -> None:
+def tear_down(
+    cluster: SingleNodeCluster | MultiNodeCluster, installed: Installation | ClusterInstallation | None
+) -> None:
     """Stop `cluster`'s processes and delete the /dev/char links its plugins made (when it got installed)."""
     cluster.stop()
     if installed is not None:

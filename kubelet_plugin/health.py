@@ -50,13 +50,13 @@ def with_reported_health(source: HealthSource, book: HealthBook) -> HealthSource
     def health() -> list[ReportedHealth]:
         reported = book.snapshot()
         out = []
-        for pool, device, healthy, message in source():
-            driver = reported.get(device)
+        for entry in source():
+            driver = reported.get(entry.device)
             if driver is None or driver.state == "healthy":
-                out.append(ReportedHealth(pool, device, healthy, message))
+                out.append(entry)
                 continue
-            why = "; ".join(m for m in (message, driver.describe()) if m)
-            out.append(ReportedHealth(pool, device, False, why))
+            why = "; ".join(m for m in (entry.message, driver.describe()) if m)
+            out.append(entry._replace(healthy=False, message=why))
         return out
 
     return health
