@@ -44,6 +44,14 @@ class FakeApiServer:
             self.log.append((event, method, path))
             (self.pending.add if event == "start" else self.pending.discard)(path)
 
+    def withdraw_answer(self, method: str, path: str) -> None:
+        """Drop the last recorded answer to `method path` (its bytes never reached the client)."""
+        with self.lock:
+            for i in range(len(self.log) - 1, -1, -1):
+                if self.log[i] == ("answer", method, path):
+                    del self.log[i]
+                    return
+
     def answered(self, method: str, path: str) -> int:
         with self.lock:
             return sum(1 for e in self.log if e == ("answer", method, path))
@@ -90,15 +98,16 @@ def handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             if status == 200 and "watch=true" in self.path:
                 self._stream(body, path)
                 return
+            # recorded before the bytes go out: a client holding the answer always finds it recorded
+            api.record("answer", self.command, path)
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
-            except OSError:
-                return  # the client gave up on this request
-            api.record("answer", self.command, path)
+            except OSError:  # the client gave up on this request: not answered after all
+                api.withdraw_answer(self.command, path)
 
         def _stream(self, events: bytes, path: str) -> None:
             """A watch as kube-apiserver sends it: chunked, one event per chunk, open until `timeoutSeconds`."""
