@@ -85,6 +85,7 @@ def operator_settings(
                 KubeRest(KubeConnection.of(api)),
                 settings.webhook_config_name,
                 fail=settings.webhook_failure_policy == "Fail",
+                check_seconds=settings.webhook_check_seconds,
             ),
             shared=shared,
             shared_check_seconds=settings.webhook_cert_check_seconds,

@@ -44,14 +44,14 @@ def cluster_role_rules(
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     ]
     if admission:
-        # the webhooks of the chart-made configuration (controller/webhook_config.py): patch of that one
-        # name. No create: RBAC cannot scope create to a name, and create of any name would let it intercept
+        # the webhooks of the chart-made configuration (controller/webhook_config.py): get and patch of that
+        # one name. No create: RBAC cannot scope create to a name, and create of any name would let it intercept
         # every request in the cluster.
         rules.append(
             {
                 "apiGroups": ["admissionregistration.k8s.io"],
                 "resources": ["validatingwebhookconfigurations"],
-                "verbs": ["patch"],
+                "verbs": ["get", "patch"],
                 "resourceNames": [webhook_config or driver],
             }
         )

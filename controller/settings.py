@@ -51,6 +51,12 @@ class Settings(OptionSettings):
         description="<namespace>/<name> of the Secret every replica shares its webhook certificate through: the "
         "first replica creates it, the others read it (default: each process makes its own certificate)",
     )
+    webhook_check_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="how often each replica checks that its webhooks are still in the configuration (and puts "
+        "them back when they were removed)",
+    )
     webhook_cert_check_seconds: float = Field(
         3600.0, gt=0, description="how often each replica re-reads the shared certificate (and renews it when due)"
     )

@@ -115,7 +115,8 @@ class WebhookServer(kopf.WebhookServer):
 
     With `service=(namespace, name)` the registered client config is a Service reference (port
     `service_port`) instead of a URL, as a webhook inside the cluster is reached. With `registration`, each
-    client config it yields is also patched into the webhook configuration, and removed when it stops, unless
+    client config it yields is also patched into the webhook configuration (and kept there while it serves:
+    `Registration.keep`), and removed when it stops, unless
     `shared` is set: then its certificate is the one every replica shares (controller/certificate.py), kept
     current by `shared.keep` while it serves, and the configuration stays registered when one replica stops
     (the others serve the same CA bundle behind the same Service).
@@ -227,7 +228,7 @@ class WebhookServer(kopf.WebhookServer):
                 if self.registration is not None:
                     if registering is not None:
                         registering.cancel()
-                    registering = asyncio.create_task(self.registration.register(out))
+                    registering = asyncio.create_task(self.registration.keep(out))
                 yield out
         finally:
             for task in (registering, keeping):

@@ -3,8 +3,13 @@
 RBAC cannot scope `create` to a name, so the controller may not create webhook configurations at all, and
 kopf's own configuration manager (which always tries to create first) stays off. Instead the controller
 merge-patches the webhooks of its handlers, with the CA bundle of the certificate its server serves, into
-the configuration the chart made, and empties them again at a clean exit. Its only right on webhook
-configurations: `patch` of that one name.
+the configuration the chart made. Its only rights on webhook configurations: `get` and `patch` of that one name.
+
+Every replica keeps them there: it re-reads the configuration every `check_seconds` and patches its webhooks
+back in when any is missing (emptied by a replica of an older release at its exit during `helm upgrade`, or by
+hand). It does not patch over webhooks that are present but differ: during a certificate rotation or a rollout
+two replicas may rightly serve different CA bundles or handlers for a while. A process without a shared
+certificate (one replica) empties them again at a clean exit.
 """
 
 import asyncio
@@ -87,11 +92,20 @@ def webhooks(
 class Registration:
     """Patches the webhooks into the chart-made configuration `name`, and out again."""
 
-    def __init__(self, rest: KubeRest, name: str, *, fail: bool, retry: tuple[float, float] = (2.0, 60.0)) -> None:
+    def __init__(
+        self,
+        rest: KubeRest,
+        name: str,
+        *,
+        fail: bool,
+        retry: tuple[float, float] = (2.0, 60.0),
+        check_seconds: float = 10.0,
+    ) -> None:
         self.rest = rest
         self.name = name
         self.fail = fail
         self.retry = retry  # first and longest wait between attempts, seconds
+        self.check_seconds = check_seconds  # between reads of the configuration once registered
         self.registered = False
 
     def _patch(self, hooks: list[dict[str, Any]]) -> None:
@@ -115,6 +129,33 @@ class Registration:
                 return
             await asyncio.sleep(delay)
             delay = min(delay * 2, longest)
+
+    def _missing(self, hooks: list[dict[str, Any]]) -> list[str]:
+        """Names of `hooks` the live configuration lacks (raises ApiError)."""
+        live = self.rest.request("GET", config_path(self.name))
+        present = {h.get("name") for h in live.get("webhooks") or []}
+        return [h["name"] for h in hooks if h["name"] not in present]
+
+    async def keep(self, client_config: kopf.WebhookClientConfig) -> None:
+        """Register (as `register`), then every `check_seconds` patch the webhooks back in when any is
+        missing from the configuration; runs until cancelled, logging what fails."""
+        await self.register(client_config)
+        hooks = webhooks(self.name, client_config, fail=self.fail)
+        while True:
+            await asyncio.sleep(self.check_seconds)
+            try:
+                missing = await asyncio.to_thread(self._missing, hooks)
+                if missing:
+                    await asyncio.to_thread(self._patch, hooks)
+                    log.warning(
+                        "admission webhooks were removed from the configuration; registered them again",
+                        extra={"configuration": self.name, "missing": missing},
+                    )
+            except ApiError as err:
+                log.error(
+                    "cannot check the admission webhooks; checking again later",
+                    extra={"configuration": self.name, "status": err.status, "problem": _why(err, self.name)},
+                )
 
     async def unregister(self) -> None:
         """Empty the webhooks again (so that no request goes to a stopped controller); never raises."""
@@ -140,7 +181,8 @@ def _why(err: ApiError, name: str) -> str:
         )
     if err.status == 403:
         return (
-            f"the controller may not patch the ValidatingWebhookConfiguration {name}: its ClusterRole must"
-            " name it (chart value controller.webhook.configName, controller flag --webhook-config-name)"
+            f"the controller may not get or patch the ValidatingWebhookConfiguration {name}: its ClusterRole"
+            " must allow both on that name (chart value controller.webhook.configName, controller flag"
+            " --webhook-config-name)"
         )
     return str(err.reason or err.body or err)

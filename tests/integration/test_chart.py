@@ -1131,6 +1131,27 @@ def test_helm_upgrade_keeps_the_webhooks_the_controller_patched_in(
         assert upgraded.metadata.labels["upgraded"] == "yes", "helm did not update the object"
         assert upgraded.to_dict()["webhooks"] == registered, "helm upgrade changed the controller's webhooks"
 
+        # emptied behind its back (a replica of an older release at its exit): the kept registration, with
+        # the same token (get and patch of this one name), puts its webhooks back
+        keeping = Registration(rest, driver, fail=False, retry=(0.2, 1.0), check_seconds=0.2)
+
+        async def emptied_and_put_back() -> list[Any]:
+            task = asyncio.create_task(keeping.keep(client_config))
+            try:
+                while not keeping.registered:
+                    await asyncio.sleep(0.05)
+                await asyncio.to_thread(admission.patch_validating_webhook_configuration, driver, {"webhooks": []})
+                while True:
+                    live = await asyncio.to_thread(admission.read_validating_webhook_configuration, driver)
+                    if live.webhooks:
+                        return list(live.to_dict()["webhooks"])
+                    await asyncio.sleep(0.1)
+            finally:
+                task.cancel()
+                await asyncio.wait([task])
+
+        assert asyncio.run(asyncio.wait_for(emptied_and_put_back(), 30)) == registered
+
         asyncio.run(asyncio.wait_for(registration.unregister(), 30))
         assert not admission.read_validating_webhook_configuration(driver).webhooks
         run([*helm, "uninstall", release])

@@ -3,6 +3,7 @@ of the registration of its webhooks in the chart-made configuration (controller/
 
 import asyncio
 import base64
+import copy
 import json
 import logging
 import ssl
@@ -108,23 +109,28 @@ def test_server_registers_a_service_reference_when_asked() -> None:
 
 
 class FakeConfigurations:
-    """`KubeRest.request` for a caller whose only right is PATCH of ValidatingWebhookConfigurations (as the
-    controller's ClusterRole): a merge patch replaces `webhooks` of an existing object, a missing one is 404,
-    anything else is 403."""
+    """`KubeRest.request` for a caller whose only rights are GET and PATCH of ValidatingWebhookConfigurations
+    (as the controller's ClusterRole): a merge patch replaces `webhooks` of an existing object, a missing one
+    is 404, anything else is 403."""
 
     def __init__(self, *names: str) -> None:
         self.objects: dict[str, dict[str, Any]] = {n: {"metadata": {"name": n}} for n in names}
         self.patches: list[tuple[str, Any]] = []
+        self.gets = 0
 
     def request(self, method: str, path: str, query: Any = None, *, body: Any = None, content_type: str = "") -> Any:
         name = path.removeprefix(f"{CONFIGS}/")
-        if method != "PATCH" or content_type != MERGE or "/" in name:
+        if "/" in name or not (method == "GET" or (method == "PATCH" and content_type == MERGE)):
             raise ApiError(status=403, reason="Forbidden")
-        self.patches.append((name, body))
+        if method == "GET":
+            self.gets += 1
+        else:
+            self.patches.append((name, body))
         if name not in self.objects:
             raise ApiError(status=404, reason="Not Found")
-        self.objects[name] |= body
-        return self.objects[name]
+        if method == "PATCH":
+            self.objects[name] |= body
+        return copy.deepcopy(self.objects[name])
 
 
 def test_webhooks_are_laid_out_as_kopf_lays_them_out() -> None:
@@ -183,6 +189,52 @@ def test_registration_patches_the_existing_configuration_and_retries_while_it_is
 
     asyncio.run(registration.unregister())
     assert fake.objects["hooks"]["webhooks"] == [] and not registration.registered
+
+
+def test_kept_webhooks_are_put_back_when_removed_and_left_alone_when_present_but_different(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # a replica of an older release empties the configuration at its exit during `helm upgrade`; another
+    # replica mid-rotation rightly registers a different CA bundle
+    fake = FakeConfigurations("hooks")
+    registration = Registration(fake, "hooks", fail=False, check_seconds=0.01)  # type: ignore[arg-type]
+    config = kopf.WebhookClientConfig(url="https://127.0.0.1:9443", caBundle="Q0E=")
+    ours = webhooks("hooks", config, fail=False)
+
+    async def checks(n: int) -> None:
+        start = fake.gets
+        while fake.gets < start + n:
+            await asyncio.sleep(0.005)
+
+    async def main() -> None:
+        task = asyncio.create_task(registration.keep(config))
+        await checks(2)
+        assert fake.patches == [("hooks", {"webhooks": ours})]  # present: no further writes
+        fake.objects["hooks"]["webhooks"] = []  # emptied by someone else
+        await checks(2)
+        assert fake.objects["hooks"]["webhooks"] == ours and len(fake.patches) == 2
+        other = webhooks(
+            "hooks", kopf.WebhookClientConfig(url="https://127.0.0.1:9443", caBundle="T1RIRVI="), fail=False
+        )
+        fake.objects["hooks"]["webhooks"] = other
+        await checks(3)
+        assert fake.objects["hooks"]["webhooks"] == other and len(fake.patches) == 2
+        fake.objects["hooks"]["webhooks"] = other[:1]  # one of ours missing: all of ours go back
+        await checks(2)
+        assert fake.objects["hooks"]["webhooks"] == ours
+        del fake.objects["hooks"]  # deleted: logged, checked again, never created
+        await checks(2)
+        assert not task.done()
+        task.cancel()
+        await asyncio.wait([task])
+
+    with caplog.at_level(logging.WARNING, logger="controller.webhook_config"):
+        asyncio.run(main())
+    put_back = [r for r in caplog.records if r.getMessage().startswith("admission webhooks were removed")]
+    assert [r.missing for r in put_back] == [[h["name"] for h in ours], [ours[1]["name"]]]  # type: ignore[attr-defined]
+    failed = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert failed and "ValidatingWebhookConfiguration hooks does not exist" in failed[0].problem  # type: ignore[attr-defined]
+    assert "hooks" not in fake.objects
 
 
 def test_server_registers_its_client_config_and_unregisters_when_it_stops() -> None:
