@@ -592,14 +592,14 @@ def test_controller_cluster_role_is_the_one_in_the_code(tools: dict[str, Path], 
     assert (local["rules"] or []) == namespace_role_rules(
         name if elected else None, f"{name}-webhook-cert" if shared else None
     )
-    # on webhook configurations: patch of its own only (the chart makes it; RBAC cannot scope create by name)
+    # on webhook configurations: get and patch of its own only (the chart makes it; RBAC cannot scope create by name)
     webhook_rules = [r for r in role["rules"] if r["apiGroups"] == ["admissionregistration.k8s.io"]]
     if webhook.get("enabled", True):
         assert webhook_rules == [
             {
                 "apiGroups": ["admissionregistration.k8s.io"],
                 "resources": ["validatingwebhookconfigurations"],
-                "verbs": ["patch"],
+                "verbs": ["get", "patch"],
                 "resourceNames": [webhook.get("configName") or driver],
             }
         ]
