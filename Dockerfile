@@ -37,7 +37,7 @@ COPY controller ./controller
 COPY kubelet_plugin ./kubelet_plugin
 # Install the wheel and its dependencies at the pins `make venv` and CI test, precompile, then drop the installer.
 RUN /opt/fracgpu/bin/pip install --no-compile -c constraints.txt . \
- && /opt/fracgpu/bin/python -m compileall -q /opt/fracgpu/lib \
+ && /opt/fracgpu/bin/python -m compileall -q -o 0 -o 2 /opt/fracgpu/lib \
  && /opt/fracgpu/bin/pip uninstall -y setuptools pip
 
 FROM ${PYTHON_IMAGE}

@@ -14,6 +14,9 @@ from e2e.cluster.processes import ProcessGroup
 from e2e.kubelet_client import KubeletClient
 
 DRIVER = "gpu.fracgpu.dev"
+PLUGIN_RUNTIME_ENV = {"PYTHONOPTIMIZE": "2", "MALLOC_ARENA_MAX": "2"}
+"""What the chart's DaemonSet sets for the plugin process (asserted by tests/integration/test_chart.py): tests and
+benchmarks run the plugin as deployed."""
 
 
 def toolkit_args(tools: Mapping[str, Path]) -> list[str]:
@@ -68,6 +71,7 @@ class NodePluginProcess:
         self.procs = ProcessGroup(workdir / "state", detached=False)
         self._env = {
             **os.environ,
+            **PLUGIN_RUNTIME_ENV,
             "KUBECONFIG": str(kubeconfig),
             "LD_LIBRARY_PATH": str(nvml_dir),
             "FRACGPU_MOCK_NVML_PROFILE": str(profile),

@@ -289,13 +289,18 @@ def build_app_layer(
                 "--no-compile", "--find-links", f"{inner}/wheels", "-c", f"{inner}/constraints.txt", f"{inner}/{inputs.app_wheel.name}",
             )  # fmt: skip
         with timer.step("compile bytecode"):
-            # Hash-based .pyc files do not depend on mtimes, so the layer stays reproducible.
+            # Hash-based .pyc files do not depend on mtimes, so the layer stays reproducible. Levels 0 and 2:
+            # the controller runs plain, the node plugin with PYTHONOPTIMIZE=2 (the chart's env).
             _chroot(
                 root,
                 f"{VENV}/bin/python",
                 "-m",
                 "compileall",
                 "-q",
+                "-o",
+                "0",
+                "-o",
+                "2",
                 "--invalidation-mode",
                 "checked-hash",
                 f"{VENV}/lib",

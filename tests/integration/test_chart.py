@@ -33,6 +33,7 @@ from controller.webhook import self_signed_certificate
 from controller.webhook_config import Registration
 from e2e.cluster import binaries
 from e2e.cluster.controlplane import ControlPlane
+from e2e.nodeplugin import PLUGIN_RUNTIME_ENV
 from kubelet_plugin.claim_status import apply_ready
 from kubelet_plugin.heartbeat import Heartbeat
 from kubelet_plugin.slices import build_slices
@@ -314,6 +315,8 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     assert env["POD_NAMESPACE"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}  # its heartbeat Lease's
     assert env["FRACGPU_HEARTBEAT_INTERVAL"] == "10"
     assert env["LD_LIBRARY_PATH"] == "/opt/fracgpu/nvml"
+    # tests and benchmarks run the plugin process with the chart's runtime env
+    assert {k: env.get(k) for k in PLUGIN_RUNTIME_ENV} == PLUGIN_RUNTIME_ENV
     # handover: serve after SIGTERM until the replacement registered, within the grace period; ready = registered
     assert (spec["terminationGracePeriodSeconds"], env["FRACGPU_HANDOVER_TIMEOUT"]) == (30, "25")
     assert plugin["readinessProbe"]["exec"]["command"] == [
