@@ -267,7 +267,17 @@ def wait_running(cluster: Cluster, namespace: str, pods: list[str], timeout: flo
             return
         time.sleep(1)
     events = cluster.kubectl("get", "events", "-n", namespace, "--sort-by=.lastTimestamp", check=False).stdout
-    raise TimeoutError(f"pods not Running after {timeout}s: {phases}\n{events[-3000:]}")
+    # what holds the GPUs (every namespace's allocated claims, the ledger): a pod Pending for want of memory
+    claims = cluster.kubectl(
+        "get", "resourceclaims", "-A", "-o",
+        "custom-columns=NAMESPACE:.metadata.namespace,NAME:.metadata.name,DELETING:.metadata.deletionTimestamp,"
+        "DEVICES:.status.allocation.devices.results[*].device,CAPACITY:.status.allocation.devices.results[*].consumedCapacity",
+        check=False,
+    ).stdout  # fmt: skip
+    gpus = cluster.kubectl("get", "gpus", "-o", "wide", check=False).stdout
+    raise TimeoutError(
+        f"pods not Running after {timeout}s: {phases}\n{events[-3000:]}\nclaims:\n{claims[-3000:]}\nGPUs:\n{gpus}"
+    )
 
 
 def report(cluster: Cluster, namespace: str, pod: str, container: str = "app", timeout: float = 30) -> Seen:
