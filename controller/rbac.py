@@ -45,8 +45,8 @@ def cluster_role_rules(
     ]
     if admission:
         # the webhooks of the chart-made configuration (controller/webhook_config.py): get and patch of that
-        # one name. No create: RBAC cannot scope create to a name, and create of any name would let it intercept
-        # every request in the cluster.
+        # one name. No create: RBAC cannot scope create to a name, and create of any name would let it
+        # intercept every request in the cluster.
         rules.append(
             {
                 "apiGroups": ["admissionregistration.k8s.io"],

@@ -113,7 +113,9 @@ class Registration:
 
     async def register(self, client_config: kopf.WebhookClientConfig) -> None:
         """Patch the webhooks calling `client_config` in; retry (logging why) until it works."""
-        hooks = webhooks(self.name, client_config, fail=self.fail)
+        await self._register(webhooks(self.name, client_config, fail=self.fail))
+
+    async def _register(self, hooks: list[dict[str, Any]]) -> None:
         delay, longest = self.retry
         while True:
             try:
@@ -139,8 +141,8 @@ class Registration:
     async def keep(self, client_config: kopf.WebhookClientConfig) -> None:
         """Register (as `register`), then every `check_seconds` patch the webhooks back in when any is
         missing from the configuration; runs until cancelled, logging what fails."""
-        await self.register(client_config)
         hooks = webhooks(self.name, client_config, fail=self.fail)
+        await self._register(hooks)
         while True:
             await asyncio.sleep(self.check_seconds)
             try:
