@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    SerializationInfo,
-    SerializerFunctionWrapHandler,
     field_validator,
-    model_serializer,
     model_validator,
 )
 
@@ -145,23 +142,15 @@ def spec_path(cdi_dir: Path, driver: str, claim_uid: str) -> Path:
 # spec model
 
 
+def _empty(value: object) -> bool:
+    return not value
+
+
 class _CdiModel(BaseModel):
-    """Exact CDI JSON names; unknown fields refused; ``None`` and empty optional collections omitted."""
+    """Exact CDI JSON names; unknown fields refused. ``to_json`` omits ``None`` and the empty optional
+    collections (fields with ``exclude_if=_empty``)."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, strict=True)
-
-    _omit_empty: ClassVar[frozenset[str]] = frozenset()
-
-    @model_serializer(mode="wrap")
-    def _drop_unset(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
-        data = handler(self)
-        if not isinstance(data, dict):
-            return data
-        return {
-            k: v
-            for k, v in data.items()
-            if v is not None and not (k in self._omit_empty and isinstance(v, list | dict) and not v)
-        }
 
 
 class DeviceNode(_CdiModel):
@@ -195,25 +184,21 @@ class DeviceNode(_CdiModel):
 class Mount(_CdiModel):
     """A bind (or other) mount into the container."""
 
-    _omit_empty = frozenset({"options"})
-
     host_path: str = Field(alias="hostPath", min_length=1)
     container_path: str = Field(alias="containerPath", min_length=1)
-    options: list[str] = Field(default_factory=list)
+    options: list[str] = Field(default_factory=list, exclude_if=_empty)
     type: str | None = None
 
 
 class Hook(_CdiModel):
     """An OCI hook run by the runtime."""
 
-    _omit_empty = frozenset({"args", "env"})
-
     hook_name: Literal["prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"] = (
         Field(alias="hookName")
     )
     path: str
-    args: list[str] = Field(default_factory=list)
-    env: list[str] = Field(default_factory=list)
+    args: list[str] = Field(default_factory=list, exclude_if=_empty)
+    env: list[str] = Field(default_factory=list, exclude_if=_empty)
     timeout: int | None = Field(default=None, gt=0)
 
     @field_validator("path")
@@ -232,13 +217,11 @@ class Hook(_CdiModel):
 class ContainerEdits(_CdiModel):
     """Edits applied to the OCI spec; empty lists are omitted."""
 
-    _omit_empty = frozenset({"env", "deviceNodes", "mounts", "hooks", "additionalGids"})
-
-    env: list[str] = Field(default_factory=list)
-    device_nodes: list[DeviceNode] = Field(default_factory=list, alias="deviceNodes")
-    mounts: list[Mount] = Field(default_factory=list)
-    hooks: list[Hook] = Field(default_factory=list)
-    additional_gids: list[int] = Field(default_factory=list, alias="additionalGids")
+    env: list[str] = Field(default_factory=list, exclude_if=_empty)
+    device_nodes: list[DeviceNode] = Field(default_factory=list, alias="deviceNodes", exclude_if=_empty)
+    mounts: list[Mount] = Field(default_factory=list, exclude_if=_empty)
+    hooks: list[Hook] = Field(default_factory=list, exclude_if=_empty)
+    additional_gids: list[int] = Field(default_factory=list, alias="additionalGids", exclude_if=_empty)
 
     @field_validator("env")
     @classmethod
@@ -261,10 +244,8 @@ class ContainerEdits(_CdiModel):
 class Device(_CdiModel):
     """One CDI device; CDI refuses a device without edits."""
 
-    _omit_empty = frozenset({"annotations"})
-
     name: str
-    annotations: dict[str, str] | None = None
+    annotations: dict[str, str] | None = Field(default=None, exclude_if=_empty)
     container_edits: ContainerEdits = Field(alias="containerEdits")
 
     @field_validator("name")
@@ -288,13 +269,13 @@ class Device(_CdiModel):
 class Spec(_CdiModel):
     """A CDI spec file. ``cdi_version`` defaults to the baseline; ``write_spec`` sets the minimum."""
 
-    _omit_empty = frozenset({"annotations", "containerEdits"})
-
     cdi_version: str = Field(default=BASELINE_VERSION, alias="cdiVersion")
     kind: str
-    annotations: dict[str, str] | None = None
+    annotations: dict[str, str] | None = Field(default=None, exclude_if=_empty)
     devices: list[Device] = Field(min_length=1)
-    container_edits: ContainerEdits | None = Field(default=None, alias="containerEdits")
+    container_edits: ContainerEdits | None = Field(
+        default=None, alias="containerEdits", exclude_if=lambda edits: edits is None or edits.is_empty()
+    )
 
     @field_validator("cdi_version")
     @classmethod
@@ -324,7 +305,7 @@ class Spec(_CdiModel):
 
     def to_json(self) -> str:
         """The spec as compact CDI JSON (exact field names, unset fields omitted)."""
-        return self.model_dump_json(by_alias=True) + "\n"
+        return self.model_dump_json(by_alias=True, exclude_none=True) + "\n"
 
 
 def _edits_list(spec: Spec) -> list[ContainerEdits]:

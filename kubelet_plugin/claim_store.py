@@ -1,6 +1,7 @@
 """The files a prepared claim has on the node: its CDI spec, its per-request info files and its HAMi-core files.
 
-Writes are atomic (``filelock.atomic_write``): a reader sees the old or the new file, never a torn one.
+Replacing writes are atomic (``filelock.atomic_write``): a reader sees the old or the new file, never a torn
+one; the info files of a claim's new directory are written in place (``container_info.write_claim_files``).
 None of them is fsynced: only a power loss or a kernel crash loses or tears a written but unsynced file, and
 both change the node's boot ID. After a boot ID change recovery re-writes every claim's files from the API
 before the plugin serves, and the kubelet prepares every claim again (which re-writes them) before any of its

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kubelet_plugin.filelock import atomic_write
+from kubelet_plugin.filelock import atomic_write, write_all
 
 DIR_IN_CONTAINER = "/run/fracgpu"
 ENV_PREFIX = "FRACGPU_DEV_"
@@ -157,29 +157,47 @@ def mount_options() -> list[str]:
 
 
 def write_claim_files(directory: Path, files: list[InfoFile]) -> None:
-    """Atomically write each file whose content changed (a bind-mounted inode stays put) and delete files of
-    requests the claim no longer has. All files must be in `directory`. Raises OSError."""
+    """Write each file whose content changed and delete files of requests the claim no longer has. All files
+    must be in `directory`. Raises OSError.
+
+    In an existing directory a changed file is replaced atomically (a bind-mounted inode stays put). In a
+    directory this call created (the common case, a claim prepared anew) nothing can read the files yet, so
+    they are written in place, without a temp file: a crash in the middle leaves a torn file only in the
+    directory of a claim whose prepare did not complete, and the checkpoint saved after the files decides.
+    A claim new to the checkpoint is an orphan that recovery removes; a claim already completed (its directory
+    deleted meanwhile) is prepared again by the kubelet's retry, which finds the file differs and replaces it.
+    Not durable: after a power loss every claim's files are written again (``claim_store``)."""
     wanted = {f.host_path.name for f in files}
     try:
         directory.mkdir(mode=0o755, parents=True)
-        created = True  # empty: nothing to compare with or delete (the common case, a claim prepared anew)
+        created = True  # empty: nothing to compare with or delete
     except FileExistsError:
         created = False
     for f in files:
         if f.host_path.parent != directory:
             raise ValueError(f"{f.host_path} is not in {directory}")
         content = f.info.to_json()
+        if created:
+            _write_new(f.host_path, content)
+            continue
         try:
-            if not created and f.host_path.read_bytes() == content:
+            if f.host_path.read_bytes() == content:
                 continue
         except FileNotFoundError:
             pass
-        # not durable: a power loss also loses the CDI specs (tmpfs), and after the reboot every claim's
-        # spec and files are written again; a crash of the plugin loses nothing written
         atomic_write(f.host_path, content, INFO_FILE_MODE, durable=False)
     for existing in () if created else directory.iterdir():
         if existing.suffix == ".json" and existing.name not in wanted:
             existing.unlink()
+
+
+def _write_new(path: Path, content: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, INFO_FILE_MODE)
+    try:
+        write_all(fd, content)
+        os.fchmod(fd, INFO_FILE_MODE)  # whatever the umask
+    finally:
+        os.close(fd)
 
 
 def remove_claim_files(plugin_data_dir: Path, claim_uid: str) -> bool:

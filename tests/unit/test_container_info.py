@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -99,6 +100,43 @@ def test_write_keeps_unchanged_files_and_drops_stale_ones(tmp_path: Path) -> Non
     assert gpu.host_path.stat().st_ino == inode, "an unchanged file keeps its inode (bind mounts see it)"
     assert sorted(p.name for p in directory.iterdir()) == ["gpu.json"]
     assert json.loads(gpu.host_path.read_text())["request"] == "gpu"
+
+
+def test_files_of_a_new_directory_are_written_in_place_and_changed_ones_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a directory the call creates, no temp file and no rename (nothing can read it yet); in an existing
+    one a changed file is replaced by rename (a new inode, the old one left whole for its bind mounts); the
+    mode is 0644 whatever the umask."""
+    renames: list[str] = []
+    real_replace = os.replace
+
+    def recording_replace(src: str, dst: str) -> None:
+        renames.append(os.path.basename(dst))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", recording_replace)
+    old_umask = os.umask(0o077)
+    try:
+        directory = info.claim_info_dir(tmp_path, UID)
+        gpu = info.info_file(tmp_path, request_info("gpu"))
+        info.write_claim_files(directory, [gpu, info.info_file(tmp_path, request_info("other"))])
+        assert renames == []
+        assert sorted(p.name for p in directory.iterdir()) == ["gpu.json", "other.json"]
+        assert gpu.host_path.stat().st_mode & 0o777 == 0o644
+        assert gpu.host_path.read_bytes() == gpu.info.to_json()
+        inode = gpu.host_path.stat().st_ino
+        changed = info.InfoFile(
+            gpu.host_path, gpu.container_path, request_info("gpu").model_copy(update={"enforcement": "nvml"})
+        )
+        info.write_claim_files(directory, [changed])
+        assert renames == ["gpu.json"]
+        assert gpu.host_path.stat().st_ino != inode
+        assert gpu.host_path.stat().st_mode & 0o777 == 0o644
+        assert json.loads(gpu.host_path.read_text())["enforcement"] == "nvml"
+        assert sorted(p.name for p in directory.iterdir()) == ["gpu.json"]
+    finally:
+        os.umask(old_umask)
 
 
 def test_remove_and_orphans(tmp_path: Path) -> None:

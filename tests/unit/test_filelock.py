@@ -119,6 +119,39 @@ def test_atomic_write_creates_missing_parent_directories(tmp_path: Path) -> None
     assert target.read_bytes() == b"[]\n"
 
 
+def test_atomic_write_skips_a_temp_name_left_by_an_earlier_process_and_writes_all_of_a_short_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Temp names are per process and call; one that exists (a crashed process of the same pid) is passed
+    over, not opened; ``os.write`` writing less than asked is continued until all is written."""
+    target = tmp_path / "spec.json"
+    used: list[str] = []
+    real_replace = os.replace
+
+    def recording_replace(src: str, dst: str) -> None:
+        used.append(os.path.basename(src))
+        real_replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", recording_replace)
+    atomic_write(target, b"first", 0o644)
+    pid, last = used[0].removeprefix(".spec.json.").removesuffix(".tmp").split("-")
+    assert pid == str(os.getpid())
+    stale = [tmp_path / f".spec.json.{pid}-{int(last) + n}.tmp" for n in range(1, 6)]
+    for path in stale:  # the next five names are taken
+        path.write_bytes(b"stale")
+    real_write = os.write
+
+    def short_write(fd: int, data: bytes | memoryview) -> int:
+        return real_write(fd, bytes(data[:3]))
+
+    monkeypatch.setattr(os, "write", short_write)
+    atomic_write(target, b"0123456789", 0o644)
+    assert target.read_bytes() == b"0123456789"
+    assert all(p.read_bytes() == b"stale" for p in stale)
+    assert len(list(tmp_path.iterdir())) == len(stale) + 1
+    assert used[1] == f".spec.json.{pid}-{int(last) + 6}.tmp"
+
+
 def current_umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
