@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -146,6 +147,12 @@ def _empty(value: object) -> bool:
     return not value
 
 
+#: CDI annotations: keys are qualified names; omitted from the JSON when empty.
+Annotations = Annotated[dict[str, str] | None, AfterValidator(_validate_annotations)]
+#: ``NAME=VALUE`` entries.
+EnvList = Annotated[list[str], AfterValidator(_validate_env)]
+
+
 class _CdiModel(BaseModel):
     """Exact CDI JSON names; unknown fields refused. ``to_json`` omits ``None`` and the empty optional
     collections (fields with ``exclude_if=_empty``)."""
@@ -198,7 +205,7 @@ class Hook(_CdiModel):
     )
     path: str
     args: list[str] = Field(default_factory=list, exclude_if=_empty)
-    env: list[str] = Field(default_factory=list, exclude_if=_empty)
+    env: EnvList = Field(default_factory=list, exclude_if=_empty)
     timeout: int | None = Field(default=None, gt=0)
 
     @field_validator("path")
@@ -208,25 +215,15 @@ class Hook(_CdiModel):
             raise ValueError(f"hook path {v!r} must be absolute")
         return v
 
-    @field_validator("env")
-    @classmethod
-    def _check_env(cls, v: list[str]) -> list[str]:
-        return _validate_env(v)
-
 
 class ContainerEdits(_CdiModel):
     """Edits applied to the OCI spec; empty lists are omitted."""
 
-    env: list[str] = Field(default_factory=list, exclude_if=_empty)
+    env: EnvList = Field(default_factory=list, exclude_if=_empty)
     device_nodes: list[DeviceNode] = Field(default_factory=list, alias="deviceNodes", exclude_if=_empty)
     mounts: list[Mount] = Field(default_factory=list, exclude_if=_empty)
     hooks: list[Hook] = Field(default_factory=list, exclude_if=_empty)
     additional_gids: list[int] = Field(default_factory=list, alias="additionalGids", exclude_if=_empty)
-
-    @field_validator("env")
-    @classmethod
-    def _check_env(cls, v: list[str]) -> list[str]:
-        return _validate_env(v)
 
     @field_validator("additional_gids")
     @classmethod
@@ -245,7 +242,7 @@ class Device(_CdiModel):
     """One CDI device; CDI refuses a device without edits."""
 
     name: str
-    annotations: dict[str, str] | None = Field(default=None, exclude_if=_empty)
+    annotations: Annotations = Field(default=None, exclude_if=_empty)
     container_edits: ContainerEdits = Field(alias="containerEdits")
 
     @field_validator("name")
@@ -253,11 +250,6 @@ class Device(_CdiModel):
     def _name(cls, v: str) -> str:
         validate_device_name(v)
         return v
-
-    @field_validator("annotations")
-    @classmethod
-    def _check_annotations(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        return _validate_annotations(v)
 
     @model_validator(mode="after")
     def _edits_present(self) -> Device:
@@ -271,7 +263,7 @@ class Spec(_CdiModel):
 
     cdi_version: str = Field(default=BASELINE_VERSION, alias="cdiVersion")
     kind: str
-    annotations: dict[str, str] | None = Field(default=None, exclude_if=_empty)
+    annotations: Annotations = Field(default=None, exclude_if=_empty)
     devices: list[Device] = Field(min_length=1)
     container_edits: ContainerEdits | None = Field(
         default=None, alias="containerEdits", exclude_if=lambda edits: edits is None or edits.is_empty()
@@ -289,11 +281,6 @@ class Spec(_CdiModel):
     def _kind(cls, v: str) -> str:
         validate_kind(v)
         return v
-
-    @field_validator("annotations")
-    @classmethod
-    def _check_annotations(cls, v: dict[str, str] | None) -> dict[str, str] | None:
-        return _validate_annotations(v)
 
     @model_validator(mode="after")
     def _unique_devices(self) -> Spec:

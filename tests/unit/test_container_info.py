@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from kubelet_plugin import container_info as info
+from tests.unit.fs_calls import record_renames
 
 UID = "0b6f3c2e-5d1a-4b8e-9c7f-2a1d3e4f5a6b"
 SHARE = "a671734a-e8e5-11e4-8fde-42010af09327"
@@ -108,14 +109,7 @@ def test_files_of_a_new_directory_are_written_in_place_and_changed_ones_replaced
     """In a directory the call creates, no temp file and no rename (nothing can read it yet); in an existing
     one a changed file is replaced by rename (a new inode, the old one left whole for its bind mounts); the
     mode is 0644 whatever the umask."""
-    renames: list[str] = []
-    real_replace = os.replace
-
-    def recording_replace(src: str, dst: str) -> None:
-        renames.append(os.path.basename(dst))
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", recording_replace)
+    renames = record_renames(monkeypatch)
     old_umask = os.umask(0o077)
     try:
         directory = info.claim_info_dir(tmp_path, UID)
@@ -130,7 +124,7 @@ def test_files_of_a_new_directory_are_written_in_place_and_changed_ones_replaced
             gpu.host_path, gpu.container_path, request_info("gpu").model_copy(update={"enforcement": "nvml"})
         )
         info.write_claim_files(directory, [changed])
-        assert renames == ["gpu.json"]
+        assert [dst for _, dst in renames] == ["gpu.json"]
         assert gpu.host_path.stat().st_ino != inode
         assert gpu.host_path.stat().st_mode & 0o777 == 0o644
         assert json.loads(gpu.host_path.read_text())["enforcement"] == "nvml"

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from kubelet_plugin.filelock import atomic_write, serialize_lock, serialize_lock_path
+from tests.unit.fs_calls import record_renames
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -125,16 +126,9 @@ def test_atomic_write_skips_a_temp_name_left_by_an_earlier_process_and_writes_al
     """Temp names are per process and call; one that exists (a crashed process of the same pid) is passed
     over, not opened; ``os.write`` writing less than asked is continued until all is written."""
     target = tmp_path / "spec.json"
-    used: list[str] = []
-    real_replace = os.replace
-
-    def recording_replace(src: str, dst: str) -> None:
-        used.append(os.path.basename(src))
-        real_replace(src, dst)
-
-    monkeypatch.setattr(os, "replace", recording_replace)
+    renames = record_renames(monkeypatch)
     atomic_write(target, b"first", 0o644)
-    pid, last = used[0].removeprefix(".spec.json.").removesuffix(".tmp").split("-")
+    pid, last = renames[0][0].removeprefix(".spec.json.").removesuffix(".tmp").split("-")
     assert pid == str(os.getpid())
     stale = [tmp_path / f".spec.json.{pid}-{int(last) + n}.tmp" for n in range(1, 6)]
     for path in stale:  # the next five names are taken
@@ -149,7 +143,7 @@ def test_atomic_write_skips_a_temp_name_left_by_an_earlier_process_and_writes_al
     assert target.read_bytes() == b"0123456789"
     assert all(p.read_bytes() == b"stale" for p in stale)
     assert len(list(tmp_path.iterdir())) == len(stale) + 1
-    assert used[1] == f".spec.json.{pid}-{int(last) + 6}.tmp"
+    assert renames[1] == (f".spec.json.{pid}-{int(last) + 6}.tmp", "spec.json")
 
 
 def current_umask() -> int:
