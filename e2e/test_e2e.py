@@ -163,8 +163,8 @@ def test_a_non_root_container_opens_its_gpu(installation: Installation, ns: str)
 def test_shares_pack_onto_gpus_and_the_ledger_shows_them(installation: Installation, ns: str) -> None:
     cluster = installation.cluster
     w.apply(cluster, ns, w.claim_template("share-40gi", "40Gi"), w.claim_template("share-100gi", "100Gi"))
-    # one after the other: two created together may land on different GPUs (seen once in CI; the scheduler
-    # seems to pass over a device while another claim's allocation on it is in flight)
+    # one after the other: two created together may land on different GPUs (seen once in CI): the upstream
+    # scheduler can count an in-flight share twice (README "Using it")
     for name in ("a", "b"):
         w.apply(cluster, ns, w.gpu_pod(name, "share-40gi"))
         w.wait_running(cluster, ns, [name])

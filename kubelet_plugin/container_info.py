@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from kubelet_plugin.filelock import atomic_write, write_all
+from kubelet_plugin.filelock import atomic_write, write_new
 
 DIR_IN_CONTAINER = "/run/fracgpu"
 ENV_PREFIX = "FRACGPU_DEV_"
@@ -178,7 +178,7 @@ def write_claim_files(directory: Path, files: list[InfoFile]) -> None:
             raise ValueError(f"{f.host_path} is not in {directory}")
         content = f.info.to_json()
         if created:
-            _write_new(f.host_path, content)
+            write_new(f.host_path, content, INFO_FILE_MODE)
             continue
         try:
             if f.host_path.read_bytes() == content:
@@ -189,15 +189,6 @@ def write_claim_files(directory: Path, files: list[InfoFile]) -> None:
     for existing in () if created else directory.iterdir():
         if existing.suffix == ".json" and existing.name not in wanted:
             existing.unlink()
-
-
-def _write_new(path: Path, content: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, INFO_FILE_MODE)
-    try:
-        write_all(fd, content)
-        os.fchmod(fd, INFO_FILE_MODE)  # whatever the umask
-    finally:
-        os.close(fd)
 
 
 def remove_claim_files(plugin_data_dir: Path, claim_uid: str) -> bool:
