@@ -37,11 +37,12 @@ lock: ## re-pin constraints.txt after a pyproject.toml change (LOCK_ARGS=--upgra
 	    --implementation cp --python-version $$v $(addprefix --platform ,$(LOCK_PLATFORMS)) \
 	    -c $(CONSTRAINTS) '.[dev]' || exit 1; \
 	done
-	$(PY) -m pytest -p no:cacheprovider -q tests/unit/test_lock.py
+	$(PY) -m pytest -p no:cacheprovider -q tests/unit/e2e/test_lock.py
 
-lint: venv ## ruff lint and format check
+lint: venv ## ruff lint and format check; the import contracts between packages (lint-imports)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports --no-cache
 
 typecheck: venv ## mypy (strict)
 	$(VENV)/bin/mypy
@@ -55,8 +56,8 @@ binaries: ## build the pinned upstream components from their Go modules (cached 
 mock-nvml: ## build the mock libnvidia-ml.so.1 (simulated GPUs) into build/mocknvml
 	bash e2e/mocknvml/build.sh build/mocknvml
 
-proto: venv ## regenerate the gRPC/protobuf code from kubelet_plugin/proto/*.proto
-	$(PY) -m kubelet_plugin.proto.generate
+proto: venv ## regenerate the gRPC/protobuf code from kubelet_plugin/serving/proto/*.proto
+	$(PY) -m kubelet_plugin.serving.proto.generate
 
 integration: venv binaries ## tests against a real control plane built from upstream
 	$(PYTEST) tests/integration

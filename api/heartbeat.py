@@ -2,7 +2,7 @@
 
 The plugin renews `fracgpu-plugin-<node>` in its own namespace (the release's) every `--heartbeat-interval`;
 the controller reads those Leases and says in the ledger whether each node's plugin is reporting
-(`controller/node_lifecycle.py`). The chart's admission policy lets a plugin write only its own node's Lease.
+(`controller/nodes/plan.py`). The chart's admission policy lets a plugin write only its own node's Lease.
 """
 
 import datetime

@@ -12,13 +12,13 @@ from kubernetes.config import ConfigException
 
 from api.kube_rest import ApiError, KubeRest
 from api.logs import configure_logging
-from controller import kopf_json, kube, metrics
-from controller.certificate import SharedCertificate
-from controller.election import LeaderElector, LeaseTimings
+from controller.admission.certificate import SharedCertificate
+from controller.core import kopf_json, kube, metrics
+from controller.core.settings import parse_settings
 from controller.handlers import operator_settings, register, shared_certificate
-from controller.leadership import GatedWriter, Leadership
+from controller.leadership.election import LeaderElector, LeaseTimings
+from controller.leadership.gate import GatedWriter, Leadership
 from controller.reconciler import Controller
-from controller.settings import parse_settings
 
 log = logging.getLogger("controller")
 _KOPF_EXTRAS = ("settings", "k8s_skip", "k8s_ref")

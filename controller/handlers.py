@@ -18,16 +18,16 @@ from kubernetes import client
 from api.gpu import GPU_PLURAL, GPU_VERSION
 from api.kube_rest import KubeConnection, KubeRest
 from api.names import API_GROUP
-from controller import kube, metrics
-from controller.admission import Review, review_claim_spec
-from controller.certificate import SharedCertificate
-from controller.leadership import Leadership
-from controller.ledger import ExistingGpu
-from controller.model import ClaimView, DeviceClassView, SliceView, claim_view, device_class_view, slice_view
+from controller.admission.certificate import SharedCertificate
+from controller.admission.verdict import Review, review_claim_spec
+from controller.admission.webhook import WebhookServer
+from controller.admission.webhook_config import CLAIMS, TEMPLATES, Registration
+from controller.core import kube, metrics
+from controller.core.model import ClaimView, DeviceClassView, SliceView, claim_view, device_class_view, slice_view
+from controller.core.settings import COMPONENT, Settings
+from controller.leadership.gate import Leadership
+from controller.ledger.plan import ExistingGpu
 from controller.reconciler import Controller
-from controller.settings import COMPONENT, Settings
-from controller.webhook import WebhookServer
-from controller.webhook_config import CLAIMS, TEMPLATES, Registration
 
 log = logging.getLogger(__name__)
 RESOURCE_GROUP = "resource.k8s.io"
@@ -95,7 +95,7 @@ def operator_settings(
 
 def _review(controller: Controller, spec: Any, prefix: str) -> Review:
     """Review a claim spec against what the controller published for admission (called on the webhook's
-    thread: it reads `controller.admission` only)."""
+    thread: it reads `controller.admission.verdict` only)."""
     s = controller.settings
     facts = controller.admission
     return review_claim_spec(
@@ -114,7 +114,7 @@ def register(
     registry: kopf.OperatorRegistry, settings: Settings, controller: Controller, leadership: Leadership | None = None
 ) -> None:
     """Register every handler of the controller in `registry`; with `leadership`, the controller's loops run
-    only while its elector leads (controller/leadership.py)."""
+    only while its elector leads (controller/leadership/gate.py)."""
     driver = settings.driver_name
 
     @kopf.on.login(registry=registry, id="login")

@@ -9,7 +9,7 @@ burst, fewer writers leave claims queued behind writes in flight). The ledger is
 claim event marks the GPUs its shares were and are on, a GPU event (our own write's echo included) marks that
 GPU; each pass recomputes only the marked GPUs and writes those whose content differs (an echo compares equal
 and costs one GPU's recompute), at most `ledger_workers` at a time. A slice change that alters the published
-devices, a start and the periodic resync recompute the whole ledger. `controller.runtime` tunes the interpreter
+devices, a start and the periodic resync recompute the whole ledger. `controller.core.runtime` tunes the interpreter
 for this mix of threads (GIL hand-over, garbage collection of the indexes' heap).
 """
 
@@ -26,10 +26,11 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from api.gpu import GPU_CRD_NAME, PLUGIN_REPORTING_CONDITION, gpu_object_name
 from api.gpu_config import MAX_PARAMETERS_DEPTH
 from api.kube_rest import ApiError
-from controller import metrics, runtime
-from controller.claim_status import apply_body, plan_status
-from controller.feasibility import plan_unsatisfiable
-from controller.ledger import (
+from controller.core import metrics, runtime
+from controller.core.model import ClaimView, DeviceClassView, DeviceKey, DeviceRecord, Share, SliceView, current_devices
+from controller.core.settings import FIELD_MANAGER, Settings
+from controller.core.workqueue import QueueShutDownError, WorkQueue
+from controller.ledger.plan import (
     ExistingGpu,
     GpuObject,
     desired_gpu,
@@ -39,8 +40,7 @@ from controller.ledger import (
     shares_on,
     status_body,
 )
-from controller.model import ClaimView, DeviceClassView, DeviceKey, DeviceRecord, Share, SliceView, current_devices
-from controller.node_lifecycle import (
+from controller.nodes.plan import (
     Heartbeat,
     NodeGonePlan,
     node_gone_message,
@@ -48,8 +48,8 @@ from controller.node_lifecycle import (
     plan_node_gone,
     plan_plugin_reporting,
 )
-from controller.settings import FIELD_MANAGER, Settings
-from controller.workqueue import QueueShutDownError, WorkQueue
+from controller.status.feasibility import plan_unsatisfiable
+from controller.status.plan import apply_body, plan_status
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -184,7 +184,7 @@ class Controller:
 
     async def start(self) -> None:
         """Start the writers, the ledger loop and the resync loop. A start after `stop` (leadership regained,
-        controller/leadership.py) is a full resync: every indexed claim is queued, the whole ledger recomputed."""
+        controller/leadership/gate.py) is a full resync: every indexed claim is queued, the whole ledger recomputed."""
         metrics.time_gc()
         runtime.tune()
         if self._stopped:

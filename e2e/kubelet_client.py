@@ -8,7 +8,7 @@ from typing import Any
 
 import grpc
 
-from kubelet_plugin.proto import dra_health_v1_pb2, dra_v1_pb2, pluginregistration_pb2
+from kubelet_plugin.serving.proto import dra_health_v1_pb2, dra_v1_pb2, pluginregistration_pb2
 
 PREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodePrepareResources"
 UNPREPARE = "/k8s.io.kubelet.pkg.apis.dra.v1.DRAPlugin/NodeUnprepareResources"

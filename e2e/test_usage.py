@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from e2e import workloads as w
 from e2e.install import USAGE_INTERVAL_S, Installation
-from kubelet_plugin.cgroups import CgroupUnreadableError, pod_of_pid
+from kubelet_plugin.usage.cgroups import CgroupUnreadableError, pod_of_pid
 
 pytestmark = pytest.mark.e2e
 GiB = 1 << 30

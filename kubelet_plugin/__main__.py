@@ -9,23 +9,24 @@ from collections.abc import Callable
 from api import kube_config
 from api.kube_rest import ApiError, KubeConnection, KubeRest
 from api.logs import configure_logging
-from kubelet_plugin import gpu_inventory
-from kubelet_plugin.checkpoint import CheckpointStore
-from kubelet_plugin.discovery import Discovery, DiscoveryError, UnknownLostGpu, discover, driver_version
-from kubelet_plugin.driver_edits import DriverEdits, GeneratorConfig
-from kubelet_plugin.enforcement_probe import EnforcementDetector
-from kubelet_plugin.events import post_node_event
-from kubelet_plugin.grpc_server import PluginServer
-from kubelet_plugin.handover import await_replacement
-from kubelet_plugin.health_watch import start_gpu_health
-from kubelet_plugin.heartbeat import Heartbeat
-from kubelet_plugin.http_server import HttpEndpoint
-from kubelet_plugin.metrics import PluginMetrics
-from kubelet_plugin.model import GpuInfo
-from kubelet_plugin.preparer import Preparer
-from kubelet_plugin.publisher import SlicePublisher
-from kubelet_plugin.settings import Settings, parse_settings
-from kubelet_plugin.state_gate import RECHECK_SECONDS, newer_state, wait_until_readable
+from kubelet_plugin.core.events import post_node_event
+from kubelet_plugin.core.metrics import PluginMetrics
+from kubelet_plugin.core.model import GpuInfo
+from kubelet_plugin.core.settings import Settings, parse_settings
+from kubelet_plugin.enforcement.probe import EnforcementDetector
+from kubelet_plugin.health.source import DeviceHealth
+from kubelet_plugin.health.watch import start_gpu_health
+from kubelet_plugin.prepare.checkpoint import CheckpointStore
+from kubelet_plugin.prepare.driver_edits import DriverEdits, GeneratorConfig
+from kubelet_plugin.prepare.preparer import Preparer
+from kubelet_plugin.prepare.state_gate import RECHECK_SECONDS, newer_state, wait_until_readable
+from kubelet_plugin.publishing import gpu_inventory
+from kubelet_plugin.publishing.discovery import Discovery, DiscoveryError, UnknownLostGpu, discover, driver_version
+from kubelet_plugin.publishing.heartbeat import Heartbeat
+from kubelet_plugin.publishing.publisher import SlicePublisher
+from kubelet_plugin.serving.grpc_server import PluginServer
+from kubelet_plugin.serving.handover import await_replacement
+from kubelet_plugin.serving.http_server import HttpEndpoint
 
 log = logging.getLogger("fracgpu.kubelet_plugin")
 
@@ -57,8 +58,8 @@ def start_usage_sampler(
     if not settings.usage_interval_seconds:
         return
     # imported only when on: the sampler's modules cost 0.6 MiB of RSS in a plugin that does not sample
-    from kubelet_plugin.usage_metrics import UsageMetrics
-    from kubelet_plugin.usage_sampler import UsageSampler
+    from kubelet_plugin.usage.metrics import UsageMetrics
+    from kubelet_plugin.usage.sampler import UsageSampler
 
     sampler = UsageSampler(
         node=settings.node_name,
@@ -181,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     server = PluginServer(
         settings.driver_name,
         preparer,
-        health.health_source(preparer.health),
+        health.health_source(DeviceHealth(settings.node_name, gpus, preparer.device_nodes)),
         kubelet_dir=settings.kubelet_dir,
         instance_id=settings.instance_id,
         health_interval=settings.health_interval_seconds,

@@ -47,8 +47,8 @@ from kubernetes.dynamic import DynamicClient
 from api.crds import CRD_DIR
 from api.gpu import GPU_API_VERSION, GPU_CRD_NAME, GPU_KIND, GPU_PLURAL, GPU_VERSION
 from api.names import API_GROUP, DEVICE_CLASS_NAME, DRIVER_NAME
-from controller.rbac import cluster_role_rules
-from controller.webhook_config import CLAIMS
+from controller.admission.webhook_config import CLAIMS
+from controller.core.rbac import cluster_role_rules
 from e2e.bench import histograms
 from e2e.bench.stats import summary_ms, table
 from e2e.cluster.controlplane import ControlPlane

@@ -26,11 +26,11 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from e2e import mocknvml
-from kubelet_plugin import container_info
-from kubelet_plugin.container_info import ClaimName, DeviceInfo, RequestInfo
-from kubelet_plugin.discovery import discover_gpus
-from kubelet_plugin.usage_metrics import UsageMetrics
-from kubelet_plugin.usage_sampler import UsageSampler
+from kubelet_plugin.prepare import container_info, store
+from kubelet_plugin.prepare.container_info import ClaimName, DeviceInfo, RequestInfo
+from kubelet_plugin.publishing.discovery import discover_gpus
+from kubelet_plugin.usage.metrics import UsageMetrics
+from kubelet_plugin.usage.sampler import UsageSampler
 
 GiB = 1 << 30
 
@@ -84,7 +84,7 @@ def run(samples: int, claims_per_gpu: int, workdir: Path) -> dict[str, Any]:
                 ],
             )
             f = container_info.info_file(data_dir, info)
-            container_info.write_claim_files(f.host_path.parent, [f])
+            store.write_claim_files(f.host_path.parent, [f])
             (proc / str(pid)).mkdir(parents=True)
             (proc / str(pid) / "cgroup").write_text(
                 f"13:memory:/kubepods/besteffort/pod{pod_uid}/{uuid.uuid4().hex}{uuid.uuid4().hex}\n0::/\n"

@@ -5,14 +5,14 @@
 ``DIR`` holds the unpacked bundle (``bin/``, ``rootfs/``, see bundle.py) and receives everything the check
 writes. Steps, each printed with what it saw:
 
-1. GPUs through NVML (``kubelet_plugin.discovery``, real ``pynvml``; ``libnvidia-ml.so.1`` from the loader path);
-   the memory-enforcement tiers each GPU offers (``kubelet_plugin.enforcement_probe``: cgroup v2 at the cgroup
+1. GPUs through NVML (``kubelet_plugin.publishing.discovery``, real ``pynvml``; ``libnvidia-ml.so.1`` from the loader path);
+   the memory-enforcement tiers each GPU offers (``kubelet_plugin.enforcement.probe``: cgroup v2 at the cgroup
    root, the ``nvmlDeviceSetMemoryLimits_v1`` probe, here run even where cgroup v1 already rules nvml out, and
    HAMi-core's library), with the reason for each tier that is missing;
-2. driver edits (``kubelet_plugin.driver_edits``: the bundled ``nvidia-ctk`` on the driver root, the hook installed
+2. driver edits (``kubelet_plugin.prepare.driver_edits``: the bundled ``nvidia-ctk`` on the driver root, the hook installed
    under the plugin directory as the plugin does);
 3. the claim spec for one share of GPU 0, planned and written as prepare does (``claim_spec.plan_claim``,
-   ``container_info``, ``cdi.write_spec``) from an allocated claim as the scheduler writes it, at the tier the
+   ``container_info``, ``store.write_spec``) from an allocated claim as the scheduler writes it, at the tier the
    node's ``auto`` mode gives it (``nvml`` where GPU 0 offers it: the spec then carries NVIDIA's
    ``apply-cuda-memory-limits`` createRuntime hook);
 4. a container (bundled busybox rootfs, in its own cgroup ``/fracgpu-gpu-check/<name>``) given the claim's CDI
@@ -37,16 +37,16 @@ from typing import Any
 from api.names import DRIVER_NAME, MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
 from e2e.gpu import container, report
-from kubelet_plugin import cdi, container_info
-from kubelet_plugin.claim_spec import NVML_HOOK, plan_claim
-from kubelet_plugin.devicenodes import snapshot
-from kubelet_plugin.discovery import DiscoveryError, discover_gpus
-from kubelet_plugin.driver_edits import DriverEditsError, GeneratorConfig, generate_driver_edits, install_hook
-from kubelet_plugin.enforcement import GpuTiers
-from kubelet_plugin.enforcement_probe import EnforcementDetector, probe_nvml_limits, static_facts
-from kubelet_plugin.errors import PrepareError
-from kubelet_plugin.model import GpuInfo
-from kubelet_plugin.settings import Settings
+from kubelet_plugin.core.model import GpuInfo
+from kubelet_plugin.core.settings import Settings
+from kubelet_plugin.enforcement.probe import EnforcementDetector, probe_nvml_limits, static_facts
+from kubelet_plugin.enforcement.tiers import GpuTiers
+from kubelet_plugin.prepare import cdi, container_info, store
+from kubelet_plugin.prepare.devicenodes import snapshot
+from kubelet_plugin.prepare.driver_edits import DriverEditsError, GeneratorConfig, generate_driver_edits, install_hook
+from kubelet_plugin.prepare.errors import PrepareError
+from kubelet_plugin.prepare.plan import NVML_HOOK, plan_claim
+from kubelet_plugin.publishing.discovery import DiscoveryError, discover_gpus
 
 NODE = "gpu-check"
 NAMESPACE = "gpu-check"
@@ -193,8 +193,8 @@ def run(work: Path, driver_root: Path, memory: str) -> tuple[list[str], str]:
         plan = plan_claim(claim, settings, {g.device_name: g for g in gpus}, edits, tiers, nodes=nodes)
         if plan.spec is None:
             raise CheckError("claim spec: the plan has no spec")
-        container_info.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), list(plan.files))
-        spec_path = cdi.write_spec(settings.cdi_dir, uid, plan.spec, settings.driver_name)
+        store.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), list(plan.files))
+        spec_path = store.write_spec(settings.cdi_dir, uid, plan.spec, settings.driver_name)
         device_id = plan.devices[0].cdi_device_ids[0]
         granted = plan.files[0].info.devices[0]
         say(f"claim spec: {spec_path}")

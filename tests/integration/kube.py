@@ -215,7 +215,7 @@ def simulated_gpus(node: str, count: int, memory_gib: int = 80, model: str = "NV
     """`count` GpuInfo values as NVML would report them on `node` (UUIDs unique per node and index)."""
     import hashlib
 
-    from kubelet_plugin.model import GpuInfo
+    from kubelet_plugin.core.model import GpuInfo
 
     gpus = []
     for i in range(count):
@@ -248,7 +248,7 @@ def publish_gpus(
 ) -> list[dict[str, Any]]:
     """Create or replace the node's ResourceSlices exactly as the node plugin builds them (`hami_core`: as a
     plugin that found the HAMi-core library; `enforcement`: every GPU's strongest tier)."""
-    from kubelet_plugin.slices import build_slices
+    from kubelet_plugin.publishing.slices import build_slices
 
     slices = resource(dyn, "resource.k8s.io/v1", "ResourceSlice")
     name = node["metadata"]["name"]

@@ -27,16 +27,16 @@ from kubernetes.dynamic import DynamicClient
 from api.gpu import GpuStatus
 from api.heartbeat import HEARTBEAT_LABEL, heartbeat_of, lease_body, lease_name, leases_path
 from api.kube_rest import APPLY, SLICES, ApiError, KubeConnection, KubeRest, claim_path
-from controller.admission import review_claim_spec
-from controller.rbac import cluster_role_rules, heartbeat_role_rules, namespace_role_rules
-from controller.webhook import self_signed_certificate
-from controller.webhook_config import Registration
+from controller.admission.certificate import self_signed_certificate
+from controller.admission.verdict import review_claim_spec
+from controller.admission.webhook_config import Registration
+from controller.core.rbac import cluster_role_rules, heartbeat_role_rules, namespace_role_rules
 from e2e.cluster import binaries
 from e2e.cluster.controlplane import ControlPlane
 from e2e.nodeplugin import PLUGIN_RUNTIME_ENV
-from kubelet_plugin.claim_status import apply_ready
-from kubelet_plugin.heartbeat import Heartbeat
-from kubelet_plugin.slices import build_slices
+from kubelet_plugin.prepare.status import apply_ready
+from kubelet_plugin.publishing.heartbeat import Heartbeat
+from kubelet_plugin.publishing.slices import build_slices
 from tests.integration import kube
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """The controller against the real control plane (issue #4): claim status, GPU ledger, admission, Events.
 
-The controller runs as a process under a ServiceAccount bound to exactly the rules of `controller.rbac`
+The controller runs as a process under a ServiceAccount bound to exactly the rules of `controller.core.rbac`
 (so a missing permission fails here); the real scheduler allocates; ResourceSlices are built by the node
 plugin's own `build_slices` on fake Nodes.
 """
@@ -22,7 +22,7 @@ from api.crds import CRD_DIR
 from api.gpu import GPU_API_VERSION, GPU_CRD_NAME, NODE_LABEL, gpu_object_name
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import format_bytes, to_bytes
-from controller.rbac import cluster_role_rules
+from controller.core.rbac import cluster_role_rules
 from e2e.cluster.controlplane import ControlPlane
 from tests.integration import kube
 
@@ -564,7 +564,7 @@ def test_the_tier_the_plugin_reports_reaches_status_data_and_the_ledger(
     """The node plugin's MemoryEnforcement condition (its own field manager) and the controller's `data` (atomic,
     the controller's) coexist on one entry; the controller copies the tier into data and the ledger."""
     from api.kube_rest import KubeConnection, KubeRest
-    from kubelet_plugin.claim_status import FIELD_MANAGER, apply_ready
+    from kubelet_plugin.prepare.status import FIELD_MANAGER, apply_ready
 
     node_body = kube.create_fake_node(api_client, kube.unique("tiernode"))
     node = node_body["metadata"]["name"]

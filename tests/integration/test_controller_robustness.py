@@ -21,7 +21,7 @@ from api import bounded_json
 from api.crds import CRD_DIR
 from api.gpu import GPU_CRD_NAME
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
-from controller.rbac import cluster_role_rules
+from controller.core.rbac import cluster_role_rules
 from e2e.cluster.controlplane import ControlPlane
 from tests.integration import kube
 

@@ -25,8 +25,8 @@ from e2e.cluster.controlplane import ControlPlane
 from e2e.mocknvml import PROFILES, make_driver_root, read_profile
 from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make_faithful_driver_root
 from e2e.nodeplugin import DRIVER, NodePluginProcess, toolkit_args
-from kubelet_plugin import cdi
-from kubelet_plugin.driver_edits import (
+from kubelet_plugin.prepare import cdi
+from kubelet_plugin.prepare.driver_edits import (
     DriverEditsError,
     GeneratorConfig,
     generate_argv,

@@ -27,7 +27,7 @@ from e2e import mocknvml
 from e2e.cluster.controlplane import ControlPlane
 from e2e.kubelet_client import KubeletClient
 from e2e.nodeplugin import DRIVER, NodePluginProcess
-from kubelet_plugin import cdi, container_info
+from kubelet_plugin.prepare import cdi, container_info, store
 from tests.integration import kube
 
 pytestmark = pytest.mark.integration
@@ -263,7 +263,7 @@ def _consistent(plugin: Plugin) -> None:
     """Every spec file belongs to a completed claim, and every completed claim has its spec."""
     checkpoint = json.loads(plugin.process.checkpoint.read_text())
     assert {e["state"] for e in checkpoint["claims"].values()} <= {"PrepareCompleted"}
-    specs = cdi.list_spec_claim_uids(plugin.process.cdi_dir, DRIVER)
+    specs = store.list_spec_claim_uids(plugin.process.cdi_dir, DRIVER)
     assert specs == set(checkpoint["claims"])
     if plugin.process.cdi_dir.exists():
         assert not [p for p in plugin.process.cdi_dir.iterdir() if p.name.startswith(".")], "no temp files left"
@@ -330,15 +330,15 @@ def test_sigkill_at_the_step_between_files_and_checkpoint_is_repaired(
             call(_refs(batch))
         assert not control.exists(), "the kill point was reached"
         assert plugin.process.procs.procs["plugin"].wait(10) == -9, "killed by SIGKILL"
-        specs = cdi.list_spec_claim_uids(process.cdi_dir, DRIVER)
+        specs = store.list_spec_claim_uids(process.cdi_dir, DRIVER)
         assert uids <= specs, "the batch's specs were written (prepare) or not yet removed (unprepare)"
         assert not uids & set(json.loads(process.checkpoint.read_text())["claims"]), "but not in the checkpoint"
         plugin.restart(kill=True)  # the dead process is reaped; the new one runs recover() before it registers
         assert _invariant_problems(plugin) == []
-        assert cdi.list_spec_claim_uids(process.cdi_dir, DRIVER) == {kept["metadata"]["uid"]}, "orphans removed"
+        assert store.list_spec_claim_uids(process.cdi_dir, DRIVER) == {kept["metadata"]["uid"]}, "orphans removed"
         if point == "before-checkpoint-save":  # the kubelet retries the prepare: the specs are written again
             assert all(r.error == "" for r in plugin.kubelet.prepare(_refs(batch)).claims.values())
-            assert uids <= cdi.list_spec_claim_uids(process.cdi_dir, DRIVER)
+            assert uids <= store.list_spec_claim_uids(process.cdi_dir, DRIVER)
         else:  # the kubelet retries the unprepare of claims the plugin no longer knows: it succeeds
             assert all(r.error == "" for r in plugin.kubelet.unprepare(_refs(batch)).claims.values())
         assert _invariant_problems(plugin) == []
@@ -390,7 +390,7 @@ def _invariant_problems(plugin: Plugin) -> list[str]:
     in the checkpoint are exactly the spec files, no temp files."""
     claims = json.loads(plugin.process.checkpoint.read_text())["claims"]
     problems = [f"{uid} is {e['state']}" for uid, e in claims.items() if e["state"] != "PrepareCompleted"]
-    specs = cdi.list_spec_claim_uids(plugin.process.cdi_dir, DRIVER)
+    specs = store.list_spec_claim_uids(plugin.process.cdi_dir, DRIVER)
     with_devices = {uid for uid, e in claims.items() if e["devices"]}
     problems += [f"{uid}: entry without spec" for uid in sorted(with_devices - specs)]
     problems += [f"{uid}: spec without entry" for uid in sorted(specs - set(claims))]

@@ -1,7 +1,7 @@
 """The nvml enforcement tier end to end: NVIDIA's real `nvidia-cdi-hook apply-cuda-memory-limits`, run by runc for
 a container started from a fracgpu claim spec, and the real plugin on this cgroup-v1 node offering no nvml.
 
-What is real in the hook test: the claim spec (plan_claim, written by cdi.write_spec), NVIDIA's
+What is real in the hook test: the claim spec (plan_claim, written by store.write_spec), NVIDIA's
 nvidia-container-runtime v1.20.2 in CDI mode applying it to the bundle's config.json (the CDI library upstream
 runtimes use), runc creating the container (its process in a real cgroup v2 directory) and running the
 createRuntime hook, the hook itself (reads the OCI state on stdin and the bundle's env, checks cgroup v2 by
@@ -36,12 +36,12 @@ from e2e.cluster.controlplane import ControlPlane
 from e2e.mocknvml import PROFILES, read_profile
 from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make_faithful_driver_root
 from e2e.nodeplugin import DRIVER, NodePluginProcess, toolkit_args
-from kubelet_plugin import cdi, container_info
-from kubelet_plugin.claim_spec import NVML_HOOK, plan_claim
-from kubelet_plugin.devicenodes import snapshot
-from kubelet_plugin.enforcement import NodeFacts, NvmlLimits, gpu_tiers
-from kubelet_plugin.model import GpuInfo
-from kubelet_plugin.settings import Settings
+from kubelet_plugin.core.model import GpuInfo
+from kubelet_plugin.core.settings import Settings
+from kubelet_plugin.enforcement.tiers import NodeFacts, NvmlLimits, gpu_tiers
+from kubelet_plugin.prepare import cdi, container_info, store
+from kubelet_plugin.prepare.devicenodes import snapshot
+from kubelet_plugin.prepare.plan import NVML_HOOK, plan_claim
 from tests.integration import kube
 
 pytestmark = [
@@ -173,10 +173,8 @@ def write_claim_spec(node: Node) -> tuple[str, Any]:
     )
     assert plan.spec is not None
     assert plan.tiers == ((node.settings.node_name, node.gpu.device_name, SHARE, "nvml"),)
-    container_info.write_claim_files(
-        container_info.claim_info_dir(node.settings.plugin_data_dir, CLAIM_UID), list(plan.files)
-    )
-    cdi.write_spec(node.settings.cdi_dir, CLAIM_UID, plan.spec, DRIVER)
+    store.write_claim_files(container_info.claim_info_dir(node.settings.plugin_data_dir, CLAIM_UID), list(plan.files))
+    store.write_spec(node.settings.cdi_dir, CLAIM_UID, plan.spec, DRIVER)
     return plan.devices[0].cdi_device_ids[0], plan
 
 

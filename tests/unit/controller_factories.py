@@ -7,10 +7,10 @@ from typing import Any
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB, MiB
-from controller.ledger import ExistingGpu
-from controller.model import ClaimView, SliceView, claim_view, slice_view
-from kubelet_plugin.model import GpuInfo
-from kubelet_plugin.slices import build_slices
+from controller.core.model import ClaimView, SliceView, claim_view, slice_view
+from controller.ledger.plan import ExistingGpu
+from kubelet_plugin.core.model import GpuInfo
+from kubelet_plugin.publishing.slices import build_slices
 
 NODE = "node-a"
 

@@ -1,6 +1,6 @@
 """A ClaimPreparer double for the gRPC server tests: fixed answers, records its calls."""
 
-from kubelet_plugin.model import ClaimRef, PreparedDevice, PrepareResult
+from kubelet_plugin.core.model import ClaimRef, PreparedDevice, PrepareResult
 
 
 class FakePreparer:

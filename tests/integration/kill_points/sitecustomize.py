@@ -27,8 +27,8 @@ def _kill_at(point: str) -> None:
 
 
 if _CONTROL:
-    from kubelet_plugin.claim_journal import ClaimJournal
-    from kubelet_plugin.claim_store import ClaimStore
+    from kubelet_plugin.prepare.journal import ClaimJournal
+    from kubelet_plugin.prepare.store import ClaimStore
 
     _save, _remove = ClaimJournal.save, ClaimStore.remove
 

@@ -1,0 +1,6 @@
+"""Admission: the verdict on each claim and template (``verdict``, pure), the webhook server (``webhook``), its
+certificate shared by every replica (``certificate``) and its registration in the chart-made configuration
+(``webhook_config``).
+
+May import: ``core``, ``api``. Imported by: ``handlers``, ``__main__``.
+"""

@@ -1,0 +1,167 @@
+"""kopf's own webhook server, with its self-signed certificate built by `cryptography` (no cert-manager).
+
+kopf generates and serves the certificate; this subclass adds a certificate builder that is installed
+here (kopf's uses `certbuilder`), a Service reference instead of a URL, the registration of its client
+config (CA bundle included) in the chart-made webhook configuration (`controller.admission.webhook_config`), and its
+own thread: the server and kopf's admission handling run on an event loop of their own, so that a busy main
+loop (watch events, indexes, the ledger) does not queue admission reviews behind it.
+"""
+
+import asyncio
+import contextlib
+import contextvars
+import threading
+import time
+from collections.abc import AsyncIterator, Collection
+from typing import Any
+
+import aiohttp.web
+import kopf
+
+from api import bounded_json
+from controller.admission.certificate import SharedCertificate, self_signed_certificate
+from controller.admission.webhook_config import Registration
+from controller.core import kopf_json, metrics
+
+
+class _Utf8Request:
+    """An aiohttp request whose `text()` is given: the rest is the request's own."""
+
+    def __init__(self, request: aiohttp.web.Request, text: str) -> None:
+        self._request = request
+        self._text = text
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._request, name)
+
+    async def text(self) -> str:
+        return self._text
+
+
+class WebhookServer(kopf.WebhookServer):
+    """`kopf.WebhookServer` that builds its self-signed certificate with `cryptography`.
+
+    With `service=(namespace, name)` the registered client config is a Service reference (port
+    `service_port`) instead of a URL, as a webhook inside the cluster is reached. With `registration`, each
+    client config it yields is also patched into the webhook configuration (and kept there while it serves:
+    `Registration.keep`), and removed when it stops, unless
+    `shared` is set: then its certificate is the one every replica shares (controller/admission/certificate.py), kept
+    current by `shared.keep` while it serves, and the configuration stays registered when one replica stops
+    (the others serve the same CA bundle behind the same Service).
+    """
+
+    def __init__(
+        self,
+        *,
+        service: tuple[str, str] | None = None,
+        service_port: int | None = None,
+        registration: Registration | None = None,
+        shared: "SharedCertificate | None" = None,
+        shared_check_seconds: float = 3600.0,
+        **kwargs: Any,
+    ) -> None:
+        if shared is not None:
+            kwargs |= {"certfile": shared.certfile, "pkeyfile": shared.keyfile, "cafile": shared.cafile}
+        super().__init__(**kwargs)
+        self.shared = shared
+        self.shared_check_seconds = shared_check_seconds
+        self.service = service
+        self.service_port = service_port
+        self.registration = registration
+
+    @staticmethod
+    def build_certificate(hostnames: Collection[str], password: str | None = None) -> tuple[bytes, bytes]:
+        return self_signed_certificate(hostnames, password)
+
+    def _client_config(self, config: kopf.WebhookClientConfig) -> kopf.WebhookClientConfig:
+        if self.service is None:
+            return config
+        namespace, name = self.service
+        service: dict[str, Any] = {"namespace": namespace, "name": name}
+        if self.service_port:
+            service["port"] = self.service_port
+        out = kopf.WebhookClientConfig(service=service)  # type: ignore[typeddict-item]
+        if "caBundle" in config:
+            out["caBundle"] = config["caBundle"]
+        return out
+
+    @staticmethod
+    async def _serve(fn: kopf.WebhookFn, request: aiohttp.web.Request) -> aiohttp.web.Response:
+        """kopf's `_serve`, with bytes that are not UTF-8 read as U+FFFD (and reported): kopf reads the body
+        with `request.text()`, which raises on them, and the API server sends a claim's bytes as stored, so
+        a claim of any driver would get an error answer instead of a review. Timed into
+        `metrics.ADMISSION_SECONDS` (the webhook's own latency, apart from the API server's round trip)."""
+        started = time.monotonic()
+        body = await request.read()
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            text = body.decode("utf-8", errors="replace")
+            kopf_json.report_not_utf8(bounded_json.loads(text))
+        try:
+            served: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, _Utf8Request(request, text))  # type: ignore[arg-type]
+        finally:
+            metrics.ADMISSION_SECONDS.observe(time.monotonic() - started)
+        return served
+
+    async def _serve_in_thread(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        """kopf's serving (`kopf.WebhookServer.__call__`) on an event loop in a thread of its own; yields its
+        client configs here. Admission handlers then run on that loop: they may only read what the main loop
+        publishes by plain attribute assignment (controller.reconciler's admission view)."""
+        main = asyncio.get_running_loop()
+        configs: asyncio.Queue[kopf.WebhookClientConfig | BaseException] = asyncio.Queue()
+        context = contextvars.copy_context()  # kopf's context variables (its Event posting queue among them)
+        loop = asyncio.new_event_loop()
+        serving = loop.create_task(self._forward(fn, main, configs), context=context)
+
+        def run() -> None:
+            with contextlib.suppress(asyncio.CancelledError):
+                loop.run_until_complete(serving)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+
+        thread = threading.Thread(target=run, name="fracgpu-webhook", daemon=True)
+        thread.start()
+        try:
+            while True:
+                item = await configs.get()
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            loop.call_soon_threadsafe(serving.cancel)
+            await asyncio.to_thread(thread.join, 30)
+            if not thread.is_alive():
+                loop.close()
+
+    async def _forward(
+        self,
+        fn: kopf.WebhookFn,
+        main: asyncio.AbstractEventLoop,
+        configs: "asyncio.Queue[kopf.WebhookClientConfig | BaseException]",
+    ) -> None:
+        try:
+            async for config in super().__call__(fn):
+                main.call_soon_threadsafe(configs.put_nowait, config)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # e.g. the port is taken: raised in the main loop
+            main.call_soon_threadsafe(configs.put_nowait, err)
+
+    async def __call__(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
+        registering: asyncio.Task[None] | None = None
+        keeping = asyncio.create_task(self.shared.keep(self.shared_check_seconds)) if self.shared else None
+        try:
+            async for config in self._serve_in_thread(fn):
+                out = self._client_config(config)
+                if self.registration is not None:
+                    if registering is not None:
+                        registering.cancel()
+                    registering = asyncio.create_task(self.registration.keep(out))
+                yield out
+        finally:
+            for task in (registering, keeping):
+                if task is not None:
+                    task.cancel()
+                    await asyncio.wait([task])
+            if self.registration is not None and self.registration.registered and self.shared is None:
+                await self.registration.unregister()

@@ -1,0 +1,115 @@
+"""Only the leader writes: the controller's work loops run while this replica leads, and every write is gated.
+
+Every replica runs kopf's watches, indexes and admission (a follower's caches stay warm, so a takeover needs no
+re-list). The gate is in one place, `Leadership`: becoming leader starts the controller's loops (which queue
+every claim and recompute the whole ledger: a full resync of status and ledger), losing leadership stops them,
+and `GatedWriter` refuses any write once `is_leader()` turns false, so a write already queued in a worker thread
+when the lease ran out is not sent either. Without leader election (`--no-leader-elect`) the loops simply run.
+"""
+
+import asyncio
+import datetime
+import logging
+from typing import Any
+
+from api.kube_rest import ApiError, KubeRest
+from controller.core.model import ClaimView
+from controller.core.settings import COMPONENT
+from controller.leadership.election import LeaderElector
+from controller.reconciler import Controller, Writer
+
+log = logging.getLogger(__name__)
+REASON_LEADER = "LeaderElected"
+
+
+class NotLeaderError(ApiError):
+    """A write refused before it was sent: this replica does not (or no longer) lead."""
+
+    def __init__(self) -> None:
+        super().__init__(status=0, reason="not the leader: only the replica holding the leader Lease writes")
+
+
+class GatedWriter:
+    """A `Writer` that sends nothing unless `elector.is_leader()` (checked right before each request)."""
+
+    def __init__(self, writer: Writer, elector: LeaderElector) -> None:
+        self.writer = writer
+        self.elector = elector
+
+    def _check(self) -> None:
+        if not self.elector.is_leader():
+            raise NotLeaderError
+
+    def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
+        self._check()
+        self.writer.apply_claim_status(namespace, name, body)
+
+    def apply_gpu(self, body: dict[str, Any], *, status: bool) -> None:
+        self._check()
+        self.writer.apply_gpu(body, status=status)
+
+    def delete_gpu(self, name: str) -> None:
+        self._check()
+        self.writer.delete_gpu(name)
+
+    def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:
+        return self.writer.list_heartbeats(namespace)  # a read: not gated
+
+    def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
+        if not self.elector.is_leader():
+            return False  # the next leader posts it (Event names are deterministic: no duplicate)
+        return self.writer.post_claim_event(claim, key, reason, message)
+
+
+def lease_event(lease: dict[str, Any], identity: str, now: datetime.datetime) -> dict[str, Any]:
+    """The core/v1 Event `<identity> became leader` on `lease` (as `kubectl describe lease` shows it)."""
+    meta = lease.get("metadata") or {}
+    stamp = now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return {
+        "metadata": {"generateName": f"{meta.get('name', 'lease')}.", "namespace": meta.get("namespace")},
+        "involvedObject": {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+            "resourceVersion": meta.get("resourceVersion"),
+        },
+        "reason": REASON_LEADER,
+        "message": f"{identity} became leader",
+        "type": "Normal",
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": identity[:128],
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+    }
+
+
+class Leadership:
+    """Runs `controller`'s loops while `elector` leads (or always, without an elector)."""
+
+    def __init__(self, controller: Controller, elector: LeaderElector | None, events: KubeRest | None = None) -> None:
+        """`events`: where the Event on the Lease is posted when this replica becomes leader (None: not posted)."""
+        self.controller = controller
+        self.elector = elector
+        self.events = events
+        self.leading = False
+
+    async def started(self, lease: dict[str, Any]) -> None:
+        """Became leader: start the loops (a full resync of claim status and ledger); post the Event."""
+        self.leading = True
+        await self.controller.start()
+        if self.events is not None and self.elector is not None:
+            namespace = (lease.get("metadata") or {}).get("namespace")
+            body = lease_event(lease, self.elector.identity, datetime.datetime.now(datetime.UTC))
+            try:
+                await asyncio.to_thread(self.events.create, f"/api/v1/namespaces/{namespace}/events", body)
+            except ApiError as err:
+                log.warning("cannot post the leader Event", extra={"error": str(err)})
+
+    async def stopped(self) -> None:
+        """Stopped leading: stop the loops (the gate already refuses their writes)."""
+        self.leading = False
+        await self.controller.stop()

@@ -1,0 +1,213 @@
+"""The `GPU` ledger, recomputed from published devices and allocated claims (pure functions).
+
+Nothing is accumulated over time: the desired objects follow from the current slices and claims alone,
+so a restarted controller converges to the same ledger. `desired_gpu` computes one object, so that a caller
+can recompute only the GPUs whose claims changed; `desired_ledger` computes them all.
+"""
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from api.gpu import (
+    GPU_API_VERSION,
+    GPU_KIND,
+    NODE_LABEL,
+    GpuCondition,
+    GpuShare,
+    GpuSpec,
+    GpuStatus,
+    gpu_object_name,
+)
+from api.quantity import format_bytes
+from controller.core.model import ClaimView, DeviceKey, DeviceRecord, Share
+
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+
+
+class GpuObject(BaseModel):
+    """A desired GPU object: identity (metadata + spec) and status, as wire dicts."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    labels: dict[str, str]
+    spec: dict[str, Any]
+    status: dict[str, Any]
+    owner_uid: str | None = None
+    """The uid of the Node that owns it (its slice's owner): the garbage collector deletes it with that Node."""
+
+
+class ExistingGpu(BaseModel):
+    """What the API server holds for one GPU object (from the controller's index)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    labels: dict[str, str]
+    spec: dict[str, Any]
+    status: dict[str, Any] | None
+    owners: tuple[str, ...] = ()
+    """The uids of the Nodes its ownerReferences name."""
+
+
+class LedgerPlan(BaseModel):
+    """Writes that bring the API server to the desired ledger."""
+
+    model_config = ConfigDict(frozen=True)
+
+    apply_identity: tuple[GpuObject, ...] = ()
+    """Objects to create, or whose labels/spec differ (applied to the main resource)."""
+    apply_status: tuple[GpuObject, ...] = ()
+    """Objects whose status differs (applied to the status subresource)."""
+    delete: tuple[str, ...] = ()
+    """Names of objects of our driver whose device is gone."""
+
+    @property
+    def empty(self) -> bool:
+        return not (self.apply_identity or self.apply_status or self.delete)
+
+
+def desired_ledger(
+    devices: Mapping[DeviceKey, DeviceRecord],
+    claims: Iterable[ClaimView],
+    driver: str,
+    manager: str,
+    reporting: Mapping[str, Mapping[str, Any]] | None = None,
+) -> dict[str, GpuObject]:
+    """One object per published device with the allocations of every claim on it; `reporting`: node -> its
+    `PluginReporting` condition (node_lifecycle.plan_plugin_reporting)."""
+    conditions = reporting or {}
+    shares: dict[DeviceKey, list[tuple[ClaimView, Share]]] = {key: [] for key in devices}
+    for claim in claims:
+        for share in claim.shares:
+            if share.device_key in shares:
+                shares[share.device_key].append((claim, share))
+    objects = (
+        desired_gpu(device, shares[key], driver, manager, conditions.get(device.node))
+        for key, device in devices.items()
+    )
+    return {o.name: o for o in objects}
+
+
+def shares_on(key: DeviceKey, claims: Iterable[ClaimView]) -> list[tuple[ClaimView, Share]]:
+    """The shares of `claims` allocated on the device `key`, each with its claim."""
+    return [(claim, share) for claim in claims for share in claim.shares if share.device_key == key]
+
+
+def desired_gpu(
+    device: DeviceRecord,
+    shares: Iterable[tuple[ClaimView, Share]],
+    driver: str,
+    manager: str,
+    reporting: Mapping[str, Any] | None = None,
+) -> GpuObject:
+    """The object of one published device carrying `shares` (each with its claim; any order), owned by the Node
+    that owns the device's slice; `reporting`: its node's `PluginReporting` condition, if watched."""
+    claims_on = []
+    allocated = 0
+    for claim, share in sorted(
+        shares, key=lambda cs: (cs[0].namespace, cs[0].name, cs[1].request, cs[1].share_id or "")
+    ):
+        # admin access is not counted against capacity by the scheduler: it reserves nothing
+        granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
+        allocated += granted
+        claims_on.append(
+            GpuShare(
+                namespace=claim.namespace,
+                name=claim.name,
+                pod=claim.pod,
+                request=share.request,
+                share_id=share.share_id or "",
+                memory=format_bytes(granted),
+                admin_access=True if share.admin_access else None,
+                enforcement=claim.status_enforcement.get(share.entry_key),
+            )
+        )
+    status = GpuStatus(
+        node=device.node,
+        index=device.index,
+        uuid=device.uuid or "",
+        model=device.product_name or "",
+        enforcement=device.memory_enforcement,
+        total_memory=format_bytes(device.memory_total),
+        allocated_memory=format_bytes(allocated),
+        free_memory=format_bytes(max(0, device.memory_total - allocated)),
+        shares=len(claims_on),
+        claims=claims_on,
+        share_enforcement=share_enforcement(claims_on),
+        conditions=[GpuCondition.model_validate(reporting)] if reporting is not None else None,
+    )
+    name = gpu_object_name(device.node, device.device)
+    return GpuObject(
+        name=name,
+        labels={NODE_LABEL: device.node, MANAGED_BY_LABEL: manager},
+        spec=GpuSpec(driver=driver, pool=device.pool, device=device.device, node=device.node).model_dump(by_alias=True),
+        status=status.model_dump(by_alias=True, exclude_none=True, mode="json"),
+        owner_uid=device.node_uid,
+    )
+
+
+_TIER_ORDER = ("nvml", "hami-core", "none")
+
+
+def share_enforcement(shares: Iterable[GpuShare]) -> str:
+    """`nvml=2,none=1`: how many shares got each tier, strongest first; `unreported` for shares whose node
+    plugin has not reported a tier yet."""
+    counts = Counter(s.enforcement or "unreported" for s in shares)
+    order = [*_TIER_ORDER, *sorted(set(counts) - set(_TIER_ORDER))]
+    return ",".join(f"{tier}={counts[tier]}" for tier in order if counts[tier])
+
+
+def _normalized(value: Any) -> Any:
+    """Drop empty lists/maps and None recursively: the API server may store them either way."""
+    if isinstance(value, Mapping):
+        return {k: _normalized(v) for k, v in value.items() if v not in (None, [], {})}
+    if isinstance(value, list):
+        return [_normalized(v) for v in value]
+    return value
+
+
+#: Status fields the node plugin owns (its own field manager): never desired here, so never compared.
+PLUGIN_STATUS_FIELDS = frozenset({"usage"})
+
+
+def plan_ledger(desired: Mapping[str, GpuObject], existing: Mapping[str, ExistingGpu], driver: str) -> LedgerPlan:
+    """Compare desired objects with existing ones of `driver`; other drivers' objects are left alone. The
+    plugin's status fields (`PLUGIN_STATUS_FIELDS`) are left out of the comparison, so a usage write never
+    makes the controller apply the status again (its apply, of its own fields only, leaves them as they are)."""
+    identity: list[GpuObject] = []
+    status: list[GpuObject] = []
+    for name, want in sorted(desired.items()):
+        have = existing.get(name)
+        if (
+            have is None
+            or any(have.labels.get(k) != v for k, v in want.labels.items())
+            or _normalized(have.spec) != _normalized(want.spec)
+            or (want.owner_uid is not None and have.owners != (want.owner_uid,))
+        ):
+            identity.append(want)
+        have_status = {k: v for k, v in (have.status or {}).items() if k not in PLUGIN_STATUS_FIELDS} if have else {}
+        if have is None or _normalized(have_status) != _normalized(want.status):
+            status.append(want)
+    delete = tuple(
+        sorted(name for name, have in existing.items() if name not in desired and have.spec.get("driver") == driver)
+    )
+    return LedgerPlan(apply_identity=tuple(identity), apply_status=tuple(status), delete=delete)
+
+
+def identity_body(obj: GpuObject) -> dict[str, Any]:
+    """Server-side-apply body for the main resource (labels, owner and spec). The owner is the Node by uid: a
+    Node re-registered under the same name is another owner, and the apply replaces the stale reference."""
+    metadata: dict[str, Any] = {"name": obj.name, "labels": dict(obj.labels)}
+    if obj.owner_uid is not None:
+        node = str(obj.spec.get("node", ""))
+        metadata["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": node, "uid": obj.owner_uid}]
+    return {"apiVersion": GPU_API_VERSION, "kind": GPU_KIND, "metadata": metadata, "spec": dict(obj.spec)}
+
+
+def status_body(obj: GpuObject) -> dict[str, Any]:
+    """Server-side-apply body for the status subresource."""
+    return {"apiVersion": GPU_API_VERSION, "kind": GPU_KIND, "metadata": {"name": obj.name}, "status": obj.status}

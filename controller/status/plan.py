@@ -1,0 +1,89 @@
+"""What the controller writes into a claim's `status.devices` (pure functions).
+
+For each allocation result of our driver there is one entry keyed by (driver, pool, device, shareID)
+whose `data` tells which physical GPU it is. The controller owns only `data` (server-side apply, field
+manager `fracgpu-controller`); the node plugin owns the `Ready` condition of the same entries, and
+other drivers' entries are never part of the apply body, so never touched.
+"""
+
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from api.gpu import AllocatedGpuData, gpu_object_name
+from api.quantity import format_bytes
+from controller.core.model import ClaimView, DeviceKey, DeviceRecord, Share
+
+
+class StatusPlan(BaseModel):
+    """The desired entries of one claim and what could not be resolved."""
+
+    model_config = ConfigDict(frozen=True)
+
+    entries: tuple[dict[str, Any], ...]
+    """Apply-body entries: driver, pool, device, [shareID], data."""
+    missing: tuple[Share, ...]
+    """Results whose device is not published (any more)."""
+    changed: bool
+    """True when some entry's `data` differs from what the claim holds: a write is needed."""
+
+
+def share_data(share: Share, device: DeviceRecord, enforcement: str | None = None) -> dict[str, object]:
+    """The `data` of the entry of `share`, allocated from `device` (admin access: memory "0", adminAccess);
+    `enforcement`: the tier the node plugin reported for it (its `MemoryEnforcement` condition)."""
+    granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
+    return AllocatedGpuData(
+        gpu=gpu_object_name(device.node, device.device),
+        node=device.node,
+        device=device.device,
+        index=device.index,
+        uuid=device.uuid,
+        product_name=device.product_name,
+        request=share.request,
+        memory=format_bytes(granted),
+        memory_total=format_bytes(device.memory_total),
+        admin_access=True if share.admin_access else None,
+        enforcement=enforcement,
+    ).to_data()
+
+
+def plan_status(claim: ClaimView, lookup: Callable[[DeviceKey], DeviceRecord | None], driver: str) -> StatusPlan:
+    """Desired entries for every result of `driver` in `claim`.
+
+    A result whose device is no longer published keeps the data it already has (so the apply does not
+    drop it); without prior data it gets no entry and is reported in `missing`.
+    """
+    entries: list[dict[str, Any]] = []
+    missing: list[Share] = []
+    changed = False
+    for share in claim.shares:
+        existing = claim.status_data.get(share.entry_key)
+        device = lookup(share.device_key)
+        if device is None:
+            missing.append(share)
+            data = existing
+        else:
+            data = share_data(share, device, claim.status_enforcement.get(share.entry_key))
+            changed = changed or data != existing
+        if data is None:
+            continue
+        entry: dict[str, Any] = {"driver": driver, "pool": share.pool, "device": share.device}
+        if share.share_id:
+            entry["shareID"] = share.share_id
+        entry["data"] = data
+        entries.append(entry)
+    return StatusPlan(entries=tuple(entries), missing=tuple(missing), changed=changed)
+
+
+def apply_body(claim: ClaimView, entries: tuple[dict[str, Any], ...]) -> dict[str, Any]:
+    """The server-side-apply body for `resourceclaims/status` carrying only our entries.
+
+    `metadata.uid` makes the API server refuse the apply if the claim was replaced meanwhile.
+    """
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": claim.name, "namespace": claim.namespace, "uid": claim.uid},
+        "status": {"devices": list(entries)},
+    }

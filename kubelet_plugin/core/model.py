@@ -1,0 +1,64 @@
+"""Value types passed between the node plugin's modules (discovery, gRPC server, prepare logic).
+
+``GpuInfo`` is validated where it enters (NVML, once at start); the per-call types are frozen dataclasses."""
+
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NodeMode = Literal["auto", "none", "hami-core", "nvml"]
+"""The node's enforcement floor (``--enforcement``): ``auto`` = each GPU's strongest tier, or a tier."""
+NODE_MODES: tuple[NodeMode, ...] = get_args(NodeMode)
+TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
+"""What a GPU's health class does to its ResourceSlice device (``None``: no taint)."""
+
+
+class GpuInfo(BaseModel):
+    """One physical GPU as NVML reports it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    index: int = Field(ge=0, description="NVML device index")
+    uuid: str = Field(description="e.g. GPU-8f6c1a2e-...")
+    product_name: str = Field(description="nvmlDeviceGetName, e.g. 'NVIDIA H100 80GB HBM3'")
+    memory_total_bytes: int = Field(gt=0)
+    minor: int = Field(ge=0, description="minor number of /dev/nvidia<minor>")
+    pci_bus_id: str = Field(description="normalised 'dddd:bb:dd.f', lower case")
+    architecture: str = Field(description="e.g. 'Hopper', 'Ampere'")
+    cuda_compute_capability: str = Field(description="'<major>.<minor>', e.g. '9.0'")
+    driver_version: str = Field(description="e.g. '580.65.06'")
+
+    @property
+    def device_name(self) -> str:
+        """Name of this GPU's device in the ResourceSlice."""
+        return f"gpu-{self.index}"
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimRef:
+    """A claim as the kubelet names it in NodePrepareResources / NodeUnprepareResources (plain data: built per
+    claim on the hot path, from a protobuf message that is already typed)."""
+
+    namespace: str
+    uid: str
+    name: str
+
+
+@dataclass(frozen=True, slots=True)
+class PreparedDevice:
+    """One device of a prepared claim, as returned to the kubelet (plain data, see ClaimRef)."""
+
+    request_names: tuple[str, ...]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: tuple[str, ...]
+    share_id: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareResult:
+    """Outcome for one claim: devices on success, or a non-empty error (plain data, see ClaimRef)."""
+
+    devices: tuple[PreparedDevice, ...] = ()
+    error: str = ""

@@ -1,0 +1,127 @@
+"""Memory-enforcement tiers per GPU: what each GPU can give, and which tier a claim's share gets (pure).
+
+Tiers, weakest first:
+
+- ``none``: the grant is advisory (the scheduler's accounting, the env and the info files);
+- ``hami-core``: HAMi-core's ``libvgpu.so`` preloaded into the container (needs the library on the node);
+- ``nvml``: NVIDIA's toolkit hook ``nvidia-cdi-hook apply-cuda-memory-limits``, a ``createRuntime`` hook that
+  calls the driver's ``nvmlDeviceSetMemoryLimits_v1`` on the container's cgroup. Needs the cgroup v2 unified
+  hierarchy where the hook looks (``/sys/fs/cgroup``), a driver whose NVML has that call and answers the
+  probe for the GPU, and ``--driver-edits=toolkit`` (the plugin installs the hook binary on the host).
+
+The node's mode is the floor: ``auto`` is the strongest tier each GPU offers, an explicit tier is that tier.
+A claim's GpuConfig may raise its tier above the floor, never lower it; a tier the GPU cannot give is an
+``EnforcementUnavailableError`` naming the GPU and why.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import get_args
+
+from pydantic import BaseModel, ConfigDict
+
+from api.gpu_config import Enforcement
+from kubelet_plugin.core.model import NodeMode
+
+Tier = Enforcement
+
+TIERS: tuple[Tier, ...] = get_args(Tier)
+"""Weakest first."""
+ATTRIBUTE = "memoryEnforcement"
+"""ResourceSlice device attribute (string): the strongest tier the GPU offers."""
+
+
+def strength(tier: Tier) -> int:
+    """Position of `tier` in TIERS (0 = none)."""
+    return TIERS.index(tier)
+
+
+class NodeFacts(BaseModel):
+    """What the node offers to every GPU; each `*_problem` is None when the fact holds, else why not."""
+
+    model_config = ConfigDict(frozen=True)
+
+    cgroup_problem: str | None
+    """None: the cgroup v2 unified hierarchy is mounted where the hook looks."""
+    driver_edits_problem: str | None
+    """None: --driver-edits=toolkit, so the hook binary is installed on the host."""
+    hami_core_problem: str | None
+    """None: HAMi-core's library is present."""
+
+
+class NvmlLimits(BaseModel):
+    """One GPU's answer to the NVML probe: `problem` None when the driver can set memory limits on it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    problem: str | None
+
+
+class GpuTiers(BaseModel):
+    """The tiers one GPU offers and, for each other tier, why not."""
+
+    model_config = ConfigDict(frozen=True)
+
+    available: tuple[Tier, ...]
+    """Weakest first; always starts with ``none``."""
+    missing: dict[str, str] = {}
+    """tier -> the reason it is not available."""
+
+    @property
+    def strongest(self) -> Tier:
+        return self.available[-1]
+
+
+def gpu_tiers(node: NodeFacts, nvml: NvmlLimits) -> GpuTiers:
+    """The tiers of one GPU from the node's facts and the GPU's NVML probe."""
+    missing: dict[str, str] = {}
+    if node.hami_core_problem is not None:
+        missing["hami-core"] = node.hami_core_problem
+    nvml_problems = [p for p in (node.driver_edits_problem, node.cgroup_problem, nvml.problem) if p is not None]
+    if nvml_problems:
+        missing["nvml"] = "; ".join(nvml_problems)
+    return GpuTiers(available=tuple(t for t in TIERS if t not in missing), missing=missing)
+
+
+class EnforcementUnavailableError(ValueError):
+    """A share asks for a tier its GPU cannot give; the message names the GPU, the asker and what to do."""
+
+
+def applied_tier(mode: NodeMode, requested: Tier | None, gpu: GpuTiers, where: str) -> Tier:
+    """The tier a share on `gpu` gets: the node's floor (`mode`, ``auto`` = the GPU's strongest) raised to the
+    claim's `requested` tier, never lowered. `where` names the GPU in errors (e.g. ``GPU gpu-0 (GPU-…)``).
+
+    Raises EnforcementUnavailableError when that tier is not in `gpu.available`.
+    """
+    floor: Tier = gpu.strongest if mode == "auto" else mode
+    tier = max(floor, requested or "none", key=strength)
+    if tier in gpu.available:
+        return tier
+    asker = (
+        f"the claim's GpuConfig asks for enforcement {tier!r}"
+        if requested == tier and strength(tier) > strength(floor)
+        else f"this node's enforcement mode is {mode!r} (--enforcement, chart value enforcement.mode)"
+    )
+    raise EnforcementUnavailableError(
+        f"{asker}, but {where} cannot give it: {gpu.missing.get(tier, 'not offered')}; this GPU offers "
+        + ", ".join(repr(t) for t in gpu.available)
+        + _advice(tier)
+    )
+
+
+def _advice(tier: Tier) -> str:
+    if tier == "nvml":
+        return (
+            " (nvml needs cgroup v2, a driver whose NVML has nvmlDeviceSetMemoryLimits_v1 (r615 or newer) and "
+            "driverEdits: toolkit); select such GPUs with the attribute memoryEnforcement, or ask for less"
+        )
+    if tier == "hami-core":
+        return " (hami-core needs HAMi-core's libvgpu.so on the node, chart value enforcement.hamiCore.libraryPath)"
+    return ""
+
+
+def weakest(tiers: Mapping[str, Tier] | list[Tier]) -> Tier:
+    """The weakest of several tiers (``none`` for none): what holds for all of them."""
+    values = list(tiers.values()) if isinstance(tiers, Mapping) else tiers
+    return min(values, key=strength, default="none")

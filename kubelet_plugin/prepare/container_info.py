@@ -1,0 +1,163 @@
+"""What a container is told about its fracgpu devices, in names that never collide (pure, plus the file writer).
+
+The kubelet gives a container the CDI devices of exactly the claims/requests it references; the runtime merges
+their env (the last device wins a name) and keeps one mount per container path. So every value here is true for
+each container that gets the device, and nothing is an aggregate over "all GPUs of the container":
+
+- per-device env ``FRACGPU_DEV_<KEY>_{UUID,MEMORY_LIMIT_MIB,CLAIM,REQUEST,ENFORCEMENT,SHARE_ID}``, ``<KEY>`` being the CDI
+  device name (``<claimUID>-<device>[-<shareID>]``) upper-cased with ``-`` as ``_``: unique per device, stable;
+- per request one JSON file, ``/run/fracgpu/<claimUID>_<request>.json`` in the container, mounted read-only by
+  each of the request's devices (a request's devices always reach a container together): the claim, the
+  request, and its GPUs in CUDA order (PCI bus ID, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``) with grant and share
+  ID. Listing ``/run/fracgpu`` shows exactly the container's fracgpu requests.
+
+On the host the files live under ``<plugin data dir>/claim-info/<claimUID>/<request>.json``.
+"""
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kubelet_plugin.prepare import cdi
+
+DIR_IN_CONTAINER = "/run/fracgpu"
+ENV_PREFIX = "FRACGPU_DEV_"
+ENV_SUFFIXES = (
+    "UUID",
+    "MEMORY_LIMIT_MIB",
+    "CLAIM",
+    "REQUEST",
+    "ENFORCEMENT",
+    "SHARE_ID",
+)  # none is a suffix of another
+INFO_FILE_MODE = 0o644  # readable by any container user
+INFO_SCHEMA_VERSION = 1  # `version` of a request's file; fracgpu 0.1.0 wrote none (schema 1)
+KEYABLE_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")  # claim UIDs, DNS-label device names, share UUIDs
+_REQUEST_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label, as Kubernetes validates it
+VOID = "NVIDIA_VISIBLE_DEVICES=void"
+"""With driver edits: no legacy hook or image env can widen the container's GPUs."""
+_LIBRARY_RE = re.compile(r"/lib(cuda|nvidia-ml)\.so\.[0-9][^/]*$")
+_MOUNT_OPTIONS = ("ro", "nosuid", "nodev", "noexec", "rbind", "rprivate")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, populate_by_name=True, extra="forbid")
+
+
+class ClaimName(_Model):
+    """The claim a file describes."""
+
+    namespace: str
+    name: str
+    uid: str
+
+
+class DeviceInfo(_Model):
+    """One GPU share of a request, as the container sees it."""
+
+    uuid: str
+    memory_mib: int = Field(alias="memoryMiB", ge=0, description="the grant (MiB)")
+    share_id: str | None = Field(alias="shareID", default=None)
+    device: str = Field(description="the ResourceSlice device, e.g. gpu-0")
+    pci_bus_id: str = Field(alias="pciBusID")
+    minor: int = Field(ge=0, description="minor of /dev/nvidia<minor>")
+    cdi_device: str = Field(alias="cdiDevice", description="fully qualified CDI device ID")
+    env_prefix: str = Field(alias="envPrefix", description="prefix of this device's FRACGPU_DEV_ variables")
+    enforcement: str = Field("none", description="the memory-enforcement tier applied to this share")
+
+
+class RequestInfo(_Model):
+    """The contents of one request's file."""
+
+    version: int = Field(INFO_SCHEMA_VERSION, description="schema of the file (absent: 1)")
+    claim: ClaimName
+    request: str
+    enforcement: str = Field(description="the weakest tier among the request's devices")
+    devices: list[DeviceInfo] = Field(description="CUDA order: by PCI bus ID")
+
+    @field_validator("version")
+    @classmethod
+    def _readable_schema(cls, v: int) -> int:
+        if not 1 <= v <= INFO_SCHEMA_VERSION:
+            newer = "was written by a newer fracgpu" if v > INFO_SCHEMA_VERSION else "is not a schema"
+            raise ValueError(f"info file of schema {v} {newer}: this plugin reads schemas 1 to {INFO_SCHEMA_VERSION}")
+        return v
+
+    def to_json(self) -> bytes:
+        """One line of JSON with the documented (camelCase) names."""
+        return (json.dumps(self.model_dump(by_alias=True, mode="json"), separators=(",", ":")) + "\n").encode()
+
+
+@dataclass(frozen=True)
+class InfoFile:
+    """A request's file: where it lives on the host, where the container sees it, and what it says."""
+
+    host_path: Path
+    container_path: str
+    info: RequestInfo
+
+
+class InfoNameError(ValueError):
+    """A name cannot be turned into a collision-free env name or file name."""
+
+
+def env_prefix(cdi_device_name: str) -> str:
+    """``FRACGPU_DEV_<KEY>_`` for a CDI device name; injective because our names are ``[a-z0-9-]`` only."""
+    if not KEYABLE_RE.fullmatch(cdi_device_name):
+        raise InfoNameError(
+            f"CDI device name {cdi_device_name!r} has characters other than a-z, 0-9 and '-': it cannot be "
+            "turned into a unique environment variable name"
+        )
+    return f"{ENV_PREFIX}{cdi_device_name.upper().replace('-', '_')}_"
+
+
+def device_env(prefix: str, info: DeviceInfo, claim: ClaimName, request: str) -> dict[str, str]:
+    """The per-device variables (SHARE_ID only for a share)."""
+    env = {
+        f"{prefix}UUID": info.uuid,
+        f"{prefix}MEMORY_LIMIT_MIB": str(info.memory_mib),
+        f"{prefix}CLAIM": f"{claim.namespace}/{claim.name}",
+        f"{prefix}REQUEST": request,
+        f"{prefix}ENFORCEMENT": info.enforcement,
+    }
+    if info.share_id:
+        env[f"{prefix}SHARE_ID"] = info.share_id
+    return env
+
+
+def claim_info_root(plugin_data_dir: Path) -> Path:
+    """``<plugin data dir>/claim-info``: one directory per prepared claim."""
+    return plugin_data_dir / "claim-info"
+
+
+def claim_info_dir(plugin_data_dir: Path, claim_uid: str) -> Path:
+    """The host directory holding one claim's request files."""
+    if not KEYABLE_RE.fullmatch(claim_uid):
+        raise InfoNameError(f"claim UID {claim_uid!r} is not of the form Kubernetes generates")
+    return claim_info_root(plugin_data_dir) / claim_uid
+
+
+def info_file(plugin_data_dir: Path, info: RequestInfo) -> InfoFile:
+    """Where a request's file goes, on the host and in the container."""
+    if not _REQUEST_RE.fullmatch(info.request):
+        raise InfoNameError(f"request name {info.request!r} is not a DNS label")
+    return InfoFile(
+        host_path=claim_info_dir(plugin_data_dir, info.claim.uid) / f"{info.request}.json",
+        container_path=f"{DIR_IN_CONTAINER}/{info.claim.uid}_{info.request}.json",
+        info=info,
+    )
+
+
+def mount_options() -> list[str]:
+    """Read-only bind mount options of an info file."""
+    return list(_MOUNT_OPTIONS)
+
+
+def library_problem(edits: cdi.ContainerEdits) -> str | None:
+    """None when the edits mount ``libcuda.so.<ver>`` or ``libnvidia-ml.so.<ver>``; else what is wrong."""
+    if any(_LIBRARY_RE.search(m.container_path) for m in edits.mounts):
+        return None
+    return "the generated edits mount neither libcuda.so.<version> nor libnvidia-ml.so.<version>"

@@ -1,0 +1,120 @@
+"""Writes the `Ready` condition of prepared claims in the background, off the kubelet's reply path
+(`ReadyReporter` decides which claims need it, `ReadyWriter` writes).
+
+A write that fails for want of the API server (no answer, 429, 5xx) is tried again after 1, 2, 4, … s, up
+to `attempts` tries; other failures are final. Either way the next prepare of the claim writes it again,
+because prepare checks the condition on the claim it has just read. Each failed try is logged and counted.
+"""
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from api.kube_rest import ApiError, KubeRest, UndecodableResponse
+from kubelet_plugin.prepare.status import Tiers, apply_ready, is_ready
+
+log = logging.getLogger(__name__)
+
+#: Writes Ready=True on one claim (`claim_status.apply_ready` bound to the plugin's client).
+Write = Callable[[dict[str, Any]], None]
+
+
+def _describe(err: Exception) -> str:
+    if isinstance(err, ApiError):
+        return f"{err.status} {err.reason}"
+    return f"{type(err).__name__}: {err}"
+
+
+def _transient(err: ApiError) -> bool:
+    return err.status in (0, 429) or (err.status or 0) >= 500
+
+
+class ReadyWriter:
+    """Runs `write` for submitted claims on a few threads of its own; one claim is written by one task at
+    a time (a claim submitted again while its write is pending is not written twice)."""
+
+    def __init__(
+        self, write: Write, on_failure: Callable[[], None], *, attempts: int = 5, first_delay: float = 1.0
+    ) -> None:
+        self._write = write
+        self._on_failure = on_failure
+        self._attempts = attempts
+        self._first_delay = first_delay
+        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fracgpu-ready")
+        self._pending: set[str] = set()
+        self._changed = threading.Condition()
+
+    def submit(self, claim: dict[str, Any]) -> None:
+        """Write Ready on `claim` soon; returns at once."""
+        uid = claim["metadata"]["uid"]
+        with self._changed:
+            if uid in self._pending:
+                return
+            self._pending.add(uid)
+        self._pool.submit(self._run, claim, 1)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until no write is pending or being retried; False if `timeout` passed first."""
+        with self._changed:
+            return self._changed.wait_for(lambda: not self._pending, timeout)
+
+    def _run(self, claim: dict[str, Any], attempt: int) -> None:
+        meta = claim["metadata"]
+        try:
+            self._write(claim)
+        except UndecodableResponse:
+            pass  # written: only the answer, the claim as it is now, could not be decoded
+        except Exception as err:
+            self._on_failure()
+            retry = isinstance(err, ApiError) and _transient(err) and attempt < self._attempts
+            log.warning(
+                "cannot set Ready on claim status" + ("; trying again" if retry else ""),
+                extra={"claim": f"{meta['namespace']}/{meta['name']}", "attempt": attempt, "error": _describe(err)},
+            )
+            if retry:
+                delay = self._first_delay * 2 ** (attempt - 1)
+                timer = threading.Timer(delay, self._resubmit, (claim, attempt + 1))
+                timer.daemon = True
+                timer.start()
+                return
+        with self._changed:
+            self._pending.discard(meta["uid"])
+            self._changed.notify_all()
+
+    def _resubmit(self, claim: dict[str, Any], attempt: int) -> None:
+        try:
+            self._pool.submit(self._run, claim, attempt)
+        except RuntimeError:  # the interpreter is shutting down: the next prepare writes it
+            with self._changed:
+                self._pending.discard(claim["metadata"]["uid"])
+                self._changed.notify_all()
+
+
+class ReadyReporter:
+    """The Ready and MemoryEnforcement conditions of prepared claims: the tiers each claim got, whether the
+    claim as read already says so, and the background write (`ReadyWriter`) when it does not."""
+
+    def __init__(self, rest: KubeRest, driver: str, node: str, on_failure: Callable[[], None]) -> None:
+        self._driver = driver
+        self._applied: dict[str, Tiers] = {}  # claim UID -> tier per share
+        self._writer = ReadyWriter(
+            lambda claim: apply_ready(rest, claim, driver, node, self._applied.get(claim["metadata"]["uid"])),
+            on_failure,
+        )
+
+    def prepared(self, claim: dict[str, Any], tiers: Tiers) -> None:
+        """`claim` (as just read) was prepared with `tiers`: write its conditions unless they are there."""
+        uid = claim["metadata"]["uid"]
+        self._applied[uid] = tiers
+        if tiers and not is_ready(claim, self._driver, tiers):
+            self._writer.submit(claim)
+
+    def forget(self, claim_uid: str) -> None:
+        """The claim was unprepared."""
+        self._applied.pop(claim_uid, None)
+
+    def wait_idle(self, timeout: float | None = None) -> bool:
+        """Wait until the submitted writes are done (or given up); False on timeout."""
+        return self._writer.wait_idle(timeout)

@@ -1,0 +1,216 @@
+"""Unit tests of admission review (controller/admission/verdict.py)."""
+
+from typing import Any
+
+import pytest
+
+from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
+from api.quantity import GiB
+from controller.admission.verdict import Review, review_claim_spec
+from tests.unit.scheduler_claims import extended_resource_claim
+
+HEAD = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig"}
+
+
+def review(spec: dict[str, Any], largest: int | None = 80 * GiB, prefix: str = "spec") -> Review:
+    return review_claim_spec(spec, prefix, driver=DRIVER_NAME, device_class=DEVICE_CLASS_NAME, largest=largest)
+
+
+def spec(requests: list[dict[str, Any]], config: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": requests}
+    if config is not None:
+        devices["config"] = config
+    return {"devices": devices}
+
+
+def req(
+    memory: object = None, name: str = "gpu", device_class: str = DEVICE_CLASS_NAME, **capacity: object
+) -> dict[str, Any]:
+    requests = dict(capacity)
+    if memory is not None:
+        requests["memory"] = memory
+    exactly: dict[str, Any] = {"deviceClassName": device_class}
+    if requests:
+        exactly["capacity"] = {"requests": requests}
+    return {"name": name, "exactly": exactly}
+
+
+def opaque(parameters: object, driver: str = DRIVER_NAME) -> list[dict[str, Any]]:
+    return [{"requests": ["gpu"], "opaque": {"driver": driver, "parameters": parameters}}]
+
+
+def test_valid_claims_pass_without_warnings() -> None:
+    out = review(spec([req("10Gi"), req(None, "whole")], opaque({**HEAD, "computeLimitPercent": 30})))
+    assert out.allowed and out.problems == () and out.warnings == () and out.message == ""
+
+
+def test_the_schedulers_extended_resource_claim_is_admitted_without_warnings() -> None:
+    """The claim kube-scheduler creates for `resources.limits: {gpu.fracgpu.dev/gpu: 2}` (no capacity, a count)."""
+    made = extended_resource_claim(
+        "p",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        pool="n",
+        devices={"gpu-0": ("a", "80Gi"), "gpu-1": ("b", "80Gi")},
+    )
+    assert review(made["spec"]) == Review()
+
+
+def test_claims_of_other_classes_and_drivers_are_not_judged() -> None:
+    out = review(spec([req("0", device_class="other")], opaque({"anything": True}, driver="other.example.com")))
+    assert out.allowed
+    assert review_claim_spec(None, "spec", driver=DRIVER_NAME, device_class=DEVICE_CLASS_NAME, largest=None).allowed
+
+
+@pytest.mark.parametrize(
+    ("memory", "expected"),
+    [
+        (
+            "0",
+            "spec.devices.requests[0].exactly.capacity.requests.memory: must be a positive quantity of bytes such as 10Gi or 512Mi, got '0'",
+        ),
+        ("-1Gi", "got '-1Gi'"),
+        ("500m", "(whole bytes; fractions such as '500m' are not allowed)"),
+        ("1.5", "fractions such as '1.5'"),
+        ("ten", "got 'ten'"),
+    ],
+)
+def test_memory_must_be_a_positive_whole_number_of_bytes(memory: str, expected: str) -> None:
+    out = review(spec([req(memory)]))
+    assert not out.allowed
+    assert expected in out.message
+
+
+def test_only_memory_capacity_is_offered() -> None:
+    out = review(spec([req("1Gi", cores="2")]))
+    assert out.problems == (
+        "spec.devices.requests[0].exactly.capacity.requests.cores: unknown capacity; gpu.fracgpu.dev devices offer only 'memory'",
+    )
+    assert review(spec([req(None, **{f"{DRIVER_NAME}/memory": "1Gi"})])).allowed
+
+
+def test_gpu_config_problems_name_the_field_inside_the_claim() -> None:
+    out = review(spec([req("1Gi")], opaque({**HEAD, "computeLimitPercent": 0, "extra": 1})))
+    assert out.problems == (
+        "spec.devices.config[0].opaque.parameters.extra: unknown field; allowed fields are apiVersion, kind, enforcement, computeLimitPercent, env",
+        "spec.devices.config[0].opaque.parameters.computeLimitPercent: must be an integer between 1 and 100, got 0",
+    )
+    assert "; " in out.message
+    missing = review(spec([req("1Gi")], opaque(None)))
+    assert missing.problems == (
+        "spec.devices.config[0].opaque.parameters must be a JSON object with apiVersion and kind, got null",
+    )
+
+
+def test_templates_use_their_own_field_path() -> None:
+    out = review(spec([req("0")], opaque({**HEAD, "enforcement": "full"})), prefix="spec.spec")
+    assert [p.split(":")[0] for p in out.problems] == [
+        "spec.spec.devices.requests[0].exactly.capacity.requests.memory",
+        "spec.spec.devices.config[0].opaque.parameters.enforcement",
+    ]
+
+
+def test_first_available_alternatives_are_checked_with_their_index() -> None:
+    request = {
+        "name": "gpu",
+        "firstAvailable": [
+            {"name": "big", "deviceClassName": DEVICE_CLASS_NAME, "capacity": {"requests": {"memory": "40Gi"}}},
+            {"name": "small", "deviceClassName": DEVICE_CLASS_NAME, "capacity": {"requests": {"memory": "-5"}}},
+        ],
+    }
+    out = review(spec([req("1Gi", name="first"), request]))
+    assert len(out.problems) == 1
+    assert out.problems[0].startswith("spec.devices.requests[1].firstAvailable[1].capacity.requests.memory:")
+
+
+def test_requests_larger_than_every_gpu_pass_with_a_warning() -> None:
+    out = review(spec([req("81Gi")]))
+    assert out.allowed
+    (warning,) = out.warnings
+    assert warning.startswith("spec.devices.requests[0].exactly.capacity.requests.memory: request 'gpu' asks for 81Gi")
+    assert "largest GPU has 80Gi" in warning
+    assert review(spec([req("80Gi")])).warnings == ()
+    assert review(spec([req("81Gi")]), largest=None).warnings == (), "no GPU published yet: nothing to compare"
+
+
+def _env(prefix: str, count: int) -> dict[str, str]:
+    return {f"{prefix}_{i}": "1" for i in range(count)}
+
+
+def test_configs_valid_alone_but_invalid_merged_are_refused_per_request() -> None:
+    a = {"requests": ["gpu"], "opaque": {"driver": DRIVER_NAME, "parameters": {**HEAD, "env": _env("A", 20)}}}
+    b = {"opaque": {"driver": DRIVER_NAME, "parameters": {**HEAD, "env": _env("B", 20)}}}
+    out = review(spec([req("1Gi"), req("1Gi", name="other")], [a, b]))
+    assert out.problems == (
+        "spec.devices.requests[0].exactly: request 'gpu' gets the GpuConfigs spec.devices.config[0], "
+        "spec.devices.config[1] merged, and the result is invalid: env: at most 32 entries are allowed, got 40",
+    ), "request 'other' gets config[1] alone (20 entries)"
+    shared = {**HEAD, "env": _env("A", 20)}
+    assert review(spec([req("1Gi")], [a, {"opaque": {"driver": DRIVER_NAME, "parameters": shared}}])).allowed, (
+        "the same 20 names twice merge into 20"
+    )
+
+
+def test_the_deviceclass_configs_are_merged_first() -> None:
+    claim_config = opaque({**HEAD, "env": _env("B", 20)})
+    out = review_claim_spec(
+        spec([req("1Gi")], claim_config),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=None,
+        class_configs=[{**HEAD, "env": _env("A", 13)}],
+    )
+    (problem,) = out.problems
+    assert f"GpuConfig 1 of DeviceClass {DEVICE_CLASS_NAME}, spec.devices.config[0] merged" in problem
+    assert "got 33" in problem
+    broken_class = review_claim_spec(
+        spec([req("1Gi")]),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=None,
+        class_configs=[{"kind": "GpuConfig"}],
+    )
+    assert broken_class.allowed and "claims of it fail to prepare" in broken_class.warnings[0]
+
+
+@pytest.mark.parametrize(("offered", "warned"), [(False, True), (True, False), (None, False)])
+def test_hami_core_asked_where_no_gpu_offers_it_is_warned(offered: bool | None, warned: bool) -> None:
+    out = review_claim_spec(
+        spec([req("1Gi")], opaque({**HEAD, "enforcement": "hami-core"})),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=None,
+        hami_core_offered=offered,
+    )
+    assert out.allowed
+    assert [w for w in out.warnings if "no published GPU offers it" in w] == (
+        [
+            "spec.devices.requests[0].exactly: request 'gpu' asks for enforcement 'hami-core', but no published GPU "
+            "offers it (no node plugin found the HAMi-core library): the claim's pod fails to start on any node "
+            "until one does"
+        ]
+        if warned
+        else []
+    )
+
+
+@pytest.mark.parametrize(("offered", "warned"), [(False, True), (True, False), (None, False)])
+def test_nvml_asked_where_no_gpu_offers_it_is_warned(offered: bool | None, warned: bool) -> None:
+    out = review_claim_spec(
+        spec([req("1Gi")], opaque({**HEAD, "enforcement": "nvml"})),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=None,
+        hami_core_offered=True,
+        nvml_offered=offered,
+    )
+    assert out.allowed
+    found = [w for w in out.warnings if "no published GPU offers it" in w]
+    assert len(found) == (1 if warned else 0)
+    if warned:
+        assert found[0].startswith("spec.devices.requests[0].exactly: request 'gpu' asks for enforcement 'nvml'")
+        assert "memoryEnforcement" in found[0] and "driverEdits: toolkit" in found[0]

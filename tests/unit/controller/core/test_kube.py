@@ -1,0 +1,56 @@
+"""Unit tests of the controller's Event posting (controller/core/kube.py) against a fake REST client."""
+
+from typing import Any
+
+from api.kube_rest import ApiError, KubeRest
+from controller.core.kube import event_name, post_claim_event
+from controller.core.model import ClaimView
+
+CLAIM = ClaimView(namespace="ns", name="c1", uid="uid-1", allocated=False)
+KEY = ("UnsatisfiableGpuRequest", "gpu", "85899345920")
+
+
+class FakeRest:
+    """Records created bodies; `errors` makes the next creates raise these in turn."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self.created: list[tuple[str, dict[str, Any]]] = []
+        self.errors = list(errors)
+
+    def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        if self.errors:
+            raise self.errors.pop(0)
+        self.created.append((path, body))
+        return body
+
+
+def post(rest: FakeRest, claim: ClaimView = CLAIM, key: tuple[str, ...] = KEY) -> bool:
+    fake: KubeRest = rest  # type: ignore[assignment]  # duck-typed: only create() is used
+    return post_claim_event(fake, claim, key, reason=key[0], message="too big")
+
+
+def test_event_names_are_deterministic_per_claim_uid_and_key() -> None:
+    name = event_name(CLAIM, KEY)
+    assert name == event_name(CLAIM, KEY) and name.startswith("c1.") and len(name) == len("c1.") + 16
+    assert event_name(CLAIM, (*KEY[:2], "1")) != name
+    assert event_name(CLAIM.model_copy(update={"uid": "uid-2"}), KEY) != name, "a new claim of the same name"
+    long = CLAIM.model_copy(update={"name": "a" * 235 + "-" + "b" * 17})
+    assert len(event_name(long, KEY)) <= 253 and not event_name(long, KEY).split(".")[0].endswith("-")
+
+
+def test_posted_events_carry_the_deterministic_name() -> None:
+    rest = FakeRest()
+    assert post(rest)
+    ((path, body),) = rest.created
+    assert path == "/api/v1/namespaces/ns/events"
+    assert body["metadata"] == {"name": event_name(CLAIM, KEY), "namespace": "ns"}
+    assert body["involvedObject"]["uid"] == "uid-1" and body["reason"] == KEY[0]
+
+
+def test_already_existing_events_count_as_posted_and_failures_do_not() -> None:
+    assert post(FakeRest(ApiError(status=409, reason="AlreadyExists")))
+    assert not post(FakeRest(ApiError(status=500, reason="boom")))
+    assert not post(FakeRest(ConnectionResetError("reset")))
+    terminating = ApiError(status=403, reason="Forbidden")
+    terminating.body = '{"message": "namespace ns is being terminated"}'
+    assert post(FakeRest(terminating)), "never postable: not worth retrying"

@@ -1,0 +1,298 @@
+"""Unit tests of GPU health as data and plans: the XID table, the health book (clear only on the driver's word
+of a reset), taint planning, the health stream's source, slices with taints and the coalescer (fake clock)."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from kubelet_plugin.core.coalesce import Coalescer
+from kubelet_plugin.health.book import (
+    LOST_TAINT,
+    RECOVERY_TAINT,
+    XID_TAINT,
+    Effects,
+    GpuHealth,
+    HealthBook,
+    plan_taints,
+)
+from kubelet_plugin.health.events import claims_on, message
+from kubelet_plugin.health.source import ReportedHealth, with_reported_health
+from kubelet_plugin.health.xid_catalog import XIDS, classify_action, classify_xid
+from kubelet_plugin.prepare.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry
+from kubelet_plugin.publishing.slices import MAX_TAINTED_DEVICES_PER_SLICE, build_slices
+from tests.unit.plugin_host import gpu_info
+
+NODE = "node-a"
+NODE_UID = "6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9"
+STEP = 256 << 20
+
+GPU_RESET = 1
+DRAIN_P2P = 3
+
+
+class Clock:
+    """A fake RFC 3339 clock: every call one second later."""
+
+    def __init__(self) -> None:
+        self.seconds = 0
+
+    def __call__(self) -> str:
+        self.seconds += 1
+        return f"2026-12-01T10:00:{self.seconds:02d}Z"
+
+
+def book() -> HealthBook:
+    return HealthBook(["gpu-0", "gpu-1"], clock=Clock())
+
+
+# --- the XID table ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("xid", "cls"),
+    [(13, "ignore"), (31, "ignore"), (43, "ignore"), (63, "degraded"), (74, "degraded"), (92, "degraded"),
+     (94, "degraded"), (48, "fatal"), (64, "fatal"), (79, "fatal"), (95, "fatal"), (999, "degraded"),
+     (12345, "degraded")],
+)  # fmt: skip
+def test_xid_classes(xid: int, cls: str) -> None:
+    assert classify_xid(xid).cls == cls
+
+
+def test_the_allow_list_ignores_any_xid_and_keeps_its_name() -> None:
+    assert classify_xid(48, frozenset({48})) == ("ignore", "double-bit-ecc-error")
+    assert classify_xid(48, frozenset({13})).cls == "fatal"
+
+
+def test_xid_names_are_taint_values() -> None:
+    for xid, entry in XIDS.items():
+        value = f"{xid}-{entry.name}"
+        assert len(value) <= 63 and value.replace("-", "").isalnum(), value
+
+
+def test_recovery_actions() -> None:
+    assert [classify_action(a).cls for a in range(8)] == [
+        "ignore", "fatal", "fatal", "degraded", "fatal", "degraded", "fatal", "fatal"
+    ]  # fmt: skip
+    assert classify_action(99).cls == "fatal"
+
+
+# --- the book: transitions and clearing ------------------------------------------------------------------------
+
+
+def test_ignored_xids_change_nothing() -> None:
+    b = book()
+    assert b.record_xid("gpu-1", 13, frozenset(), None) is None
+    assert b.record_xid("gpu-1", 94, frozenset({94}), 0) is None
+    assert b.snapshot()["gpu-1"] == GpuHealth()
+
+
+def test_a_fatal_xid_is_one_transition_and_a_flood_of_the_same_adds_none() -> None:
+    b = book()
+    t = b.record_xid("gpu-1", 48, frozenset(), GPU_RESET)
+    assert t is not None and (t.device, t.before, t.after.state) == ("gpu-1", "healthy", "fatal")
+    assert t.after.describe() == "XID 48 (double-bit-ecc-error, fatal); driver asks for recovery action gpu-reset"
+    assert [b.record_xid("gpu-1", x, frozenset(), GPU_RESET) for x in (48, 63, 94, 13) * 2500] == [None] * 10_000
+    assert b.snapshot()["gpu-0"].state == "healthy"
+
+
+def test_a_worse_xid_replaces_a_milder_one() -> None:
+    b = book()
+    assert b.record_xid("gpu-0", 63, frozenset(), None) is not None
+    t = b.record_xid("gpu-0", 79, frozenset(), None)
+    assert t is not None and (t.before, t.after.state, t.after.xid) == ("degraded", "fatal", 79)
+
+
+def test_clears_when_the_pending_recovery_action_goes_to_none() -> None:
+    b = book()
+    b.record_xid("gpu-1", 48, frozenset(), GPU_RESET)
+    assert b.record_answer("gpu-1", GPU_RESET) is None  # still waiting for the reset
+    t = b.record_answer("gpu-1", 0)
+    assert t is not None and (t.before, t.after.state) == ("fatal", "healthy")
+    assert b.snapshot()["gpu-1"].xid is None
+
+
+def test_clears_when_a_lost_gpu_answers_again() -> None:
+    b = book()
+    t = b.record_lost("gpu-0")
+    assert t is not None and t.after.state == "fatal" and t.after.lost
+    assert b.record_lost("gpu-0") is None
+    t = b.record_answer("gpu-0", None)
+    assert t is not None and t.after == GpuHealth(since=t.after.since) and t.after.state == "healthy"
+
+
+def test_a_lost_gpu_back_with_a_pending_action_stays_until_the_action_clears() -> None:
+    b = book()
+    b.record_xid("gpu-0", 79, frozenset(), None)
+    b.record_lost("gpu-0")
+    t = b.record_answer("gpu-0", GPU_RESET)
+    assert t is not None and t.after.state == "fatal" and not t.after.lost
+    assert b.record_answer("gpu-0", 0) is not None and b.snapshot()["gpu-0"].state == "healthy"
+
+
+def test_never_clears_without_the_drivers_word() -> None:
+    """An XID with no recovery action reported (None) or none pending (0): answering is no proof of a reset."""
+    b = book()
+    b.record_xid("gpu-0", 48, frozenset(), None)
+    b.record_xid("gpu-1", 63, frozenset(), 0)
+    for _ in range(100):
+        assert b.record_answer("gpu-0", None) is None
+        assert b.record_answer("gpu-0", 0) is None
+        assert b.record_answer("gpu-1", 0) is None
+    assert (b.snapshot()["gpu-0"].state, b.snapshot()["gpu-1"].state) == ("fatal", "degraded")
+
+
+def test_a_new_xid_after_the_action_was_seen_needs_its_own_reset() -> None:
+    b = book()
+    b.record_xid("gpu-0", 63, frozenset(), None)
+    b.record_answer("gpu-0", DRAIN_P2P)  # the driver asks for something: a reset is now observable
+    b.record_xid("gpu-0", 48, frozenset(), DRAIN_P2P)
+    assert b.record_answer("gpu-0", 0) is not None  # the action cleared: that was the reset
+    assert b.snapshot()["gpu-0"].state == "healthy"
+
+
+# --- taints ----------------------------------------------------------------------------------------------------
+
+
+def test_plan_taints_from_health() -> None:
+    b = book()
+    assert plan_taints(b.snapshot(), Effects()) == {}
+    b.record_xid("gpu-1", 48, frozenset(), GPU_RESET)
+    b.record_xid("gpu-0", 63, frozenset(), None)
+    b.record_lost("gpu-0")
+    since0, since1 = b.snapshot()["gpu-0"].since, b.snapshot()["gpu-1"].since
+    assert plan_taints(b.snapshot(), Effects()) == {
+        "gpu-0": [
+            {"key": LOST_TAINT, "value": "gpu-is-lost", "effect": "NoExecute", "timeAdded": since0},
+            {"key": XID_TAINT, "value": "63-ecc-page-retirement-or-row-remap", "effect": "NoSchedule",
+             "timeAdded": since0},
+        ],
+        "gpu-1": [
+            {"key": XID_TAINT, "value": "48-double-bit-ecc-error", "effect": "NoExecute", "timeAdded": since1},
+            {"key": RECOVERY_TAINT, "value": "gpu-reset", "effect": "NoExecute", "timeAdded": since1},
+        ],
+    }  # fmt: skip
+    custom = plan_taints(b.snapshot(), Effects(degraded="None", fatal="NoSchedule"))
+    assert [t["effect"] for t in custom["gpu-0"]] == ["NoSchedule", "None"]
+    assert plan_taints(b.snapshot(), Effects()) == plan_taints(b.snapshot(), Effects()), "stable across republishes"
+
+
+def test_taints_go_into_the_slice_which_then_holds_64_devices() -> None:
+    gpus = [gpu_info(i, f"GPU-00000000-0000-4000-8000-{i:012d}") for i in range(100)]
+    taint = {"key": XID_TAINT, "value": "48-double-bit-ecc-error", "effect": "NoExecute"}
+    slices = build_slices(NODE, NODE_UID, "gpu.fracgpu.dev", gpus, step=STEP, reserve=0, generation=1,
+                          taints={"gpu-7": [taint]})  # fmt: skip
+    assert [len(s["spec"]["devices"]) for s in slices] == [MAX_TAINTED_DEVICES_PER_SLICE, 36]
+    by_name = {d["name"]: d for s in slices for d in s["spec"]["devices"]}
+    assert by_name["gpu-7"]["taints"] == [taint] and "taints" not in by_name["gpu-8"]
+    untainted = build_slices(NODE, NODE_UID, "gpu.fracgpu.dev", gpus, step=STEP, reserve=0, generation=1)
+    assert len(untainted) == 1
+
+
+def test_the_health_stream_reports_unhealthy_gpus() -> None:
+    b = book()
+    gone = "its device node /dev/nvidia1 is missing"
+    source = with_reported_health(
+        lambda: [ReportedHealth("node", "gpu-0", True), ReportedHealth("node", "gpu-1", False, gone)], b
+    )
+    assert source() == [("node", "gpu-0", True, ""), ("node", "gpu-1", False, gone)]
+    b.record_xid("gpu-0", 63, frozenset(), None)
+    b.record_xid("gpu-1", 79, frozenset(), None)
+    assert source() == [
+        ("node", "gpu-0", False, "XID 63 (ecc-page-retirement-or-row-remap, degraded)"),
+        ("node", "gpu-1", False, f"{gone}; XID 79 ({classify_xid(79).name}, fatal)"),
+    ]
+    b.record_answer("gpu-0", 1)  # the driver asks for a GPU reset ...
+    b.record_answer("gpu-0", 0)  # ... and reports none pending after it
+    assert source()[0] == ("node", "gpu-0", True, "")
+
+
+# --- coalescing (fake clock) -----------------------------------------------------------------------------------
+
+
+class FakeTime:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def flushes_of(notices: list[float], until: float, window: float = 1.0) -> list[float]:
+    """When a flusher polling every millisecond flushes, for notices at the times given."""
+    clock = FakeTime()
+    c = Coalescer(window, clock)
+    pending = sorted(notices)
+    flushes = []
+    for ms in range(int(until * 1000) + 1):
+        clock.now = ms / 1000
+        while pending and pending[0] <= clock.now:
+            pending.pop(0)
+            c.notify()
+        if c.due_in(clock.now) == 0:
+            flushes.append(clock.now)
+            c.flushed()
+    return flushes
+
+
+def test_a_flood_of_notices_in_one_second_is_one_flush() -> None:
+    assert flushes_of([i / 10_000 for i in range(10_000)], until=5) == [1.0]
+
+
+def test_a_longer_flood_is_one_flush_per_window() -> None:
+    assert flushes_of([i / 4_000 for i in range(10_000)], until=5) == pytest.approx([1.0, 2.0, 3.0], abs=0.005)
+
+
+def test_the_first_notice_after_a_quiet_period_waits_one_window() -> None:
+    clock = FakeTime()
+    c = Coalescer(2.0, clock)
+    c.notify()
+    assert c.due_in(0.0) == 2.0 and c.due_in(1.5) == 0.5 and c.due_in(2.0) == 0
+    c.flushed()
+    clock.now = 2.1
+    c.notify()  # right after a flush: the next one waits for the window
+    assert c.due_in(2.1) == pytest.approx(2.0)
+
+
+def test_wait_due_returns_false_on_stop_and_true_when_due() -> None:
+    c = Coalescer(0.0)
+    stop = threading.Event()
+    stop.set()
+    assert c.wait_due(stop) is False
+    c.notify()
+    assert c.wait_due(threading.Event()) is True
+
+
+def test_a_negative_window_is_refused() -> None:
+    with pytest.raises(ValueError, match="coalescing window must be >= 0 seconds, got -1"):
+        Coalescer(-1)
+
+
+# --- Events: the claims on a GPU, from the checkpoint ----------------------------------------------------------
+
+
+def test_claims_on_a_gpu_come_from_the_checkpoint(tmp_path: Path) -> None:
+    def entry(name: str, device: str) -> ClaimEntry:
+        dev = CheckpointDevice(request_names=["gpu"], pool_name=NODE, device_name=device, cdi_device_ids=["x"])
+        return ClaimEntry(namespace="ns", name=name, state="PrepareCompleted", devices=[dev])
+
+    path = tmp_path / "checkpoint.json"
+    assert claims_on(path, "gpu-1") == [], "no checkpoint: no claims"
+    checkpoint = (
+        Checkpoint.empty("boot").with_claim("uid-b", entry("b", "gpu-1")).with_claim("uid-a", entry("a", "gpu-1"))
+    )
+    path.write_text(checkpoint.with_claim("uid-c", entry("c", "gpu-0")).to_json())
+    assert claims_on(path, "gpu-1") == [("ns", "a", "uid-a"), ("ns", "b", "uid-b")]
+    path.write_text("{not json")
+    assert claims_on(path, "gpu-1") == [], "unreadable: no claims, no exception"
+
+
+def test_event_messages() -> None:
+    b = book()
+    t = b.record_xid("gpu-1", 79, frozenset(), None)
+    assert t is not None and message(t) == "GPU gpu-1 is fatal: XID 79 (fallen-off-the-bus, fatal)"
+    b.record_lost("gpu-1")
+    t = b.record_answer("gpu-1", 0)
+    assert t is not None and message(t) == ("GPU gpu-1 is healthy again (was fatal): the driver reports it reset")
