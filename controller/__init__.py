@@ -9,4 +9,6 @@ pyproject.toml), and none imports ``kubelet_plugin``:
 - ``admission`` | ``status`` | ``ledger`` | ``nodes`` (independent of each other): the webhook and its verdicts;
   claim status entries and unsatisfiable requests; the GPU ledger; deleted nodes and plugin heartbeats;
 - ``core``: settings, views of the API objects, the API client, metrics, the work queue, RBAC rules.
+
+May import: ``api`` (never ``kubelet_plugin``). Imported by: nothing (the ``fracgpu-controller`` entry point).
 """

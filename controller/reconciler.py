@@ -47,6 +47,7 @@ from controller.nodes.plan import (
     observe,
     plan_node_gone,
     plan_plugin_reporting,
+    unchecked_reporting,
 )
 from controller.status.feasibility import plan_unsatisfiable
 from controller.status.plan import apply_body, plan_status
@@ -546,19 +547,22 @@ class Controller:
 
     def _desired(self, names: Collection[str] | None) -> dict[str, GpuObject]:
         devices = self.devices()
+        known = self._reporting if self._reporting is not None else self._written_reporting()
         if names is None:
             self._on_device = {}
             for view in self.claims():  # the inverse index rebuilt from the claims index: self-healing
                 for share in view.shares:
                     self._on_device.setdefault(share.device_key, set()).add(view.key)
-            return desired_ledger(devices, self.claims(), self.driver, FIELD_MANAGER, self._reporting)
+            nodes = {d.node for d in devices.values()}
+            by_node = {n: c for n in nodes if (c := self._reporting_of(n, known)) is not None}
+            return desired_ledger(devices, self.claims(), self.driver, FIELD_MANAGER, by_node)
         out: dict[str, GpuObject] = {}
         for name in names:
             key = self._name_keys.get(name)
             if key is None or key not in devices:
                 continue
             views = [v for c in self._on_device.get(key, ()) if (v := _first(self._claims, c)) is not None]
-            reporting = (self._reporting or {}).get(devices[key].node)
+            reporting = self._reporting_of(devices[key].node, known)
             out[name] = desired_gpu(devices[key], shares_on(key, views), self.driver, FIELD_MANAGER, reporting)
         return out
 
@@ -631,18 +635,30 @@ class Controller:
                 self.heartbeats_listed(namespace, leases, datetime.datetime.now(datetime.UTC))
             await asyncio.sleep(period)
 
+    def _written_reporting(self) -> dict[str, dict[str, Any]]:
+        """node -> the `PluginReporting` condition its GPU objects carry now (the GPU index)."""
+        return {
+            str(gpu.status.get("node")): c
+            for values in self._gpus.values()
+            for gpu in values
+            if gpu.status
+            for c in gpu.status.get("conditions") or []
+            if c.get("type") == PLUGIN_REPORTING_CONDITION
+        }
+
+    def _reporting_of(self, node: str, known: Mapping[str, dict[str, Any]]) -> dict[str, Any] | None:
+        """The node's `PluginReporting` condition for its GPU objects: planned from the heartbeats (`known`), else
+        Unknown until the first listing that covers it; without a namespace (heartbeats not watched) none."""
+        planned = known.get(node)
+        if planned is not None or self.settings.namespace is None:
+            return planned
+        return unchecked_reporting(node, self.settings.namespace)
+
     def heartbeats_listed(self, namespace: str, leases: Iterable[Mapping[str, Any]], now: datetime.datetime) -> None:
         """Record a listing of the heartbeat Leases at `now`; mark the GPUs of nodes whose condition changed."""
         self._heartbeats = observe(self._heartbeats, leases, now)
         if self._reporting is None:  # a restart keeps the transition times the ledger holds
-            self._reporting = {
-                str(gpu.status.get("node")): c
-                for values in self._gpus.values()
-                for gpu in values
-                if gpu.status
-                for c in gpu.status.get("conditions") or []
-                if c.get("type") == PLUGIN_REPORTING_CONDITION
-            }
+            self._reporting = self._written_reporting()
         nodes = {d.node for d in self.devices().values()}
         before = self._reporting
         self._reporting = plan_plugin_reporting(

@@ -19,17 +19,6 @@ from e2e.install import install, remove_dev_char_links
 NAMESPACE = "demo"
 
 
-def _wait_unschedulable(cluster: SingleNodeCluster, pod: str, timeout: float = 60) -> str:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        conditions = w.get(cluster, "pod", "-n", NAMESPACE, pod)["status"].get("conditions", [])
-        for c in conditions:
-            if c["type"] == "PodScheduled" and c.get("reason") == "Unschedulable":
-                return str(c.get("message", ""))
-        time.sleep(1)
-    return "(still pending, no scheduler verdict yet)"
-
-
 def up(state_dir: Path) -> None:
     """Start everything and show the result."""
     started = time.monotonic()
@@ -58,7 +47,11 @@ def up(state_dir: Path) -> None:
     w.wait_running(cluster, NAMESPACE, ["share-a", "share-b"])
     w.apply(cluster, NAMESPACE, w.gpu_pod("whole", "whole-gpu"), w.gpu_pod("too-big", "gpu-100gi"))
     w.wait_running(cluster, NAMESPACE, ["whole"])
-    verdict = _wait_unschedulable(cluster, "too-big")
+    try:
+        verdict = w.unschedulable(cluster, NAMESPACE, "too-big")
+        why = w.claim_event(cluster, NAMESPACE, "too-big", "UnsatisfiableGpuRequest")
+    except TimeoutError as err:  # a demo reports what it saw rather than stopping
+        verdict, why = "(still pending)", str(err)
     time.sleep(2)  # let the ledger catch up with the last allocation
 
     print(f"\n$ kubectl get gpus\n{cluster.kubectl('get', 'gpus').stdout}")
@@ -79,6 +72,7 @@ def up(state_dir: Path) -> None:
             f"/run/fracgpu: {seen.grants()} /dev: {' '.join(sorted(seen.nodes))}"
         )
     print(f"\n  too-big  Pending: {verdict}")
+    print(f"           the controller's Event UnsatisfiableGpuRequest on its claim: {why}")
     kubectl = binaries.binary("kubectl")
     print(f"\n== done in {time.monotonic() - started:.0f}s; the cluster keeps running:")
     print(f"export KUBECONFIG={cluster.kubeconfig}")

@@ -234,6 +234,24 @@ def unschedulable(cluster: Cluster, namespace: str, pod: str, timeout: float = 6
     raise TimeoutError(f"{namespace}/{pod} not reported Unschedulable in {timeout}s: {condition}")
 
 
+def claim_event(
+    cluster: Cluster, namespace: str, pod: str, reason: str, *, timeout: float = 60, claim: str = "gpu"
+) -> str:
+    """The message of the first Event `reason` on the ResourceClaim of the pod's claim `claim` (the controller's
+    `UnsatisfiableGpuRequest`, say); TimeoutError when none came within `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        statuses = get(cluster, "pod", "-n", namespace, pod)["status"].get("resourceClaimStatuses", [])
+        names = [s["resourceClaimName"] for s in statuses if s["name"] == claim and s.get("resourceClaimName")]
+        if names:
+            selector = f"--field-selector=involvedObject.name={names[0]},reason={reason}"
+            events = get(cluster, "events", "-n", namespace, selector)["items"]
+            if events:
+                return str(events[0].get("message", ""))
+        time.sleep(1)
+    raise TimeoutError(f"no {reason} Event on the claim {claim} of {namespace}/{pod} in {timeout}s")
+
+
 def _claim_ref(used: str) -> dict[str, str]:
     """`claim` or `claim/request` as a container's resources.claims entry."""
     claim, _, request = used.partition("/")

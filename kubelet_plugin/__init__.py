@@ -11,4 +11,6 @@ One package per concern; each may import only the packages below it (checked by 
 - ``publishing``: discovery, the GPU inventory, ResourceSlices, the heartbeat Lease;
 - ``enforcement``: which memory-enforcement tier each GPU offers and each share gets;
 - ``core``: settings, value types, file primitives, metrics, Events.
+
+May import: ``api`` (never ``controller``). Imported by: nothing (the ``fracgpu-kubelet-plugin`` entry point).
 """

@@ -26,6 +26,7 @@ REASON_NODE_DELETED = "NodeDeleted"
 REASON_HEARTBEAT = "PluginHeartbeat"
 REASON_HEARTBEAT_EXPIRED = "PluginHeartbeatExpired"
 REASON_NO_HEARTBEAT = "NoPluginHeartbeat"
+REASON_NOT_CHECKED = "HeartbeatNotChecked"
 
 Entry = dict[str, Any]
 
@@ -128,6 +129,19 @@ def observe(
         written = parse_time(renewed) or now
         out[node] = Heartbeat(renew_time=renewed, seen_at=now if before is not None else min(now, written))
     return out
+
+
+def unchecked_reporting(node: str, namespace: str) -> dict[str, Any]:
+    """`PluginReporting` Unknown for a node whose heartbeat Lease the controller has not listed yet (a GPU object
+    written before the first listing after the controller's start, or of a node new since the last one), so that
+    `kubectl get gpus` shows a value from the start; the next listing replaces it."""
+    condition = GpuCondition(
+        type=PLUGIN_REPORTING_CONDITION,
+        status="Unknown",
+        reason=REASON_NOT_CHECKED,
+        message=f"the controller has not checked the heartbeat Lease {namespace}/{lease_name(node)} yet",
+    )
+    return condition.model_dump(by_alias=True, exclude_none=True)
 
 
 def plan_plugin_reporting(

@@ -8,10 +8,12 @@ from api.heartbeat import HEARTBEAT_LABEL, lease_body, lease_name
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.core.model import ClaimView, claim_view, current_devices, slice_view
 from controller.core.settings import Settings
+from controller.ledger.plan import ExistingGpu
 from controller.nodes.plan import (
     REASON_HEARTBEAT,
     REASON_HEARTBEAT_EXPIRED,
     REASON_NO_HEARTBEAT,
+    REASON_NOT_CHECKED,
     Heartbeat,
     observe,
     plan_node_gone,
@@ -208,5 +210,36 @@ def test_the_controller_marks_a_silent_nodes_gpus_not_reporting_and_reporting_ag
         controller.heartbeats_listed(NS, [lease(NODE, at(12))], at(12))
         assert await reporting() == {"True"}
         await controller.stop()
+
+    asyncio.run(main())
+
+
+def test_gpus_say_reporting_unknown_until_the_first_heartbeat_listing_and_a_restart_keeps_what_was_written() -> None:
+    async def main() -> None:
+        writer, world = FakeWriter(), World()
+        settings = Settings(ledger_delay_seconds=0.0, plugin_heartbeat_timeout_seconds=10, namespace=NS)
+        controller = Controller(settings, writer)
+        controller.bind(world.slices, world.claims, world.gpus)
+
+        async def reporting() -> set[tuple[str, str]]:
+            assert await controller.ledger_pass()
+            return {(c["status"], c["reason"]) for s in writer.gpu_status.values() for c in s["conditions"]}
+
+        assert await reporting() == {("Unknown", REASON_NOT_CHECKED)}, "a value from the start, before any listing"
+        assert len(writer.gpu_status) == 2
+        controller.heartbeats_listed(NS, [lease(NODE, T0)], T0)
+        assert await reporting() == {("True", REASON_HEARTBEAT)}
+        written = dict(writer.gpu_status)
+        await controller.stop()
+
+        # A new controller (restart, takeover) whose GPU index holds the True conditions: nothing turns Unknown.
+        for name, status in written.items():
+            world.gpus[name] = [ExistingGpu(name=name, labels={}, spec={}, status=status)]
+        writer.gpu_status.clear()
+        restarted = Controller(settings, writer)
+        restarted.bind(world.slices, world.claims, world.gpus)
+        assert await restarted.ledger_pass()
+        assert {c["status"] for s in writer.gpu_status.values() for c in s["conditions"]} <= {"True"}
+        await restarted.stop()
 
     asyncio.run(main())

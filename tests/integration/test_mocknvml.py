@@ -1,4 +1,4 @@
-"""Unit test of the simulated driver root (e2e/mocknvml `make_driver_root`): nodes like the NVIDIA driver's."""
+"""The simulated driver root (e2e/mocknvml `make_driver_root`): nodes like the NVIDIA driver's (integration tier: mknod needs root)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,10 @@ import pytest
 
 from e2e import mocknvml
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod")
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.skipif(os.geteuid() != 0, reason="needs root: creates character device nodes with mknod"),
+]
 PROFILE = mocknvml.PROFILES / "sim80gi-x2.profile"
 
 
