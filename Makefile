@@ -96,7 +96,7 @@ crds: venv ## regenerate api/crds/*.yaml from the pydantic models in api/ (and t
 gpu-check-bundle: venv ## what the real-GPU check carries (toolkit, static runc, rootfs, wheels) into build/gpu-check
 	$(PY) -m e2e.gpu.bundle --out build/gpu-check
 
-gpu-check: ## run the real-GPU check here (root, NVIDIA driver and GPU; the bundle built): see README "Real-GPU check"
+gpu-check: ## run the real-GPU check here (root, NVIDIA driver and GPU; the bundle built): see docs/gpu-check.md
 	e2e/gpu/check.sh
 
 clean: ## remove the virtualenv and build outputs (the binary cache stays)

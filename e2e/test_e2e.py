@@ -164,7 +164,7 @@ def test_shares_pack_onto_gpus_and_the_ledger_shows_them(installation: Installat
     cluster = installation.cluster
     w.apply(cluster, ns, w.claim_template("share-40gi", "40Gi"), w.claim_template("share-100gi", "100Gi"))
     # one after the other: two created together may land on different GPUs (seen once in CI): the upstream
-    # scheduler can count an in-flight share twice (README "Using it")
+    # scheduler can count an in-flight share twice (docs/operations.md "Packing")
     for name in ("a", "b"):
         w.apply(cluster, ns, w.gpu_pod(name, "share-40gi"))
         w.wait_running(cluster, ns, [name])

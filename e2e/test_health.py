@@ -142,7 +142,7 @@ def test_a_fatal_xid_taints_evicts_reports_and_clears_on_reset(healthy: Installa
     # new shares land on gpu-0 only; one pinned to gpu-1 stays Pending. One share after the other: once in
     # a CI run, of two created together the second stayed Pending ("cannot allocate all claims") for the whole
     # wait although the test's own claims left gpu-0 room for both: the upstream scheduler can count an in-flight
-    # share twice (README "Using it"); wait_running prints every allocated claim and the ledger when it gives up
+    # share twice (docs/operations.md "Packing"); wait_running prints every allocated claim and the ledger when it gives up
     w.apply(cluster, ns, w.gpu_pod("pinned", "on-gpu1"))
     for name in ("new-a", "new-b"):
         w.apply(cluster, ns, w.gpu_pod(name, "share"))

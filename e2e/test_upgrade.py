@@ -266,7 +266,7 @@ def test_upgrade_and_rollback_keep_live_claims_under_load(upgrade: Upgrade, ns: 
     churn.start()
     try:
         time.sleep(3)  # a churn pod is on its way while the upgrade starts
-        # Helm does not upgrade crds/: the documented upgrade applies the chart's CRDs first (README "Upgrading")
+        # Helm does not upgrade crds/: the documented upgrade applies the chart's CRDs first (docs/operations.md "Upgrading")
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(CHART / "crds"))
         values = upgrade.state_dir / "current-values.json"
         values.write_text(json.dumps(cluster_values(cluster, upgrade.current_image)))

@@ -11,7 +11,7 @@ writes. Steps, each printed with what it saw:
    HAMi-core's library), with the reason for each tier that is missing;
 2. driver edits (``kubelet_plugin.prepare.driver_edits``: the bundled ``nvidia-ctk`` on the driver root, the hook installed
    under the plugin directory as the plugin does);
-3. the claim spec for one share of GPU 0, planned and written as prepare does (``claim_spec.plan_claim``,
+3. the claim spec for one share of GPU 0, planned and written as prepare does (``prepare.plan.plan_claim``,
    ``container_info``, ``store.write_spec``) from an allocated claim as the scheduler writes it, at the tier the
    node's ``auto`` mode gives it (``nvml`` where GPU 0 offers it: the spec then carries NVIDIA's
    ``apply-cuda-memory-limits`` createRuntime hook);

@@ -1,0 +1,147 @@
+"""Every YAML example the README (and any page under docs/) shows is one a user can apply as it stands.
+
+Each ```yaml block is parsed (several documents per block) and must hold whole objects (`apiVersion`, `kind`,
+`metadata.name`): a snippet cannot be checked as the user would apply it, so a page shows the whole object. Each
+object is sent to the real kube-apiserver of the integration tier in server-side dry run (`dryRun=All`), which
+validates it (and runs admission) without storing it, and the answer must keep every field the example set: an
+API server that drops a field (a feature gate off, a misspelt field pruned) fails the test as well. The
+`GpuConfig` parameters of a claim's or template's opaque configs for our driver must decode with the decoder the
+admission webhook uses, and the claim spec must pass the webhook's review.
+"""
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from api.gpu_config import GpuConfigError, decode_gpu_config
+from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
+from controller.admission.verdict import review_claim_spec
+from tests.integration import kube
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parents[2]
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
+GiB = 1 << 30
+_YAML_BLOCK = re.compile(r"^ {0,3}```[ \t]*ya?ml[ \t]*\n(.*?)^ {0,3}```[ \t]*$", re.M | re.S)
+CLAIM_SPEC_AT = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
+
+
+def yaml_blocks(text: str) -> list[str]:
+    """The bodies of the ```yaml (or ```yml) fenced blocks of a Markdown text."""
+    return [m.group(1) for m in _YAML_BLOCK.finditer(text)]
+
+
+def examples() -> list[tuple[str, dict[str, Any]]]:
+    """(where, object) of every document of every YAML block of the pages; `where` is `page#block.document`."""
+    found: list[tuple[str, dict[str, Any]]] = []
+    for page in PAGES:
+        for b, block in enumerate(yaml_blocks(page.read_text()), start=1):
+            for d, doc in enumerate(yaml.safe_load_all(block), start=1):
+                if doc is not None:
+                    found.append((f"{page.relative_to(REPO)}#{b}.{d}", doc))
+    return found
+
+
+def not_whole(doc: object) -> str | None:
+    """Why `doc` is not a whole Kubernetes object, or None."""
+    if not isinstance(doc, dict):
+        return f"a {type(doc).__name__}, not an object"
+    missing = [f for f in ("apiVersion", "kind") if not isinstance(doc.get(f), str)]
+    if not isinstance((doc.get("metadata") or {}).get("name"), str):
+        missing.append("metadata.name")
+    return f"no {', '.join(missing)}: a fragment; show the whole object" if missing else None
+
+
+def claim_spec(doc: dict[str, Any]) -> dict[str, Any] | None:
+    """The ResourceClaimSpec of a claim or template, else None."""
+    at = CLAIM_SPEC_AT.get(str(doc.get("kind")))
+    if at is None:
+        return None
+    spec: Any = doc
+    for key in at:
+        spec = spec.get(key) or {}
+    return dict(spec)
+
+
+def dropped(sent: object, got: object, path: str = "") -> list[str]:
+    """Paths of what `sent` set and `got` lacks or holds otherwise (`got` may add fields: defaults)."""
+    if isinstance(sent, dict):
+        if not isinstance(got, dict):
+            return [path or "."]
+        return [
+            p for k, v in sent.items() for p in (dropped(v, got[k], f"{path}.{k}") if k in got else [f"{path}.{k}"])
+        ]
+    if isinstance(sent, list):
+        if not isinstance(got, list) or len(got) != len(sent):
+            return [path]
+        return [p for i, (s, g) in enumerate(zip(sent, got, strict=True)) for p in dropped(s, g, f"{path}[{i}]")]
+    # the API server answers an int quantity (`gpu.fracgpu.dev/gpu: 1`) as a string
+    return [] if sent == got or (isinstance(sent, int) and str(sent) == got) else [f"{path}: {sent!r} -> {got!r}"]
+
+
+def test_the_helpers_see_what_they_check() -> None:
+    text = "a\n```yaml\nkind: A\n---\nkind: B\n```\n```bash\nkind: C\n```\n```yml\n- x\n```\n"
+    assert yaml_blocks(text) == ["kind: A\n---\nkind: B\n", "- x\n"]
+    assert not_whole({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}) is None
+    assert not_whole({"resources": {"limits": {"gpu.fracgpu.dev/gpu": 1}}}) is not None
+    assert not_whole(["x"]) is not None
+    assert dropped({"a": {"b": 1, "c": [1, 2]}}, {"a": {"b": "1", "c": [1, 2], "d": 3}}) == []
+    assert dropped({"a": {"b": 1, "c": [1, 2]}}, {"a": {"c": [1]}}) == [".a.b", ".a.c"]
+    assert dropped({"a": "10Gi"}, {"a": "10737418240"}) == [".a: '10Gi' -> '10737418240'"]
+
+
+def test_every_example_is_a_whole_object() -> None:
+    found = examples()
+    assert len([w for w, _ in found if w.startswith("README.md#")]) >= 5, "the README shows its examples as YAML"
+    fragments = {where: why for where, doc in found if (why := not_whole(doc)) is not None}
+    assert fragments == {}
+
+
+def test_gpu_configs_decode_and_claims_pass_the_webhooks_review() -> None:
+    configs = 0
+    for where, doc in examples():
+        spec = claim_spec(doc)
+        if spec is None:
+            continue
+        for config in (spec.get("devices") or {}).get("config") or []:
+            opaque = config.get("opaque") or {}
+            if opaque.get("driver") != DRIVER_NAME:
+                continue
+            parameters = opaque.get("parameters")
+            assert isinstance(parameters, dict), f"{where}: GpuConfig parameters are not an object: {parameters!r}"
+            try:
+                decode_gpu_config(parameters)
+            except GpuConfigError as err:
+                pytest.fail(f"{where}: the GpuConfig does not decode: {err}")
+            configs += 1
+        prefix = ".".join(CLAIM_SPEC_AT[doc["kind"]])
+        review = review_claim_spec(spec, prefix, driver=DRIVER_NAME, device_class=DEVICE_CLASS_NAME, largest=80 * GiB)
+        assert review.allowed and not review.warnings, (where, review)
+    assert configs >= 1, "the README shows a GpuConfig (enforcement)"
+
+
+def test_the_api_server_accepts_every_example_as_it_stands(dyn: DynamicClient, namespace: str) -> None:
+    problems: dict[str, str] = {}
+    kinds: set[str] = set()
+    for where, doc in examples():
+        if (why := not_whole(doc)) is not None:
+            problems[where] = why
+            continue
+        res = kube.resource(dyn, doc["apiVersion"], doc["kind"])
+        try:
+            answer = res.create(body=doc, namespace=namespace if res.namespaced else None, dry_run="All")
+        except ApiException as err:
+            problems[where] = f"refused: {err.status} {err.body}"
+            continue
+        got = answer.to_dict()
+        if lost := dropped(doc, got):
+            problems[where] = f"the API server dropped or changed {lost}"
+        kinds.add(doc["kind"])
+    assert problems == {}
+    assert {"ResourceClaimTemplate", "Pod"} <= kinds
