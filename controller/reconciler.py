@@ -547,7 +547,9 @@ class Controller:
 
     def _desired(self, names: Collection[str] | None) -> dict[str, GpuObject]:
         devices = self.devices()
-        known = self._reporting if self._reporting is not None else self._written_reporting()
+        known = self._reporting
+        if known is None and self.settings.namespace is not None:  # before the first listing: what the ledger holds
+            known = self._written_reporting()
         if names is None:
             self._on_device = {}
             for view in self.claims():  # the inverse index rebuilt from the claims index: self-healing
@@ -646,10 +648,10 @@ class Controller:
             if c.get("type") == PLUGIN_REPORTING_CONDITION
         }
 
-    def _reporting_of(self, node: str, known: Mapping[str, dict[str, Any]]) -> dict[str, Any] | None:
+    def _reporting_of(self, node: str, known: Mapping[str, dict[str, Any]] | None) -> dict[str, Any] | None:
         """The node's `PluginReporting` condition for its GPU objects: planned from the heartbeats (`known`), else
         Unknown until the first listing that covers it; without a namespace (heartbeats not watched) none."""
-        planned = known.get(node)
+        planned = (known or {}).get(node)
         if planned is not None or self.settings.namespace is None:
             return planned
         return unchecked_reporting(node, self.settings.namespace)

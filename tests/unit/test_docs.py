@@ -288,7 +288,7 @@ def test_no_page_links_outside_the_repository() -> None:
         assert "../shared" not in page.read_text(), f"{page.relative_to(REPO)} names a path outside the repository"
 
 
-@pytest.mark.parametrize("name", ["README.md", *(f"docs/{p}" for p in SPLIT_PAGES)])
+@pytest.mark.parametrize("name", ["README.md", "docs/architecture.md", *(f"docs/{p}" for p in SPLIT_PAGES)])
 def test_paths_modules_and_commands_a_page_names_exist(name: str) -> None:
     text = (REPO / name).read_text()
     _, blocks = split_fences(text)
