@@ -58,7 +58,7 @@ class GpuShare(_Wire):
         description="true for an admin-access allocation: it reserves no memory (not counted in allocatedMemory)",
     )
     enforcement: str | None = Field(
-        None, description="memory-enforcement tier the node plugin applied to this share (none, hami-core, nvml)"
+        None, description="memory-enforcement tier the node plugin applied to this share (none, hami-core, mps, nvml)"
     )
 
 
@@ -174,7 +174,7 @@ with it; the claim must be recreated)."""
 ENFORCEMENT_CONDITION: Final = "MemoryEnforcement"
 """Condition the node plugin sets on each of its `status.devices` entries: the memory-enforcement tier it put
 into the CDI spec (status True unless the tier is `none`), by reason."""
-ENFORCEMENT_REASONS: Final[dict[str, str]] = {"none": "None", "hami-core": "HamiCore", "nvml": "Nvml"}
+ENFORCEMENT_REASONS: Final[dict[str, str]] = {"none": "None", "hami-core": "HamiCore", "mps": "Mps", "nvml": "Nvml"}
 """Tier -> condition reason (reasons must be CamelCase)."""
 
 

@@ -12,7 +12,7 @@ import json
 import re
 import sys
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from pydantic_core import ErrorDetails
@@ -20,8 +20,9 @@ from pydantic_core import ErrorDetails
 from api import bounded_json
 from api.names import CONFIG_API_VERSION, CONFIG_KIND
 
-Enforcement = Literal["none", "hami-core", "nvml"]
-ENFORCEMENT_MODES: tuple[str, ...] = ("none", "hami-core", "nvml")
+Enforcement = Literal["none", "hami-core", "mps", "nvml"]
+"""Weakest first (kubelet_plugin/enforcement/tiers.py says why)."""
+ENFORCEMENT_MODES: tuple[str, ...] = get_args(Enforcement)
 
 MAX_ENV_ENTRIES = 32
 ENV_NAME_PATTERN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -62,10 +63,16 @@ class GpuConfig(BaseModel):
     kind: Literal["GpuConfig"] = CONFIG_KIND
     enforcement: Enforcement | None = Field(
         default=None,
-        description="raises this claim's memory enforcement to hami-core or nvml; never lowers the node's floor",
+        description="raises this claim's memory enforcement to hami-core, mps or nvml; never lowers the node's floor "
+        "(on an MPS GPU every share is mps)",
     )
     compute_limit_percent: int | None = Field(
-        default=None, ge=1, le=100, alias="computeLimitPercent", description="HAMi-core CUDA_DEVICE_SM_LIMIT"
+        default=None,
+        ge=1,
+        le=100,
+        alias="computeLimitPercent",
+        description="share of the GPU's compute: MPS active thread percentage (mps tier), HAMi-core "
+        "CUDA_DEVICE_SM_LIMIT (hami-core tier); ignored by the other tiers",
     )
     env: dict[str, str] = Field(default_factory=dict, description="extra container environment")
 

@@ -150,7 +150,7 @@ def desired_gpu(
     )
 
 
-_TIER_ORDER = ("nvml", "hami-core", "none")
+_TIER_ORDER = ("nvml", "mps", "hami-core", "none")
 
 
 def share_enforcement(shares: Iterable[GpuShare]) -> str:

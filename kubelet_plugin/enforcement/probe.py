@@ -8,7 +8,9 @@ Facts, read at start (and HAMi-core's library on every call, so installing it la
   answer of a device that implements it, ``NVML_ERROR_NOT_SUPPORTED`` that of one that does not; any other
   answer counts as not available. The probe passes no limits, so it changes nothing;
 - ``--driver-edits=toolkit``: the hook binary is installed on the host;
-- HAMi-core: its library file exists.
+- HAMi-core: its library file exists;
+- MPS (on every call, for the GPUs ``--mps-gpus`` names): the GPU's daemon status file says running and is fresh
+  (``kubelet_plugin/enforcement/mps.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +24,9 @@ from pathlib import Path
 import pynvml
 
 from kubelet_plugin.core.model import GpuInfo
-from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.enforcement.tiers import GpuTiers, NodeFacts, NvmlLimits, gpu_tiers
+from kubelet_plugin.core.settings import Settings, is_mps_gpu
+from kubelet_plugin.enforcement.mps import read_status
+from kubelet_plugin.enforcement.tiers import NOT_MPS, GpuTiers, MpsFacts, NodeFacts, NvmlLimits, gpu_tiers
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +160,13 @@ class EnforcementDetector:
         hami = None if library.is_file() else f"HAMi-core's library {library} is not on this node"
         return NodeFacts(cgroup_problem=self._cgroup, driver_edits_problem=self._edits, hami_core_problem=hami)
 
+    def mps_facts(self, gpu: GpuInfo) -> MpsFacts:
+        """Whether `gpu` is an MPS GPU and, if so, whether its daemon is up now."""
+        if not is_mps_gpu(self._settings.mps_gpus, gpu.index, gpu.uuid):
+            return NOT_MPS
+        return MpsFacts(selected=True, problem=read_status(self._settings.mps_root, gpu.uuid)[1])
+
     def tiers(self) -> dict[str, GpuTiers]:
         """Device name -> the tiers that GPU offers now."""
         node = self.node_facts()
-        return {g.device_name: gpu_tiers(node, self._nvml[g.uuid]) for g in self._gpus}
+        return {g.device_name: gpu_tiers(node, self._nvml[g.uuid], self.mps_facts(g)) for g in self._gpus}

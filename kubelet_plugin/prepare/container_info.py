@@ -4,8 +4,8 @@ The kubelet gives a container the CDI devices of exactly the claims/requests it 
 their env (the last device wins a name) and keeps one mount per container path. So every value here is true for
 each container that gets the device, and nothing is an aggregate over "all GPUs of the container":
 
-- per-device env ``FRACGPU_DEV_<KEY>_{UUID,MEMORY_LIMIT_MIB,CLAIM,REQUEST,ENFORCEMENT,SHARE_ID}``, ``<KEY>`` being the CDI
-  device name (``<claimUID>-<device>[-<shareID>]``) upper-cased with ``-`` as ``_``: unique per device, stable;
+- per-device env ``FRACGPU_DEV_<KEY>_{UUID,MEMORY_LIMIT_MIB,CLAIM,REQUEST,ENFORCEMENT,SHARE_ID}`` (and
+  ``ACTIVE_THREAD_PERCENTAGE`` for an mps share with computeLimitPercent), ``<KEY>`` being the CDI device name (``<claimUID>-<device>[-<shareID>]``) upper-cased with ``-`` as ``_``: unique per device, stable;
 - per request one JSON file, ``/run/fracgpu/<claimUID>_<request>.json`` in the container, mounted read-only by
   each of the request's devices (a request's devices always reach a container together): the claim, the
   request, and its GPUs in CUDA order (PCI bus ID, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``) with grant and share
@@ -32,6 +32,7 @@ ENV_SUFFIXES = (
     "REQUEST",
     "ENFORCEMENT",
     "SHARE_ID",
+    "ACTIVE_THREAD_PERCENTAGE",
 )  # none is a suffix of another
 INFO_FILE_MODE = 0o644  # readable by any container user
 INFO_SCHEMA_VERSION = 1  # `version` of a request's file; fracgpu 0.1.0 wrote none (schema 1)
@@ -67,6 +68,11 @@ class DeviceInfo(_Model):
     cdi_device: str = Field(alias="cdiDevice", description="fully qualified CDI device ID")
     env_prefix: str = Field(alias="envPrefix", description="prefix of this device's FRACGPU_DEV_ variables")
     enforcement: str = Field("none", description="the memory-enforcement tier applied to this share")
+    active_thread_percentage: int | None = Field(
+        None,
+        alias="activeThreadPercentage",
+        description="mps tier: the client's active thread percentage (computeLimitPercent; None: the GPU's default)",
+    )
 
 
 class RequestInfo(_Model):
@@ -88,7 +94,11 @@ class RequestInfo(_Model):
 
     def to_json(self) -> bytes:
         """One line of JSON with the documented (camelCase) names."""
-        return (json.dumps(self.model_dump(by_alias=True, mode="json"), separators=(",", ":")) + "\n").encode()
+        data = self.model_dump(by_alias=True, mode="json")
+        for device in data["devices"]:
+            if device["activeThreadPercentage"] is None:
+                del device["activeThreadPercentage"]  # only an mps share with computeLimitPercent has one
+        return (json.dumps(data, separators=(",", ":")) + "\n").encode()
 
 
 @dataclass(frozen=True)
@@ -125,6 +135,8 @@ def device_env(prefix: str, info: DeviceInfo, claim: ClaimName, request: str) ->
     }
     if info.share_id:
         env[f"{prefix}SHARE_ID"] = info.share_id
+    if info.active_thread_percentage is not None:
+        env[f"{prefix}ACTIVE_THREAD_PERCENTAGE"] = str(info.active_thread_percentage)
     return env
 
 

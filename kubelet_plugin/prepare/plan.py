@@ -16,6 +16,7 @@ from api.names import MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
 from kubelet_plugin.core.model import GpuInfo, PreparedDevice
 from kubelet_plugin.core.settings import Settings
+from kubelet_plugin.enforcement import mps
 from kubelet_plugin.enforcement.tiers import EnforcementUnavailableError, GpuTiers, Tier, applied_tier, weakest
 from kubelet_plugin.prepare import cdi
 from kubelet_plugin.prepare import container_info as info
@@ -29,6 +30,9 @@ HAMI_CACHE_IN_CONTAINER = "/tmp/fracgpu-hami"
 NVML_HOOK = "apply-cuda-memory-limits"
 NVML_REQUEST_ENV = "NVIDIA_GPU_MEMORY_REQUEST"
 NVML_LIMIT_ENV = "NVIDIA_GPU_MEMORY_LIMIT"
+MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
+MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 
 
 @dataclass(frozen=True)
@@ -237,6 +241,15 @@ def _with_tiers(shares: list[_Share], settings: Settings, tiers: Mapping[str, Gp
         out.append(replace(share, tier=tier))
     if any(s.tier == "hami-core" for s in out):
         out = [replace(s, tier="hami-core") if s.tier == "none" else s for s in out]
+    mps_gpus = {s.gpu.uuid for s in out if s.tier == "mps"}
+    if mps_gpus and len({s.gpu.uuid for s in out}) > 1:
+        raise PrepareError(
+            ErrorKind.INVALID_CONFIG,
+            f"claim {uid} has an MPS share and shares on {len({s.gpu.uuid for s in out})} GPUs, but a CUDA process is "
+            "the client of one MPS daemon (one CUDA_MPS_PIPE_DIRECTORY), which serves one GPU: the process would "
+            "see only that GPU. Put each MPS share in a claim of its own (one request, count 1) and give a container "
+            "at most one of them",
+        )
     grants = sorted({s.memory_mib for s in out if s.tier == "nvml"})
     if len(grants) > 1:
         raise PrepareError(
@@ -270,6 +283,7 @@ def _device_info(share: _Share, driver: str, uid: str) -> info.DeviceInfo:
         cdi_device=cdi.cdi_device_id(driver, uid, share.result["device"], share.share_id),
         env_prefix=prefix,
         enforcement=share.tier,
+        active_thread_percentage=share.config.compute_limit_percent if share.tier == "mps" else None,
     )
 
 
@@ -326,6 +340,9 @@ def _edits(
         env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{HAMI_CACHE_IN_CONTAINER}/vgpu.cache"
         if share.config.compute_limit_percent is not None:
             env["CUDA_DEVICE_SM_LIMIT"] = str(share.config.compute_limit_percent)
+    if share.tier == "mps":
+        env.update(mps_env(share.memory_mib, share.config.compute_limit_percent))
+        mounts += mps_mounts(settings, share.gpu.uuid)
     return cdi.ContainerEdits(
         env=[f"{k}={v}" for k, v in env.items()],
         device_nodes=[
@@ -354,6 +371,27 @@ def nvml_hook(settings: Settings, uuid: str) -> cdi.Hook:
         args=["nvidia-cdi-hook", NVML_HOOK, "--driver-root", str(root), "--gpu-id", uuid],
         env=["NVIDIA_CTK_DEBUG=false"],
     )
+
+
+def mps_env(memory_mib: int, thread_percentage: int | None) -> dict[str, str]:
+    """An MPS client's variables: its GPU's pipe directory, the grant as its pinned device memory limit and the
+    compute share as its active thread percentage. Device ordinal 0: a client sees only the GPU its daemon
+    serves, and each daemon serves one GPU."""
+    env = {MPS_PIPE_ENV: mps.PIPE_IN_CONTAINER, MPS_MEMORY_ENV: f"0={memory_mib}M", "FRACGPU_ENFORCEMENT": "mps"}
+    if thread_percentage is not None:
+        env[MPS_THREADS_ENV] = str(thread_percentage)
+    return env
+
+
+def mps_mounts(settings: Settings, uuid: str) -> list[cdi.Mount]:
+    """The GPU's MPS pipe directory and the daemons' /dev/shm, which a client shares with its server."""
+    rw = ["rw", "nosuid", "nodev", "rbind", "rprivate"]
+    return [
+        cdi.Mount(
+            host_path=str(mps.pipe_dir(settings.mps_root, uuid)), container_path=mps.PIPE_IN_CONTAINER, options=rw
+        ),
+        cdi.Mount(host_path=str(mps.shm_dir(settings.mps_root)), container_path=mps.SHM_IN_CONTAINER, options=rw),
+    ]
 
 
 def _hami_mounts(settings: Settings, uid: str) -> list[cdi.Mount]:

@@ -54,6 +54,13 @@ def _enforcement_message(tier: str) -> str:
             "GPU memory limited by the driver: NVIDIA's apply-cuda-memory-limits hook in the CDI spec sets the "
             "grant as the container cgroup's limit (nvmlDeviceSetMemoryLimits_v1)"
         )
+    if tier == "mps":
+        return (
+            "GPU memory and compute limited by CUDA MPS: the grant is the client's pinned device memory limit and "
+            "computeLimitPercent its active thread percentage (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, "
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); CUDA lets a process lower them, and raise them only up to what "
+            "the GPU's MPS daemon sets"
+        )
     if tier == "hami-core":
         return "GPU memory limited in the process by HAMi-core (libvgpu.so preloaded, CUDA_DEVICE_MEMORY_LIMIT_<i>)"
     return "GPU memory not enforced: the grant is advisory (scheduler accounting, env and info files)"

@@ -74,7 +74,7 @@ class SlicePublisher:
             reserve=s.memory_reserve_bytes,
             generation=generation,
             hami_core=s.hami_core_library.is_file(),
-            enforcement={name: tiers.strongest for name, tiers in self._enforcement.tiers().items()},
+            enforcement={name: tiers.published for name, tiers in self._enforcement.tiers().items()},
             taints=self._taints(),
         )
         for body in slices:

@@ -7,7 +7,7 @@ from api.names import MEMORY_CAPACITY
 from api.quantity import format_bytes
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.enforcement.tiers import ATTRIBUTE as ENFORCEMENT_ATTRIBUTE
-from kubelet_plugin.enforcement.tiers import Tier
+from kubelet_plugin.enforcement.tiers import MPS_ATTRIBUTE, Tier
 
 MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices
 MAX_TAINTED_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithTaints: a slice where any device has taints
@@ -29,7 +29,8 @@ def device_entry(
 ) -> dict[str, Any]:
     """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes; `hami_core`: the
     node can enforce limits with HAMi-core (its library is installed), published as attribute `hamiCore`;
-    `enforcement`: the strongest memory-enforcement tier the GPU offers, attribute `memoryEnforcement`;
+    `enforcement`: the GPU's memory-enforcement tier (``GpuTiers.published``), attribute `memoryEnforcement`, and
+    whether it is an MPS GPU, attribute `mps`;
     `taints`: its `taints` (GPU health, gpu_health.plan_taints), left out when none."""
     memory = usable_memory(gpu, step, reserve)
     capacity: dict[str, Any] = {"value": format_bytes(memory)}
@@ -54,6 +55,7 @@ def device_entry(
             "resource.kubernetes.io/pciBusID": {"string": gpu.pci_bus_id},
             "hamiCore": {"bool": hami_core},
             ENFORCEMENT_ATTRIBUTE: {"string": enforcement},
+            MPS_ATTRIBUTE: {"bool": enforcement == "mps"},
         },
         "capacity": {MEMORY_CAPACITY: capacity},
     }

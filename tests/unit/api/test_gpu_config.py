@@ -109,8 +109,12 @@ def test_missing_api_version_and_kind() -> None:
 
 
 def test_bad_enforcement() -> None:
-    msg = error_of(params(enforcement="mps"))
-    assert msg == "enforcement: must be one of 'none', 'hami-core', 'nvml', got \"mps\""
+    msg = error_of(params(enforcement="mig"))
+    assert msg == "enforcement: must be one of 'none', 'hami-core', 'mps', 'nvml', got \"mig\""
+
+
+def test_mps_is_a_tier() -> None:
+    assert decode_gpu_config(params(enforcement="mps", computeLimitPercent=30)).enforcement == "mps"
 
 
 @pytest.mark.parametrize(

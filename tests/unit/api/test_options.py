@@ -42,6 +42,8 @@ def sample(option: Option) -> tuple[str, object]:
         return "768Mi", 768 * MiB
     if option.field.endswith("_xids"):
         return "13, 31", "13,31"
+    if option.field.endswith("_gpus"):
+        return "0, GPU-1", "0,GPU-1"
     if annotation is int:
         return str(default + 1), default + 1
     if annotation is float:

@@ -9,8 +9,10 @@ import pytest
 
 from kubelet_plugin.enforcement.probe import cgroup_problem, mount_fs_type
 from kubelet_plugin.enforcement.tiers import (
+    TIERS,
     EnforcementUnavailableError,
     GpuTiers,
+    MpsFacts,
     NodeFacts,
     NvmlLimits,
     applied_tier,
@@ -21,6 +23,8 @@ from kubelet_plugin.enforcement.tiers import (
 ALL = NodeFacts(cgroup_problem=None, driver_edits_problem=None, hami_core_problem=None)
 NVML_OK = NvmlLimits(problem=None)
 GPU = "GPU gpu-0 (GPU-1)"
+NOT_AN_MPS_GPU = "it is not an MPS GPU (chart value mps.gpus, plugin flag --mps-gpus)"
+MPS_UP = MpsFacts(selected=True)
 
 # /proc/self/mountinfo of this kind of machine: hybrid cgroup v1 (tmpfs at /sys/fs/cgroup, cgroup2 at unified)
 HYBRID = """\
@@ -35,8 +39,8 @@ UNIFIED = "30 22 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 
 def test_every_tier_when_every_fact_holds() -> None:
     tiers = gpu_tiers(ALL, NVML_OK)
     assert tiers.available == ("none", "hami-core", "nvml")
-    assert tiers.strongest == "nvml"
-    assert tiers.missing == {}
+    assert tiers.strongest == "nvml" == tiers.published
+    assert tiers.missing == {"mps": NOT_AN_MPS_GPU}
 
 
 def test_nvml_needs_cgroup_v2_driver_edits_and_the_driver_call() -> None:
@@ -47,14 +51,14 @@ def test_nvml_needs_cgroup_v2_driver_edits_and_the_driver_call() -> None:
     ]:
         tiers = gpu_tiers(facts, nvml)
         assert tiers.available == ("none", "hami-core"), why
-        assert tiers.missing == {"nvml": why}
+        assert tiers.missing == {"mps": NOT_AN_MPS_GPU, "nvml": why}
 
 
 def test_without_hami_core_library() -> None:
     tiers = gpu_tiers(ALL.model_copy(update={"hami_core_problem": "no lib"}), NvmlLimits(problem="old driver"))
     assert tiers.available == ("none",)
     assert tiers.strongest == "none"
-    assert tiers.missing == {"hami-core": "no lib", "nvml": "old driver"}
+    assert tiers.missing == {"hami-core": "no lib", "mps": NOT_AN_MPS_GPU, "nvml": "old driver"}
 
 
 def test_auto_is_the_strongest_the_gpu_offers() -> None:
@@ -113,3 +117,37 @@ def test_cgroup_problem(tmp_path: Path) -> None:
     assert cgroup_problem(Path("/sys/fs/cgroup"), mountinfo) is None
     missing = cgroup_problem(Path("/sys/fs/cgroup"), tmp_path / "absent")
     assert missing is not None and "cannot read" in missing
+
+
+def test_tier_order_puts_mps_between_hami_core_and_nvml() -> None:
+    assert TIERS == ("none", "hami-core", "mps", "nvml")
+
+
+def test_an_mps_gpu_offers_mps_and_every_share_gets_it_whatever_the_mode() -> None:
+    tiers = gpu_tiers(ALL, NVML_OK, MPS_UP)
+    assert tiers.available == ("none", "mps")
+    assert tiers.required == "mps" == tiers.published
+    assert "outside the container's cgroup" in tiers.missing["nvml"]
+    for mode in ("auto", "none", "hami-core"):
+        for requested in (None, "none", "hami-core", "mps"):
+            assert applied_tier(mode, requested, tiers, GPU) == "mps", (mode, requested)  # type: ignore[arg-type]
+
+
+def test_an_mps_gpu_whose_daemon_is_down_refuses_every_share_with_the_reason() -> None:
+    tiers = gpu_tiers(ALL, NVML_OK, MpsFacts(selected=True, problem="its MPS control daemon is down: killed"))
+    assert tiers.available == ("none",) and tiers.published == "mps"
+    with pytest.raises(EnforcementUnavailableError) as err:
+        applied_tier("auto", None, tiers, GPU)
+    message = str(err.value)
+    assert message.startswith(f"{GPU} is an MPS GPU, where every share is an MPS client, but {GPU} cannot give it")
+    assert "its MPS control daemon is down: killed" in message and "fracgpu-mps" in message
+
+
+def test_nvml_on_an_mps_gpu_and_mps_on_another_gpu_are_refused() -> None:
+    with pytest.raises(EnforcementUnavailableError, match="outside the container's cgroup"):
+        applied_tier("auto", "nvml", gpu_tiers(ALL, NVML_OK, MPS_UP), GPU)
+    assert applied_tier("auto", "mps", gpu_tiers(ALL, NVML_OK), GPU) == "nvml"  # a stronger tier satisfies it
+    with pytest.raises(EnforcementUnavailableError) as err:
+        applied_tier("auto", "mps", gpu_tiers(ALL, NvmlLimits(problem="old driver")), GPU)
+    assert "the claim's GpuConfig asks for enforcement 'mps'" in str(err.value)
+    assert NOT_AN_MPS_GPU in str(err.value)

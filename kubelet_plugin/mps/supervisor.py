@@ -1,0 +1,339 @@
+"""One CUDA MPS control daemon per MPS GPU, supervised.
+
+Per GPU (NVIDIA recommends a daemon per GPU where GPUs are shared by unrelated work: a fatal client fault puts
+every GPU of its daemon's server in a fault state, and a daemon per GPU keeps that, and each client's pipe
+directory, to one GPU):
+
+1. the GPU's compute mode becomes EXCLUSIVE_PROCESS through NVML, so no process can use it outside MPS; the mode
+   it had is kept in ``<gpu dir>/compute-mode-before-mps`` and restored when its daemon stops for good;
+2. ``nvidia-cuda-mps-control -f`` (the driver's, under ``--driver-root``) runs with ``CUDA_VISIBLE_DEVICES`` set
+   to the GPU's UUID, its own pipe and log directories, and ``-multiuser-server`` (``--multi-user``, default),
+   so that pods of any UID share its one server instead of queueing behind each other's;
+3. once it answers ``get_server_list``, the ceilings (``--ceiling-memory``, ``--ceiling-thread-percentage``)
+   become its defaults: no client, whatever its environment, gets more;
+4. every ``--refresh`` seconds its status file says whether it runs; a daemon that exits is restarted with a
+   backoff (1 s doubling to 30 s), its status saying why it stopped meanwhile.
+
+SIGTERM quits every daemon (``quit``) and restores the compute modes.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+import pynvml
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from pydantic import BeforeValidator, Field, field_validator
+from pydantic_settings import SettingsConfigDict
+
+from api.options import OptionSettings, build_parser, parse
+from api.quantity import MiB, to_bytes
+from kubelet_plugin.core.filelock import atomic_write
+from kubelet_plugin.core.settings import is_mps_gpu, mps_selection
+from kubelet_plugin.enforcement import mps
+
+log = logging.getLogger(__name__)
+
+COMPUTE_MODES = {
+    pynvml.NVML_COMPUTEMODE_DEFAULT: "DEFAULT",
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_THREAD: "EXCLUSIVE_THREAD",
+    pynvml.NVML_COMPUTEMODE_PROHIBITED: "PROHIBITED",
+    pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS: "EXCLUSIVE_PROCESS",
+}
+MODE_BEFORE_FILE = "compute-mode-before-mps"
+CONTROL_BINARY = Path("usr/bin/nvidia-cuda-mps-control")
+MAX_BACKOFF_S = 30.0
+
+
+class MpsSettings(OptionSettings):
+    """The supervisor's options (flags and FRACGPU_* variables, api/options.py)."""
+
+    model_config = SettingsConfigDict(env_prefix="FRACGPU_")
+
+    mps_gpus: str = Field(min_length=1, description="the MPS GPUs: all, or NVML indices and UUIDs (as the plugin's)")
+    mps_root: Path = Field(Path("/run/fracgpu/mps"), description="host directory of the daemons' files")
+    driver_root: Path = Field(Path("/"), description="the driver root as mounted here, holding the MPS binaries")
+    mps_control: Path | None = Field(
+        None, description="nvidia-cuda-mps-control (default: <driver root>/usr/bin/nvidia-cuda-mps-control)"
+    )
+    multi_user: bool = Field(True, description="start daemons with -multiuser-server: one server for every UID")
+    ceiling_memory_bytes: Annotated[int, BeforeValidator(to_bytes)] = Field(
+        0, ge=0, description="every client's pinned device memory limit at most (a quantity); 0: no ceiling"
+    )
+    ceiling_thread_percentage: int = Field(
+        100, ge=1, le=100, description="every client's active thread percentage at most; 100: no ceiling"
+    )
+    refresh_seconds: float = Field(5.0, gt=0, description="seconds between two status writes per GPU")
+    start_timeout_seconds: float = Field(10.0, gt=0, description="seconds a new daemon has to answer")
+    metrics_address: str = Field("0.0.0.0", description="where the metrics server listens")
+    metrics_port: int = Field(8081, ge=0, le=65535, description="port of the Prometheus /metrics server; 0: off")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
+    log_format: Literal["json", "text"] = Field("json", description="log format")
+
+    @field_validator("mps_gpus")
+    @classmethod
+    def _selection(cls, value: str) -> str:
+        return ",".join(mps_selection(value))
+
+    @property
+    def control(self) -> Path:
+        return self.mps_control or self.driver_root / CONTROL_BINARY
+
+
+def parse_mps_settings(argv: list[str] | None = None) -> MpsSettings:
+    parser = build_parser(
+        MpsSettings,
+        "python -m kubelet_plugin.mps",
+        "fracgpu MPS supervisor: one CUDA MPS control daemon per MPS GPU, kept alive apart from the node plugin.",
+    )
+    return parse(MpsSettings, argv, parser)
+
+
+@dataclass
+class _Daemon:
+    index: int
+    uuid: str
+    process: subprocess.Popen[bytes] | None = None
+    state: mps.DaemonState = "starting"
+    reason: str = "not started yet"
+    compute_mode: str = ""
+    restarts: int = 0
+    next_start: float = 0.0
+    started: float = field(default=0.0)
+
+
+class Supervisor:
+    """The daemons of one node's MPS GPUs. `run` until the event is set, then `shutdown`."""
+
+    def __init__(self, settings: MpsSettings) -> None:
+        self.settings = settings
+        self.registry = CollectorRegistry()
+        self._up = Gauge(
+            "fracgpu_mps_daemon_up", "1 while the GPU's MPS control daemon runs", ["uuid"], registry=self.registry
+        )
+        self._restarts = Counter(
+            "fracgpu_mps_daemon_restarts", "MPS control daemon restarts", ["uuid"], registry=self.registry
+        )
+        self._daemons: list[_Daemon] = []
+        self._nvml = False
+
+    # ----- lifecycle ------------------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Find the MPS GPUs, then keep each one's daemon running and its status written until `stop`."""
+        while not stop.is_set() and not self._daemons:
+            try:
+                self._daemons = self._select()
+            except pynvml.NVMLError as err:
+                log.error("NVML cannot list the GPUs; retrying", extra={"error": str(err)})
+                stop.wait(self.settings.refresh_seconds)
+        while not stop.is_set():
+            self.tick()
+            stop.wait(self.settings.refresh_seconds)
+
+    def tick(self, now: float | None = None) -> None:
+        """One round: restart what stopped (when its backoff is over), write every status."""
+        for daemon in self._daemons:
+            self._check(daemon, time.monotonic() if now is None else now)
+            self._write_status(daemon)
+
+    def shutdown(self) -> None:
+        """Quit every daemon, restore the compute modes, say so in the status files."""
+        for daemon in self._daemons:
+            if daemon.process is not None and daemon.process.poll() is None:
+                self._control(daemon, ["quit"])
+                try:
+                    daemon.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    daemon.process.kill()
+                    daemon.process.wait()
+            self._restore_mode(daemon.uuid)
+            daemon.state, daemon.reason, daemon.process = "down", "the MPS supervisor stopped", None
+            self._up.labels(daemon.uuid).set(0)
+            self._write_status(daemon)
+        if self._nvml:
+            pynvml.nvmlShutdown()
+            self._nvml = False
+
+    def daemons(self) -> list[tuple[str, mps.DaemonState, str]]:
+        """(uuid, state, reason) of each daemon, for tests and logs."""
+        return [(d.uuid, d.state, d.reason) for d in self._daemons]
+
+    # ----- steps --------------------------------------------------------------------------------------
+
+    def _select(self) -> list[_Daemon]:
+        if not self._nvml:
+            pynvml.nvmlInit()
+            self._nvml = True
+        selected = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            uuid = _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index)))
+            if is_mps_gpu(self.settings.mps_gpus, index, uuid):
+                selected.append(_Daemon(index, uuid))
+            elif (mps.gpu_dir(self.settings.mps_root, uuid) / MODE_BEFORE_FILE).exists():
+                self._restore_mode(uuid)  # MPS was turned off for this GPU since the last run
+        log.info("MPS GPUs", extra={"gpus": [d.uuid for d in selected], "selection": self.settings.mps_gpus})
+        if not selected:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        return selected
+
+    def _check(self, daemon: _Daemon, now: float) -> None:
+        process = daemon.process
+        if process is not None and process.poll() is None:
+            return
+        if process is not None:  # it exited
+            daemon.process = None
+            daemon.state = "down"
+            daemon.reason = f"nvidia-cuda-mps-control exited with status {process.returncode}{self._tail(daemon)}"
+            daemon.next_start = now + min(MAX_BACKOFF_S, 2.0**daemon.restarts)
+            daemon.restarts += 1
+            self._restarts.labels(daemon.uuid).inc()
+            self._up.labels(daemon.uuid).set(0)
+            log.warning("MPS control daemon stopped", extra={"uuid": daemon.uuid, "reason": daemon.reason})
+            return
+        if now >= daemon.next_start:
+            self._start(daemon, now)
+
+    def _start(self, daemon: _Daemon, now: float) -> None:
+        settings = self.settings
+        try:
+            daemon.compute_mode = self._exclusive(daemon.uuid)
+        except pynvml.NVMLError as err:
+            self._failed(daemon, now, f"NVML cannot set GPU {daemon.uuid} to EXCLUSIVE_PROCESS: {err}")
+            return
+        for directory in (mps.pipe_dir(settings.mps_root, daemon.uuid), mps.log_dir(settings.mps_root, daemon.uuid)):
+            directory.mkdir(parents=True, exist_ok=True)
+            directory.chmod(0o755)
+        shm = mps.shm_dir(settings.mps_root)
+        shm.mkdir(parents=True, exist_ok=True)
+        shm.chmod(0o1777)
+        argv = [str(settings.control), "-f", *(["-multiuser-server"] if settings.multi_user else [])]
+        stderr = (mps.log_dir(settings.mps_root, daemon.uuid) / "supervisor.stderr").open("wb")
+        try:
+            daemon.process = subprocess.Popen(argv, env=self._env(daemon), stdin=subprocess.DEVNULL, stderr=stderr)
+        except OSError as err:
+            self._failed(daemon, now, f"cannot run {argv[0]}: {err}")
+            return
+        finally:
+            stderr.close()
+        deadline = time.monotonic() + settings.start_timeout_seconds
+        while time.monotonic() < deadline and daemon.process.poll() is None:
+            if self._control(daemon, ["get_server_list"])[0] == 0:
+                break
+            time.sleep(0.05)
+        else:
+            if daemon.process.poll() is None:
+                daemon.process.kill()
+                daemon.process.wait()
+            return  # the next _check reports the exit and schedules a restart
+        problem = self._apply_ceilings(daemon)
+        if problem is not None:
+            self._control(daemon, ["quit"])
+            daemon.process.wait(timeout=10)
+            daemon.process = None
+            self._failed(daemon, now, problem)
+            return
+        daemon.state, daemon.reason, daemon.started = "running", "", now
+        self._up.labels(daemon.uuid).set(1)
+        log.info("MPS control daemon running", extra={"uuid": daemon.uuid, "pid": daemon.process.pid})
+
+    def _failed(self, daemon: _Daemon, now: float, reason: str) -> None:
+        daemon.state, daemon.reason = "down", reason
+        daemon.next_start = now + min(MAX_BACKOFF_S, 2.0**daemon.restarts)
+        daemon.restarts += 1
+        self._up.labels(daemon.uuid).set(0)
+        log.error("MPS control daemon cannot start", extra={"uuid": daemon.uuid, "reason": reason})
+
+    def _apply_ceilings(self, daemon: _Daemon) -> str | None:
+        commands = []
+        if self.settings.ceiling_memory_bytes:
+            commands.append(f"set_default_device_pinned_mem_limit 0 {self.settings.ceiling_memory_bytes // MiB}M")
+        if self.settings.ceiling_thread_percentage < 100:
+            commands.append(f"set_default_active_thread_percentage {self.settings.ceiling_thread_percentage}")
+        for command in commands:
+            code, output = self._control(daemon, [command])
+            if code != 0:
+                return f"the daemon refused {command!r} (status {code}): {output.strip()[:200]}"
+        return None
+
+    def _env(self, daemon: _Daemon) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+        env["CUDA_VISIBLE_DEVICES"] = daemon.uuid
+        env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps.pipe_dir(self.settings.mps_root, daemon.uuid))
+        env["CUDA_MPS_LOG_DIRECTORY"] = str(mps.log_dir(self.settings.mps_root, daemon.uuid))
+        return env
+
+    def _control(self, daemon: _Daemon, commands: list[str]) -> tuple[int, str]:
+        """Send `commands` to the GPU's daemon through the control client; (status, output)."""
+        try:
+            done = subprocess.run(
+                [str(self.settings.control)],
+                input="".join(f"{c}\n" for c in commands).encode(),
+                env=self._env(daemon),
+                capture_output=True,
+                timeout=5,
+                check=False,
+            )
+        except (OSError, subprocess.TimeoutExpired) as err:
+            return 255, str(err)
+        return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+
+    def _exclusive(self, uuid: str) -> str:
+        """Set the GPU to EXCLUSIVE_PROCESS (keeping the mode it had, once); its mode's name."""
+        handle = pynvml.nvmlDeviceGetHandleByUUID(uuid)
+        mode = pynvml.nvmlDeviceGetComputeMode(handle)
+        before = mps.gpu_dir(self.settings.mps_root, uuid) / MODE_BEFORE_FILE
+        if not before.exists():
+            before.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(before, f"{mode}\n".encode(), 0o644)
+        if mode != pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS:
+            pynvml.nvmlDeviceSetComputeMode(handle, pynvml.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS)
+        return COMPUTE_MODES[pynvml.nvmlDeviceGetComputeMode(handle)]
+
+    def _restore_mode(self, uuid: str) -> None:
+        before = mps.gpu_dir(self.settings.mps_root, uuid) / MODE_BEFORE_FILE
+        try:
+            mode = int(before.read_text().strip())
+            pynvml.nvmlDeviceSetComputeMode(pynvml.nvmlDeviceGetHandleByUUID(uuid), mode)
+        except FileNotFoundError:
+            return
+        except (ValueError, pynvml.NVMLError) as err:
+            log.error("cannot restore the compute mode", extra={"uuid": uuid, "error": str(err)})
+            return
+        before.unlink()
+        log.info("compute mode restored", extra={"uuid": uuid, "mode": COMPUTE_MODES.get(mode, str(mode))})
+
+    def _tail(self, daemon: _Daemon) -> str:
+        path = mps.log_dir(self.settings.mps_root, daemon.uuid) / "supervisor.stderr"
+        try:
+            text = path.read_text(errors="replace").strip()
+        except OSError:
+            return ""
+        return f": {text[-300:]}" if text else ""
+
+    def _write_status(self, daemon: _Daemon) -> None:
+        status = mps.DaemonStatus(
+            uuid=daemon.uuid,
+            state=daemon.state,
+            reason=daemon.reason,
+            pid=daemon.process.pid if daemon.process is not None else None,
+            multi_user=self.settings.multi_user,
+            compute_mode=daemon.compute_mode,
+            restarts=daemon.restarts,
+            updated=time.time(),
+            refresh_seconds=self.settings.refresh_seconds,
+        )
+        path = mps.status_path(self.settings.mps_root, daemon.uuid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, status.to_json(), 0o644, durable=False)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
