@@ -63,6 +63,9 @@ class MpsSettings(OptionSettings):
     mps_control: Path | None = Field(
         None, description="nvidia-cuda-mps-control (default: <driver root>/usr/bin/nvidia-cuda-mps-control)"
     )
+    daemon_library_path: str = Field(
+        "", description="LD_LIBRARY_PATH of the daemons (the driver's libcuda.so.1 for their servers); empty: inherited"
+    )
     multi_user: bool = Field(True, description="start daemons with -multiuser-server: one server for every UID")
     ceiling_memory_bytes: Annotated[int, BeforeValidator(to_bytes)] = Field(
         0, ge=0, description="every client's pinned device memory limit at most (a quantity); 0: no ceiling"
@@ -265,6 +268,8 @@ class Supervisor:
 
     def _env(self, daemon: _Daemon) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}
+        if self.settings.daemon_library_path:
+            env["LD_LIBRARY_PATH"] = self.settings.daemon_library_path
         env["CUDA_VISIBLE_DEVICES"] = daemon.uuid
         env["CUDA_MPS_PIPE_DIRECTORY"] = str(mps.pipe_dir(self.settings.mps_root, daemon.uuid))
         env["CUDA_MPS_LOG_DIRECTORY"] = str(mps.log_dir(self.settings.mps_root, daemon.uuid))

@@ -27,6 +27,7 @@ from kubernetes.dynamic import DynamicClient
 from api.gpu import GpuStatus
 from api.heartbeat import HEARTBEAT_LABEL, heartbeat_of, lease_body, lease_name, leases_path
 from api.kube_rest import APPLY, SLICES, ApiError, KubeConnection, KubeRest, claim_path
+from api.options import options
 from controller.admission.certificate import self_signed_certificate
 from controller.admission.verdict import review_claim_spec
 from controller.admission.webhook_config import Registration
@@ -34,6 +35,7 @@ from controller.core.rbac import cluster_role_rules, heartbeat_role_rules, names
 from e2e.cluster import binaries
 from e2e.cluster.controlplane import ControlPlane
 from e2e.nodeplugin import PLUGIN_RUNTIME_ENV
+from kubelet_plugin.mps.supervisor import MpsSettings
 from kubelet_plugin.prepare.status import apply_ready
 from kubelet_plugin.publishing.heartbeat import Heartbeat
 from kubelet_plugin.publishing.slices import build_slices
@@ -538,6 +540,8 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
         "FRACGPU_ENFORCEMENT": "hami-core",
         "FRACGPU_HAMI_CORE_LIBRARY": "/opt/hami/lib/libvgpu.so",
         "FRACGPU_METRICS_PORT": "9102",
+        "FRACGPU_MPS_GPUS": "",
+        "FRACGPU_MPS_ROOT": "/run/fracgpu/mps",
         "FRACGPU_HANDOVER_TIMEOUT": "0",
         "FRACGPU_LOG_LEVEL": "debug",
         "FRACGPU_LOG_FORMAT": "text",
@@ -1161,3 +1165,42 @@ def test_helm_upgrade_keeps_the_webhooks_the_controller_patched_in(
         refused(lambda: admission.read_validating_webhook_configuration(driver), 404)
     finally:
         run([*helm, "uninstall", release, "--ignore-not-found"], check=False)
+
+
+def test_mps_gpus_add_a_supervisor_daemonset_apart_from_the_plugin(tools: dict[str, Path], tmp_path: Path) -> None:
+    assert [d for d in render(tools["helm"], tmp_path, {}) if d["metadata"]["name"].endswith("-mps")] == []
+    values = {"mps": {"gpus": "0,GPU-1", "ceilingMemory": "40Gi"}, "deviceClass": {"mps": {"create": True}}}
+    docs = render(tools["helm"], tmp_path, values)
+    ds = one(docs, "DaemonSet", "-mps")
+    assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}, "helm upgrade must not restart a daemon"
+    spec = ds["spec"]["template"]["spec"]
+    assert spec["hostPID"] is True and spec["automountServiceAccountToken"] is False
+    (supervisor,) = spec["containers"]
+    assert supervisor["command"] == ["fracgpu-mps-supervisor"]
+    env = env_of(supervisor)
+    known = {o.env for o in options(MpsSettings)}
+    assert {k for k in env if k.startswith("FRACGPU_")} <= known, "every variable is a supervisor option"
+    assert (env["FRACGPU_MPS_GPUS"], env["FRACGPU_CEILING_MEMORY"], env["FRACGPU_MULTI_USER"]) == (
+        "0,GPU-1",
+        "40Gi",
+        "true",
+    )
+    mounts = mounts_of(spec, supervisor)
+    assert mounts["/run/fracgpu/mps"] == ("/run/fracgpu/mps", False)
+    assert mounts["/dev/shm"] == ("/run/fracgpu/mps/shm", False), "the daemons' /dev/shm is what clients mount"
+    assert mounts["/driver-root"] == ("/", True)
+    MpsSettings(**{o.field: env[o.env] for o in options(MpsSettings) if o.env in env})  # values the supervisor takes
+    plugin = one(docs, "DaemonSet", "-kubelet-plugin")["spec"]["template"]["spec"]
+    assert env_of(plugin["containers"][0])["FRACGPU_MPS_GPUS"] == "0,GPU-1"
+    assert mounts_of(plugin, plugin["containers"][0])["/run/fracgpu/mps"] == ("/run/fracgpu/mps", True)
+    classes = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "DeviceClass"}
+    assert classes["mps.gpu.fracgpu.dev"]["selectors"][1] == {
+        "cel": {
+            "expression": '"mps" in device.attributes["gpu.fracgpu.dev"] && device.attributes["gpu.fracgpu.dev"].mps'
+        }
+    }
+
+
+def test_bad_mps_gpus_are_refused_by_the_schema(tools: dict[str, Path], tmp_path: Path) -> None:
+    proc = helm_template(tools["helm"], tmp_path, {"mps": {"gpus": "gpu0"}})
+    assert proc.returncode != 0 and "/mps/gpus" in proc.stderr

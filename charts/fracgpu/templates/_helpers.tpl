@@ -77,6 +77,13 @@ app.kubernetes.io/component: kubelet-plugin
 {{- default (printf "enforced.%s" .Values.driverName) (.Values.deviceClass.enforced | default dict).name }}
 {{- end }}
 
+{{- define "fracgpu.mpsDeviceClassName" -}}
+{{- default (printf "mps.%s" .Values.driverName) (.Values.deviceClass.mps | default dict).name }}
+{{- end }}
+{{- define "fracgpu.mps.fullname" -}}
+{{- printf "%s-mps" (include "fracgpu.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
 {{- define "fracgpu.webhookConfigName" -}}
 {{- default .Values.driverName .Values.controller.webhook.configName }}
 {{- end }}
