@@ -107,6 +107,7 @@ def _review(controller: Controller, spec: Any, prefix: str) -> Review:
         class_configs=facts.device_class.configs if facts.device_class else (),
         hami_core_offered=facts.hami_core,
         nvml_offered=facts.nvml,
+        mps_offered=facts.mps,
     )
 
 

@@ -110,6 +110,8 @@ class AdmissionFacts(NamedTuple):
     """Whether some published GPU offers HAMi-core enforcement; None when no GPU is published."""
     nvml: bool | None = None
     """Whether some published GPU offers nvml enforcement; None when no GPU is published."""
+    mps: bool | None = None
+    """Whether some published GPU is an MPS GPU; None when no GPU is published."""
     device_class: DeviceClassView | None = None
     """Our DeviceClass as the cluster has it; None when it is not (or not yet) seen."""
 
@@ -136,6 +138,7 @@ class Controller:
         self._largest: int | None = None  # largest max_request of self._devices
         self._hami_core = False  # some device of self._devices offers HAMi-core
         self._nvml = False  # some device of self._devices offers nvml enforcement
+        self._mps = False  # some device of self._devices is an MPS GPU
         self._names: dict[DeviceKey, str] = {}  # published device -> its GPU object's name
         self._name_keys: dict[str, DeviceKey] = {}  # and back
         # claims that were in the index at their last event -> the devices their shares were on then
@@ -333,6 +336,7 @@ class Controller:
             self._largest = max((d.max_request for d in devices.values()), default=None)
             self._hami_core = any(d.hami_core for d in devices.values())
             self._nvml = any(d.memory_enforcement == "nvml" for d in devices.values())
+            self._mps = any(d.memory_enforcement == "mps" for d in devices.values())
             self._names = {key: gpu_object_name(d.node, d.device) for key, d in devices.items()}
             self._name_keys = {name: key for key, name in self._names.items()}
             self._publish_admission()
@@ -344,6 +348,7 @@ class Controller:
             largest=self._largest,
             hami_core=self._hami_core if published else None,
             nvml=self._nvml if published else None,
+            mps=self._mps if published else None,
             device_class=self.device_class(),
         )
 

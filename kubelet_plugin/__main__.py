@@ -9,11 +9,13 @@ from collections.abc import Callable
 from api import kube_config
 from api.kube_rest import ApiError, KubeConnection, KubeRest
 from api.logs import configure_logging
+from kubelet_plugin.core.coalesce import Coalescer
 from kubelet_plugin.core.events import post_node_event
 from kubelet_plugin.core.metrics import PluginMetrics
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings, parse_settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
+from kubelet_plugin.health.mps_watch import MpsWatch, event_poster, mps_gpus, status_reader
 from kubelet_plugin.health.source import DeviceHealth
 from kubelet_plugin.health.watch import start_gpu_health
 from kubelet_plugin.prepare.checkpoint import CheckpointStore
@@ -133,6 +135,15 @@ def report_unknown(settings: Settings, api: KubeConnection, unknown: tuple[Unkno
         post_node_event(rest, settings.node_name, "GpuLostUnpublished", message)
 
 
+def _merge(*taints: dict[str, list[dict[str, str]]]) -> dict[str, list[dict[str, str]]]:
+    """Device name -> every taint the sources give it."""
+    merged: dict[str, list[dict[str, str]]] = {}
+    for source in taints:
+        for device, entries in source.items():
+            merged.setdefault(device, []).extend(entries)
+    return merged
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the node plugin; returns the process exit code."""
     settings = parse_settings(argv)
@@ -173,9 +184,17 @@ def main(argv: list[str] | None = None) -> int:
     if gate == "waited":
         preparer.recover()
     health = start_gpu_health(settings, api, gpus, metrics.registry, stop, lost=found.lost)
+    changes = health.changes or Coalescer(settings.health_coalesce_seconds)
+    mps_health = MpsWatch(
+        mps_gpus(settings, gpus), status_reader(settings), metrics.registry, changes=changes,
+        post=event_poster(KubeRest.bounded(api, settings.api_timeout_seconds), settings.node_name,
+                          settings.checkpoint_path),
+        interval=settings.health_probe_interval_seconds,
+    )  # fmt: skip
+    threading.Thread(target=mps_health.run, args=(stop,), name="mps-health", daemon=True).start()
     publisher = SlicePublisher(
-        api, settings, gpus, enforcement, taints=health.taints, changes=health.changes,
-        on_write=health.metrics.slice_writes.inc,
+        api, settings, gpus, enforcement, taints=lambda: _merge(health.taints(), mps_health.taints()),
+        changes=changes, on_write=health.metrics.slice_writes.inc,
     )  # fmt: skip
     publishing = threading.Thread(target=publisher.run, args=(stop,), name="slice-publisher", daemon=True)
     publishing.start()

@@ -5,8 +5,9 @@ opaque config names our driver. Refused: GpuConfig parameters that do not decode
 decode one by one but merge into an invalid one for some request (merged as the node plugin merges them,
 api/config_merge.py, with our DeviceClass's configs first), capacity requests other than `memory`, and memory
 amounts that are not positive whole numbers of bytes. Each problem names its field path, as `kubectl` users
-write it, and what is allowed. Warned: requests larger than any published GPU, and `enforcement: hami-core`
-or `nvml` while no published GPU offers it.
+write it, and what is allowed. Warned: requests larger than any published GPU, `enforcement: hami-core`, `mps`
+or `nvml` while no published GPU offers it, and an `mps` request for more than one GPU (the node plugin refuses
+a claim whose MPS shares span GPUs: a CUDA process is the client of one MPS daemon).
 """
 
 import functools
@@ -87,7 +88,11 @@ def _config_problems(problems: tuple[str, ...], path: str) -> list[str]:
 
 
 def _merged_problems(
-    entries: list[ConfigEntry], path: str, request: str, hami_core_offered: bool | None, nvml_offered: bool | None
+    entries: list[ConfigEntry],
+    path: str,
+    request: str,
+    exact: Mapping[str, Any],
+    offered: Mapping[str, bool | None],
 ) -> tuple[list[str], list[str]]:
     """Problems and warnings of the merged GpuConfig of one request (entries that do not decode alone are
     reported where they are, not here)."""
@@ -103,12 +108,27 @@ def _merged_problems(
         if not err.entry.from_class:
             return [], []
         return [], [f"{err.entry.where} is invalid ({err}): claims of it fail to prepare until it is fixed"]
-    if merged.enforcement == "hami-core" and hami_core_offered is False:
+    if merged.enforcement == "mps":
+        warnings = []
+        if offered.get("mps") is False:
+            warnings.append(
+                f"{path}: request {request!r} asks for enforcement 'mps', but no published GPU is an MPS GPU "
+                "(attribute mps; chart value mps.gpus): the claim's pod fails to start on any node until one is"
+            )
+        count = exact.get("count", 1)
+        if exact.get("allocationMode") == "All" or (isinstance(count, int) and count > 1):
+            warnings.append(
+                f"{path}: request {request!r} asks for enforcement 'mps' on more than one GPU, but a CUDA process "
+                "is the client of one MPS daemon, which serves one GPU: the node plugin refuses such a claim; ask "
+                "for one GPU per claim"
+            )
+        return [], warnings
+    if merged.enforcement == "hami-core" and offered.get("hami-core") is False:
         return [], [
             f"{path}: request {request!r} asks for enforcement 'hami-core', but no published GPU offers it (no node "
             "plugin found the HAMi-core library): the claim's pod fails to start on any node until one does"
         ]
-    if merged.enforcement == "nvml" and nvml_offered is False:
+    if merged.enforcement == "nvml" and offered.get("nvml") is False:
         return [], [
             f"{path}: request {request!r} asks for enforcement 'nvml', but no published GPU offers it (attribute "
             "memoryEnforcement; nvml needs cgroup v2, a driver with nvmlDeviceSetMemoryLimits_v1 and driverEdits: "
@@ -142,14 +162,15 @@ def review_claim_spec(
     class_configs: Sequence[object] = (),
     hami_core_offered: bool | None = None,
     nvml_offered: bool | None = None,
+    mps_offered: bool | None = None,
 ) -> Review:
     """Review a ResourceClaimSpec found at field path `prefix` (`spec` or `spec.spec` for templates).
 
     `largest` is the largest memory request any published GPU admits (None when none is published);
     requests above it pass with a warning, since a larger GPU may join later. `class_configs` are the
     `opaque.parameters` of our DeviceClass's configs for `driver` (merged before the claim's);
-    `hami_core_offered` / `nvml_offered` whether some published GPU offers HAMi-core / nvml enforcement (None
-    when none is published). Never raises: a spec that is not shaped like a ResourceClaimSpec is refused.
+    `hami_core_offered` / `nvml_offered` / `mps_offered` whether some published GPU offers HAMi-core / nvml / mps
+    enforcement (None when none is published). Never raises: a spec that is not shaped like a ResourceClaimSpec is refused.
     """
     devices = (spec or {}).get("devices") or {}
     problems: list[str] = []
@@ -184,7 +205,8 @@ def review_claim_spec(
                 p, w = _review_request(exact, path, request, driver, largest)
                 problems += p
                 warnings += w
-                p, w = _merged_problems(entries, path, request, hami_core_offered, nvml_offered)
+                offered = {"hami-core": hami_core_offered, "nvml": nvml_offered, "mps": mps_offered}
+                p, w = _merged_problems(entries, path, request, exact, offered)
                 problems += p
                 warnings += [x for x in w if x not in warnings]
     return Review(problems=(*problems, *decode_problems), warnings=tuple(warnings))

@@ -214,3 +214,45 @@ def test_nvml_asked_where_no_gpu_offers_it_is_warned(offered: bool | None, warne
     if warned:
         assert found[0].startswith("spec.devices.requests[0].exactly: request 'gpu' asks for enforcement 'nvml'")
         assert "memoryEnforcement" in found[0] and "driverEdits: toolkit" in found[0]
+
+
+@pytest.mark.parametrize(("offered", "warned"), [(False, True), (True, False), (None, False)])
+def test_mps_asked_where_no_gpu_is_an_mps_gpu_is_warned_with_its_path(offered: bool | None, warned: bool) -> None:
+    out = review_claim_spec(
+        spec([req("10Gi")], opaque({**HEAD, "enforcement": "mps", "computeLimitPercent": 30})),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=None,
+        mps_offered=offered,
+    )
+    assert out.allowed
+    found = [w for w in out.warnings if "no published GPU is an MPS GPU" in w]
+    assert len(found) == (1 if warned else 0)
+    if warned:
+        assert found[0].startswith("spec.devices.requests[0].exactly: request 'gpu' asks for enforcement 'mps'")
+        assert "mps.gpus" in found[0]
+
+
+def test_mps_for_more_than_one_gpu_is_warned() -> None:
+    two = req("10Gi")
+    two["exactly"]["count"] = 2
+    out = review_claim_spec(
+        spec([two], opaque({**HEAD, "enforcement": "mps"})),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=None,
+        mps_offered=True,
+    )
+    assert out.allowed
+    (warning,) = out.warnings
+    assert warning.startswith("spec.devices.requests[0].exactly: request 'gpu' asks for enforcement 'mps' on more")
+    assert "refuses such a claim" in warning
+
+
+def test_a_thread_percentage_out_of_range_is_refused_with_its_path() -> None:
+    out = review(spec([req("10Gi")], opaque({**HEAD, "enforcement": "mps", "computeLimitPercent": 101})))
+    assert out.problems == (
+        "spec.devices.config[0].opaque.parameters.computeLimitPercent: must be an integer between 1 and 100, got 101",
+    )

@@ -1,0 +1,65 @@
+"""Unit tests of the MPS daemons' health in the node plugin (kubelet_plugin/health/mps_watch.py): taints, Events
+and the gauge follow the status files the MPS supervisor writes (kubelet_plugin/enforcement/mps.py)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from prometheus_client import CollectorRegistry
+
+from kubelet_plugin.core.settings import Settings
+from kubelet_plugin.enforcement import mps
+from kubelet_plugin.health.mps_watch import (
+    DOWN_REASON,
+    MPS_TAINT,
+    RESTARTED_REASON,
+    UP_REASON,
+    MpsWatch,
+    mps_gpus,
+    status_reader,
+)
+from tests.unit.plugin_host import NODE, UUID0, UUID1, gpu_info
+
+GPUS = [gpu_info(0, UUID0), gpu_info(1, UUID1)]
+
+
+def write(root: Path, state: mps.DaemonState, restarts: int = 0, reason: str = "") -> None:
+    path = mps.status_path(root, UUID0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    status = mps.DaemonStatus(
+        uuid=UUID0, state=state, reason=reason, restarts=restarts, updated=time.time(), refresh_seconds=5
+    )
+    path.write_bytes(status.to_json())
+
+
+def test_down_restart_and_recovery_give_taints_events_and_the_gauge(tmp_path: Path) -> None:
+    settings = Settings(node_name=NODE, mps_gpus="0", mps_root=tmp_path)
+    assert [g.device_name for g in mps_gpus(settings, GPUS)] == ["gpu-0"]
+    registry = CollectorRegistry()
+    watch = MpsWatch(mps_gpus(settings, GPUS), status_reader(settings), registry)
+
+    def up() -> float | None:
+        return registry.get_sample_value("fracgpu_mps_daemon_up", {"device": "gpu-0", "uuid": UUID0})
+
+    write(tmp_path, "running")
+    assert watch.check() == [] and watch.taints() == {} and up() == 1
+    write(tmp_path, "down", 1, "nvidia-cuda-mps-control exited with status 137")
+    ((device, reason, message),) = watch.check()
+    assert (device, reason) == ("gpu-0", DOWN_REASON)
+    assert "new MPS shares there are refused" in message and "exited with status 137" in message
+    assert watch.taints() == {"gpu-0": [{"key": MPS_TAINT, "value": "down", "effect": "NoSchedule"}]}
+    assert up() == 0 and watch.changes.due_in(time.monotonic()) is not None
+    assert watch.check() == [], "a daemon still down is not reported twice"
+    write(tmp_path, "running", 1)
+    assert [e[1] for e in watch.check()] == [UP_REASON] and watch.taints() == {} and up() == 1
+    write(tmp_path, "running", 2)  # restarted between two looks: clients lost their server all the same
+    ((_, reason, message),) = watch.check()
+    assert reason == RESTARTED_REASON and "lost their MPS server" in message
+
+
+def test_a_missing_status_file_is_a_daemon_down_with_the_reason(tmp_path: Path) -> None:
+    settings = Settings(node_name=NODE, mps_gpus=UUID0, mps_root=tmp_path)
+    watch = MpsWatch(mps_gpus(settings, GPUS), status_reader(settings), CollectorRegistry())
+    ((_, reason, message),) = watch.check()
+    assert reason == DOWN_REASON and "no status file" in message and "fracgpu-mps" in message
