@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
-# Builds the mock driver from e2e/mocknvml/*.c: NVML, the CUDA driver library, nvidia-smi and the CUDA probe.
+# Builds the mock driver from e2e/mocknvml/*.c: NVML, the CUDA driver library, nvidia-smi, the CUDA probe and
+# the MPS control daemon (nvidia-cuda-mps-control, with nvidia-cuda-mps-server a hard link to it).
 #
 #   e2e/mocknvml/build.sh [outdir]
 #       libnvidia-ml.so.1, libcuda.so.1 (read the profile named by FRACGPU_MOCK_NVML_PROFILE), nvidia-smi,
-#       cuda-probe; and without-memory-limits/libnvidia-ml.so.1, an NVML without nvmlDeviceSetMemoryLimits_v1
-#       (a driver older than r615). Use with: LD_LIBRARY_PATH=<outdir> FRACGPU_MOCK_NVML_PROFILE=e2e/mocknvml/profiles/h100x8.profile
+#       cuda-probe, nvidia-cuda-mps-control and nvidia-cuda-mps-server; and without-memory-limits/libnvidia-ml.so.1,
+#       an NVML without nvmlDeviceSetMemoryLimits_v1 (a driver older than r615). Use with: LD_LIBRARY_PATH=<outdir> FRACGPU_MOCK_NVML_PROFILE=e2e/mocknvml/profiles/h100x8.profile
 #   e2e/mocknvml/build.sh --embed-profile PROFILE outdir
 #       the files of a driver installation for PROFILE's driver_version <ver>: libnvidia-ml.so.<ver> and
 #       libcuda.so.<ver> with PROFILE compiled in (they enumerate the GPUs whose /dev/nvidia<minor> the
 #       process can open, with no environment needed), stub ELF libraries with the real drivers' sonames
-#       (STUB_LIBS below), each with its soname link, nvidia-smi and cuda-probe. e2e/mocknvml/__init__.py lays them out as a driver root.
+#       (STUB_LIBS below), each with its soname link, nvidia-smi, cuda-probe and the two MPS programs (profile
+#       compiled in). e2e/mocknvml/__init__.py lays them out as a driver root.
 #
 # Default outdir build/mocknvml; a relative outdir is taken from the repo root. Everything links only libc.
 set -euo pipefail
@@ -30,6 +32,11 @@ lib() {
   local file=$1 soname=$2; shift 2
   "${cc[@]}" -shared -fPIC -Wl,-soname,"$soname" -o "$outdir/$file" "$@"
 }
+# The MPS control daemon from the given sources and cc flags, and the server as a hard link to it.
+mps() {
+  "${cc[@]}" -o "$outdir/nvidia-cuda-mps-control" "$@"
+  ln -f "$outdir/nvidia-cuda-mps-control" "$outdir/nvidia-cuda-mps-server"
+}
 
 "${cc[@]}" -o "$outdir/nvidia-smi" "$src/mock_nvidia_smi.c" -ldl
 "${cc[@]}" -o "$outdir/cuda-probe" "$src/cuda_probe.c" -ldl
@@ -39,7 +46,8 @@ if [ -z "$profile" ]; then
   mkdir -p "$outdir/without-memory-limits"
   lib without-memory-limits/libnvidia-ml.so.1 libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_events.c" "$src/mock_profile.c" -lpthread
   lib libcuda.so.1 libcuda.so.1 "$src/mock_cuda.c" "$src/mock_profile.c" -lpthread
-  echo "built $outdir/{libnvidia-ml.so.1,libcuda.so.1,nvidia-smi,cuda-probe}"
+  mps "$src/mock_mps_control.c" "$src/mock_profile.c"
+  echo "built $outdir/{libnvidia-ml.so.1,libcuda.so.1,nvidia-smi,cuda-probe,nvidia-cuda-mps-control,nvidia-cuda-mps-server}"
   exit 0
 fi
 
@@ -62,6 +70,7 @@ driver_lib() {
 driver_lib "libnvidia-ml.so.$version" libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_events.c" "$src/mock_nvml_limits.c" "$src/mock_profile.c" \
   "${embed[@]}" -lpthread
 driver_lib "libcuda.so.$version" libcuda.so.1 "$src/mock_cuda.c" "$src/mock_profile.c" "${embed[@]}" -lpthread
+mps "$src/mock_mps_control.c" "$src/mock_profile.c" "${embed[@]}"
 
 # Other libraries of a compute driver installation, as stubs: <name> <soname> (the real drivers' sonames).
 STUB_LIBS=(
@@ -77,4 +86,4 @@ for entry in "${STUB_LIBS[@]}"; do
   read -r name soname <<<"$entry"
   driver_lib "$name.so.$version" "$soname" "$gen/stub.c"
 done
-echo "built driver $version in $outdir: libnvidia-ml.so.$version libcuda.so.$version, ${#STUB_LIBS[@]} stub libraries, nvidia-smi, cuda-probe"
+echo "built driver $version in $outdir: libnvidia-ml.so.$version libcuda.so.$version, ${#STUB_LIBS[@]} stub libraries, nvidia-smi, cuda-probe, nvidia-cuda-mps-control, nvidia-cuda-mps-server"

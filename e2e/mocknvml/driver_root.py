@@ -26,6 +26,10 @@ class DriverInstall:
     nvidia_smi: Path
     cuda_probe: Path
     """The CUDA probe built alongside (not part of the root): run it with `libdir` on the loader path."""
+    mps_control: Path
+    """`<root>/usr/bin/nvidia-cuda-mps-control`, the mock MPS control daemon and client (profile compiled in)."""
+    mps_server: Path
+    """`<root>/usr/bin/nvidia-cuda-mps-server`, which the daemon starts next to itself."""
 
 
 def driver_version(profile: Path) -> str:
@@ -49,7 +53,7 @@ def install_driver(root: Path, profile: Path, build_dir: Path) -> DriverInstall:
 
     `<root>/usr/lib/x86_64-linux-gnu/` gets libnvidia-ml.so.<ver> and libcuda.so.<ver> (profile compiled in)
     and stub libraries with the real drivers' sonames, each with its soname link; `<root>/usr/bin/` gets
-    nvidia-smi; `<root>/lib/firmware/nvidia/<ver>/` a GSP firmware placeholder. Device nodes are
+    nvidia-smi, nvidia-cuda-mps-control and nvidia-cuda-mps-server; `<root>/lib/firmware/nvidia/<ver>/` a GSP firmware placeholder. Device nodes are
     make_driver_root()'s job (see make_faithful_driver_root()).
     """
     version = driver_version(profile)
@@ -66,9 +70,18 @@ def install_driver(root: Path, profile: Path, build_dir: Path) -> DriverInstall:
             target.symlink_to(built.readlink())
         else:
             shutil.copy2(built, target)
-    shutil.copy2(build_dir / "nvidia-smi", bindir / "nvidia-smi")
+    for program in ("nvidia-smi", "nvidia-cuda-mps-control", "nvidia-cuda-mps-server"):
+        shutil.copy2(build_dir / program, bindir / program)
     (firmware / "gsp_ga10x.bin").write_bytes(b"")
-    return DriverInstall(root, version, libdir, bindir / "nvidia-smi", build_dir / "cuda-probe")
+    return DriverInstall(
+        root,
+        version,
+        libdir,
+        bindir / "nvidia-smi",
+        build_dir / "cuda-probe",
+        bindir / "nvidia-cuda-mps-control",
+        bindir / "nvidia-cuda-mps-server",
+    )
 
 
 def make_faithful_driver_root(root: Path, profile: Path, build_dir: Path) -> DriverInstall:

@@ -23,6 +23,11 @@
  *                                                 blackwell rubin)
  *   gpu.<i>.cuda_cc         = 9.0
  *   gpu.<i>.pci_device_id   = 0x233010de         (optional: device id << 16 | vendor id)
+ *   gpu.<i>.sm_count        = 132                (optional: multiprocessors, for libcuda; default 132
+ *                                                 for hopper, 108 for ampere, else 80)
+ *   state_dir               = /run/fracgpu-mock  (optional: where compute modes and MPS servers are kept,
+ *                                                 shared by all processes; FRACGPU_MOCK_NVML_STATE_DIR
+ *                                                 wins; see mock_mps.h)
  *
  * GPU indices must run 0..n-1 (n <= 64) and every GPU needs all non-optional keys; UUIDs, minors and
  * PCI bus ids must be distinct. A missing or unreadable profile makes nvmlInit* return
@@ -32,6 +37,7 @@
  * Build: e2e/mocknvml/build.sh [outdir]
  */
 
+#include "mock_mps.h"
 #include "mock_profile.h"
 
 #include <pthread.h>
@@ -44,6 +50,7 @@ enum {
     MOCK_ERROR_UNINITIALIZED = 1,
     MOCK_ERROR_INVALID_ARGUMENT = 2,
     MOCK_ERROR_NOT_SUPPORTED = 3,
+    MOCK_ERROR_NO_PERMISSION = 4,
     MOCK_ERROR_NOT_FOUND = 6,
     MOCK_ERROR_INSUFFICIENT_SIZE = 7,
     MOCK_ERROR_TIMEOUT = 10,
@@ -187,6 +194,8 @@ const char *nvmlErrorString(mock_return result) {
         return "Invalid Argument";
     case MOCK_ERROR_NOT_SUPPORTED:
         return "Not Supported";
+    case MOCK_ERROR_NO_PERMISSION:
+        return "Insufficient Permissions";
     case MOCK_ERROR_NOT_FOUND:
         return "Not Found";
     case MOCK_ERROR_INSUFFICIENT_SIZE:
@@ -388,6 +397,49 @@ mock_return nvmlDeviceGetCudaComputeCapability(mock_handle device, int *major, i
         *minor = device->cc_minor;
     }
     return ret;
+}
+
+/* ---- compute mode: kept in <state dir>/compute_mode.<uuid> (mock_mps.h), shared across processes ----
+ * Get: the file's mode, DEFAULT (0) when there is no state directory or file. Set: NVML_ERROR_INVALID_ARGUMENT
+ * for a mode other than 0..3, NVML_ERROR_NOT_SUPPORTED for EXCLUSIVE_THREAD (1, gone from the driver) or
+ * when no state directory is configured, NVML_ERROR_NO_PERMISSION unless root, NVML_ERROR_UNKNOWN when the
+ * file cannot be written (written to a temporary file and renamed, so readers never see half a mode). */
+
+mock_return nvmlDeviceGetComputeMode(mock_handle device, int *mode) {
+    mock_return ret = check_device(device, mode);
+    if (ret == MOCK_SUCCESS) {
+        *mode = mock_compute_mode(&g_state, device->uuid);
+    }
+    return ret;
+}
+
+mock_return nvmlDeviceSetComputeMode(mock_handle device, int mode) {
+    char path[MOCK_LINE_SIZE + MOCK_UUID_SIZE + 32], tmp[sizeof(path) + 32];
+    mock_return ret = check_device(device, &mode);
+    if (ret != MOCK_SUCCESS) {
+        return ret;
+    }
+    if (mode < MOCK_COMPUTE_DEFAULT || mode > MOCK_COMPUTE_EXCLUSIVE_PROCESS) {
+        return MOCK_ERROR_INVALID_ARGUMENT;
+    }
+    if (mode == MOCK_COMPUTE_EXCLUSIVE_THREAD || !mock_state_file(path, sizeof(path), &g_state, "compute_mode",
+                                                                  device->uuid)) {
+        return MOCK_ERROR_NOT_SUPPORTED;
+    }
+    if (geteuid() != 0) {
+        return MOCK_ERROR_NO_PERMISSION;
+    }
+    snprintf(tmp, sizeof(tmp), "%s.%ld.tmp", path, (long)getpid());
+    FILE *f = fopen(tmp, "we");
+    if (f == NULL) {
+        return MOCK_ERROR_UNKNOWN;
+    }
+    int ok = fprintf(f, "%d\n", mode) > 0;
+    ok = fclose(f) == 0 && ok && rename(tmp, path) == 0;
+    if (!ok) {
+        unlink(tmp);
+    }
+    return ok ? MOCK_SUCCESS : MOCK_ERROR_UNKNOWN;
 }
 
 /* ---- for mock_nvml_limits.c (nvmlDeviceSetMemoryLimits_v1): the state, read under the library's checks ---- */

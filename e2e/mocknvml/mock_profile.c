@@ -223,13 +223,17 @@ static int apply_gpu_key(mock_state *st, const char *key, const char *value, con
         ok = strcmp(value, "supported") == 0 || strcmp(value, "not_supported") == 0;
         d->memory_limits_unsupported = strcmp(value, "not_supported") == 0;
         *why = "memory_limits must be supported or not_supported";
+    } else if (strcmp(field, "sm_count") == 0) { /* for mock_cuda.c */
+        bit = 0;
+        ok = parse_uint(value, 10, 1024, &d->sm_count) && d->sm_count > 0;
+        *why = "sm_count must be a decimal integer 1..1024";
     } else if (strcmp(field, "pci_device_id") == 0) {
         bit = 0;
         ok = parse_uint(value, 0, 0xffffffffu, &d->pci_device_id);
         *why = "pci_device_id must be a 32-bit number such as 0x233010de";
     } else {
         *why = "unknown GPU field (uuid name memory_mib minor pci_bus_id architecture cuda_cc "
-               "pci_device_id memory_limits)";
+               "pci_device_id memory_limits sm_count)";
         return 0;
     }
     if (!ok) {
@@ -274,10 +278,15 @@ static int apply_line(mock_state *st, int *have_driver, const char *key, const c
         *why = "memory_limits_record must be an absolute path";
         return value[0] == '/' && copy_text(st->memory_limits_record, sizeof(st->memory_limits_record), value);
     }
+    if (strcmp(key, "state_dir") == 0) { /* for mock_mps.h */
+        *why = "state_dir must be an absolute path";
+        return value[0] == '/' && copy_text(st->state_dir, sizeof(st->state_dir), value);
+    }
     if (strncmp(key, "gpu.", 4) == 0) {
         return apply_gpu_key(st, key, value, why);
     }
-    *why = "unknown key (driver_version cuda_driver_version uvm_major memory_limits_record gpu.<i>.<field>)";
+    *why = "unknown key (driver_version cuda_driver_version uvm_major memory_limits_record state_dir "
+           "gpu.<i>.<field>)";
     return 0;
 }
 
@@ -421,6 +430,12 @@ int mock_profile_load(const char *who, mock_state *out) {
     }
     if (!validate(st, have_driver, path)) {
         return MOCK_PROFILE_INVALID;
+    }
+    for (unsigned int i = 0; i < st->count; i++) { /* NVML_DEVICE_ARCH_HOPPER 9, _AMPERE 7 */
+        mock_device *d = &st->gpus[i];
+        if (d->sm_count == 0) {
+            d->sm_count = d->architecture == 9 ? 132 : d->architecture == 7 ? 108 : 80;
+        }
     }
     const char *root = dev_root();
     if (root != NULL) {

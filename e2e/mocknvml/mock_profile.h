@@ -50,6 +50,7 @@ typedef struct mock_device {
     unsigned int architecture;
     int cc_major, cc_minor;
     int memory_limits_unsupported; /* gpu.<i>.memory_limits = not_supported (mock_nvml_limits.c) */
+    unsigned int sm_count;         /* gpu.<i>.sm_count; default by architecture (132 hopper, 108 ampere, 80) */
 } mock_device;
 
 typedef struct {
@@ -58,6 +59,7 @@ typedef struct {
     char driver_version[MOCK_DRIVER_SIZE];
     int cuda_driver_version;
     char memory_limits_record[MOCK_LINE_SIZE]; /* memory_limits_record = <path> (mock_nvml_limits.c) */
+    char state_dir[MOCK_LINE_SIZE]; /* state_dir = <path>: compute modes, MPS servers (mock_mps.h) */
 } mock_state;
 
 enum { MOCK_PROFILE_OK = 0, MOCK_PROFILE_MISSING = 1, MOCK_PROFILE_INVALID = 2 };

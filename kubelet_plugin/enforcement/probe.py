@@ -160,6 +160,10 @@ class EnforcementDetector:
         hami = None if library.is_file() else f"HAMi-core's library {library} is not on this node"
         return NodeFacts(cgroup_problem=self._cgroup, driver_edits_problem=self._edits, hami_core_problem=hami)
 
+    def is_mps(self, uuid: str) -> bool:
+        """Whether the GPU `uuid` is an MPS GPU (--mps-gpus)."""
+        return any(g.uuid == uuid and is_mps_gpu(self._settings.mps_gpus, g.index, g.uuid) for g in self._gpus)
+
     def mps_facts(self, gpu: GpuInfo) -> MpsFacts:
         """Whether `gpu` is an MPS GPU and, if so, whether its daemon is up now."""
         if not is_mps_gpu(self._settings.mps_gpus, gpu.index, gpu.uuid):

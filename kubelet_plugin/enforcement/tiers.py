@@ -125,7 +125,8 @@ def gpu_tiers(node: NodeFacts, nvml: NvmlLimits, mps: MpsFacts = NOT_MPS) -> Gpu
     nvml_problems = [p for p in (node.driver_edits_problem, node.cgroup_problem, nvml.problem) if p is not None]
     if nvml_problems:
         missing["nvml"] = "; ".join(nvml_problems)
-    return GpuTiers(available=tuple(t for t in TIERS if t not in missing), missing=missing)
+    ordered = {t: missing[t] for t in TIERS if t in missing}
+    return GpuTiers(available=tuple(t for t in TIERS if t not in missing), missing=ordered)
 
 
 class EnforcementUnavailableError(ValueError):

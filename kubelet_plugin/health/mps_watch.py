@@ -43,11 +43,14 @@ class MpsWatch:
         post: Callable[[str, str, str, str], None] | None = None,
         changes: Coalescer | None = None,
         interval: float = 5.0,
+        on_up: Callable[[str], None] | None = None,
     ) -> None:
+        """`on_up(uuid)`: called when a GPU's daemon is back or was restarted (it starts without the ceiling)."""
         self._gpus = gpus
         self._read = read
         self._post = post or (lambda *_: None)
         self._interval = interval
+        self._on_up = on_up or (lambda _: None)
         self._down: dict[str, str] = {}  # device -> why
         self._restarts: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -101,6 +104,8 @@ class MpsWatch:
             try:
                 for device, reason, message in self.check():
                     log.warning("MPS daemon", extra={"device": device, "reason": reason, "message": message})
+                    if reason in (UP_REASON, RESTARTED_REASON):
+                        self._on_up(next(g.uuid for g in self._gpus if g.device_name == device))
                     self._post(device, reason, message, "Normal" if reason == UP_REASON else "Warning")
             except Exception:
                 log.exception("checking the MPS daemons failed")

@@ -9,8 +9,8 @@ directory, to one GPU):
 2. ``nvidia-cuda-mps-control -f`` (the driver's, under ``--driver-root``) runs with ``CUDA_VISIBLE_DEVICES`` set
    to the GPU's UUID, its own pipe and log directories, and ``-multiuser-server`` (``--multi-user``, default),
    so that pods of any UID share its one server instead of queueing behind each other's;
-3. once it answers ``get_server_list``, the ceilings (``--ceiling-memory``, ``--ceiling-thread-percentage``)
-   become its defaults: no client, whatever its environment, gets more;
+3. once it answers ``get_server_list`` it counts as running; the node plugin sets its ceilings
+   (``kubelet_plugin/prepare/mps_ceiling.py``);
 4. every ``--refresh`` seconds its status file says whether it runs; a daemon that exits is restarted with a
    backoff (1 s doubling to 30 s), its status saying why it stopped meanwhile.
 
@@ -26,15 +26,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import pynvml
 from prometheus_client import CollectorRegistry, Counter, Gauge
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from api.options import OptionSettings, build_parser, parse
-from api.quantity import MiB, to_bytes
 from kubelet_plugin.core.filelock import atomic_write
 from kubelet_plugin.core.settings import is_mps_gpu, mps_selection
 from kubelet_plugin.enforcement import mps
@@ -67,12 +66,6 @@ class MpsSettings(OptionSettings):
         "", description="LD_LIBRARY_PATH of the daemons (the driver's libcuda.so.1 for their servers); empty: inherited"
     )
     multi_user: bool = Field(True, description="start daemons with -multiuser-server: one server for every UID")
-    ceiling_memory_bytes: Annotated[int, BeforeValidator(to_bytes)] = Field(
-        0, ge=0, description="every client's pinned device memory limit at most (a quantity); 0: no ceiling"
-    )
-    ceiling_thread_percentage: int = Field(
-        100, ge=1, le=100, description="every client's active thread percentage at most; 100: no ceiling"
-    )
     refresh_seconds: float = Field(5.0, gt=0, description="seconds between two status writes per GPU")
     start_timeout_seconds: float = Field(10.0, gt=0, description="seconds a new daemon has to answer")
     metrics_address: str = Field("0.0.0.0", description="where the metrics server listens")
@@ -236,13 +229,6 @@ class Supervisor:
                 daemon.process.kill()
                 daemon.process.wait()
             return  # the next _check reports the exit and schedules a restart
-        problem = self._apply_ceilings(daemon)
-        if problem is not None:
-            self._control(daemon, ["quit"])
-            daemon.process.wait(timeout=10)
-            daemon.process = None
-            self._failed(daemon, now, problem)
-            return
         daemon.state, daemon.reason, daemon.started = "running", "", now
         self._up.labels(daemon.uuid).set(1)
         log.info("MPS control daemon running", extra={"uuid": daemon.uuid, "pid": daemon.process.pid})
@@ -253,18 +239,6 @@ class Supervisor:
         daemon.restarts += 1
         self._up.labels(daemon.uuid).set(0)
         log.error("MPS control daemon cannot start", extra={"uuid": daemon.uuid, "reason": reason})
-
-    def _apply_ceilings(self, daemon: _Daemon) -> str | None:
-        commands = []
-        if self.settings.ceiling_memory_bytes:
-            commands.append(f"set_default_device_pinned_mem_limit 0 {self.settings.ceiling_memory_bytes // MiB}M")
-        if self.settings.ceiling_thread_percentage < 100:
-            commands.append(f"set_default_active_thread_percentage {self.settings.ceiling_thread_percentage}")
-        for command in commands:
-            code, output = self._control(daemon, [command])
-            if code != 0:
-                return f"the daemon refused {command!r} (status {code}): {output.strip()[:200]}"
-        return None
 
     def _env(self, daemon: _Daemon) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")}

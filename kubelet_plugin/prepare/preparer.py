@@ -59,8 +59,9 @@ from kubelet_plugin.prepare.devicenodes import DeviceNodeSnapshot, ensure_char_l
 from kubelet_plugin.prepare.driver_edits import DriverEdits, DriverEditsError
 from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
 from kubelet_plugin.prepare.journal import ClaimJournal
+from kubelet_plugin.prepare.mps_ceiling import MpsControl, MpsControlError, ceiling, grants_in
 from kubelet_plugin.prepare.node_lock import NodeLock, NodeLockTimeoutError
-from kubelet_plugin.prepare.plan import plan_claim
+from kubelet_plugin.prepare.plan import ClaimPlan, plan_claim
 from kubelet_plugin.prepare.reader import ClaimReader, show
 from kubelet_plugin.prepare.ready_writer import ReadyReporter
 from kubelet_plugin.prepare.status import Tiers
@@ -86,10 +87,12 @@ class Preparer:
         driver_edits: DriverEdits | None = None,
         enforcement: EnforcementDetector | None = None,
         device_nodes: DeviceNodes | None = None,
+        mps_control: MpsControl | None = None,
     ) -> None:
         """``driver_edits``: required with ``settings.driver_edits == "toolkit"``, read (never generated) per
         prepare. ``enforcement``: the tiers each GPU offers (default: HAMi-core where its library is, no nvml).
-        ``device_nodes``: where the device nodes are read from (default: stat-ed under the driver root)."""
+        ``device_nodes``: where the device nodes are read from (default: stat-ed under the driver root).
+        ``mps_control``: sets the MPS GPUs' ceilings (default: the driver's control client)."""
         rest = KubeRest.bounded(api, settings.api_timeout_seconds)
         self._settings = settings
         self._gpus = {g.device_name: g for g in gpus}
@@ -100,6 +103,7 @@ class Preparer:
         self._device_nodes = device_nodes or (lambda: snapshot(settings.driver_root, minors))
         self._reader = ClaimReader(rest, settings.api_timeout_seconds)
         self._files = ClaimStore(settings)
+        self._mps_control = mps_control or MpsControl(settings)
         self._journal = ClaimJournal(
             store, self._files, rest=rest, node_name=settings.node_name, driver=settings.driver_name, metrics=metrics
         )
@@ -164,7 +168,7 @@ class Preparer:
                 continue
             try:
                 claim = self._reader.read(ClaimRef(namespace=entry.namespace, name=entry.name, uid=uid))
-                self._write(claim, entry, nodes, offered)
+                self._write(claim, entry, nodes, offered, checkpoint)
             except PrepareError as err:
                 if err.kind.claim_gone:  # nothing to restore
                     log.warning("claim gone; dropping it", extra={**what, "error": str(err)})
@@ -236,7 +240,7 @@ class Preparer:
             try:
                 if isinstance(claim, PrepareError):
                     raise claim
-                devices, tiers = self._write(claim, before, nodes, offered)
+                devices, tiers = self._write(claim, before, nodes, offered, updated)
             except Exception as err:  # one claim's failure must not abort the batch
                 self._fail(results, ref, err)
                 continue
@@ -292,6 +296,13 @@ class Preparer:
     def _unprepare_locked(self, claims: list[ClaimRef]) -> dict[str, str]:
         checkpoint = self._journal.load()
         updated = checkpoint
+        mps_gpus = {
+            d.uuid
+            for ref in claims
+            if ref.uid in checkpoint.claims
+            for d in checkpoint.claims[ref.uid].devices
+            if d.uuid is not None and self._enforcement.is_mps(d.uuid)
+        }
         for ref in claims:
             updated = updated.without_claim(ref.uid)
         if updated != checkpoint:
@@ -315,6 +326,16 @@ class Preparer:
             self._ready.forget(ref.uid)
             self._metrics.requests.labels("unprepare", "ok").inc()
         self._metrics.prepared_claims.set(len(updated.claims))
+        for uuid in sorted(
+            mps_gpus
+        ):  # lower the ceiling to the remaining shares' (a stale higher one only admits more)
+            remaining = [u for u, e in updated.claims.items() if any(d.uuid == uuid for d in e.devices)]
+            top = ceiling(grants_in(self._settings.plugin_data_dir, remaining, uuid))
+            if top is not None:
+                try:
+                    self._mps_control.apply(uuid, *top)
+                except MpsControlError as err:
+                    log.warning("cannot lower the MPS ceiling", extra={"uuid": uuid, "error": str(err)})
         return errors
 
     def _fail_unprepare(self, claims: list[ClaimRef], kind: ErrorKind, message: str) -> dict[str, str]:
@@ -331,8 +352,10 @@ class Preparer:
         prepared: ClaimEntry | None,
         nodes: DeviceNodeSnapshot,
         offered: Mapping[str, GpuTiers],
+        checkpoint: Checkpoint,
     ) -> tuple[tuple[PreparedDevice, ...], Tiers]:
-        """Plan the claim and write its files; the devices for the kubelet and the tier of each share.
+        """Plan the claim, raise its MPS GPUs' ceilings to admit its grants (`checkpoint`: the other claims
+        prepared) and write its files; the devices for the kubelet and the tier of each share.
         `nodes` and `offered` (the tiers each GPU offers) are read once per call.
 
         `prepared`: the claim's checkpoint entry; a device that is now another physical GPU than when it
@@ -348,6 +371,7 @@ class Preparer:
                 )
         plan = plan_claim(claim, self._settings, self._gpus, self._current_driver_edits(), offered, nodes=nodes)
         uid = claim["metadata"]["uid"]
+        self._set_mps_ceilings(plan, uid, checkpoint)
         try:
             self._files.write(uid, plan)
         except OSError as err:
@@ -357,6 +381,42 @@ class Preparer:
         if plan.spec is not None:
             ensure_char_links(self._settings.dev_char_dir, list(plan.nodes))
         return plan.devices, {(pool, device, share): tier for pool, device, share, tier in plan.tiers}
+
+    def _set_mps_ceilings(self, plan: ClaimPlan, uid: str, checkpoint: Checkpoint) -> None:
+        """Each MPS GPU of `plan` gets the ceiling of its shares and those of the other prepared claims
+        (mps_ceiling); raises PrepareError when a daemon does not take it (its client would get less than its
+        grant, or more than the others')."""
+        mine: dict[str, list[tuple[int, int | None]]] = {}
+        for file in plan.files:
+            for device in file.info.devices:
+                if device.enforcement == "mps":
+                    mine.setdefault(device.uuid, []).append((device.memory_mib, device.active_thread_percentage))
+        for uuid, grants in mine.items():
+            others = [u for u, e in checkpoint.claims.items() if u != uid and any(d.uuid == uuid for d in e.devices)]
+            top = ceiling([*grants, *grants_in(self._settings.plugin_data_dir, others, uuid)])
+            assert top is not None
+            try:
+                self._mps_control.apply(uuid, *top)
+            except MpsControlError as err:
+                raise PrepareError(
+                    ErrorKind.ENFORCEMENT_UNAVAILABLE,
+                    f"the MPS daemon of GPU {uuid} did not take the ceiling {top[0]} MiB / {top[1]} % that "
+                    f"admits this claim's grant: {err}",
+                ) from None
+
+    def refresh_mps_ceiling(self, uuid: str) -> None:
+        """Set GPU `uuid`'s ceiling from the prepared claims again (its daemon restarted without one); logs,
+        never raises."""
+        try:
+            with self.node_lock.hold():
+                checkpoint = self._journal.load()
+                uids = [u for u, e in checkpoint.claims.items() if any(d.uuid == uuid for d in e.devices)]
+                top = ceiling(grants_in(self._settings.plugin_data_dir, uids, uuid))
+                if top is not None:
+                    self._mps_control.apply(uuid, *top)
+                    log.info("MPS ceiling set", extra={"uuid": uuid, "memory_mib": top[0], "percentage": top[1]})
+        except Exception as err:
+            log.warning("cannot set the MPS ceiling", extra={"uuid": uuid, "error": str(err)})
 
     def _current_driver_edits(self) -> cdi.ContainerEdits | None:
         """The driver edits for claim specs (None with ``--driver-edits=none``); raises PrepareError."""

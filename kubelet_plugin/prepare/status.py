@@ -58,8 +58,8 @@ def _enforcement_message(tier: str) -> str:
         return (
             "GPU memory and compute limited by CUDA MPS: the grant is the client's pinned device memory limit and "
             "computeLimitPercent its active thread percentage (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, "
-            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); CUDA lets a process lower them, and raise them only up to what "
-            "the GPU's MPS daemon sets"
+            "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); a process that rewrites them gets at most the largest grant and "
+            "percentage on its GPU, which its MPS daemon holds"
         )
     if tier == "hami-core":
         return "GPU memory limited in the process by HAMi-core (libvgpu.so preloaded, CUDA_DEVICE_MEMORY_LIMIT_<i>)"

@@ -1169,7 +1169,7 @@ def test_helm_upgrade_keeps_the_webhooks_the_controller_patched_in(
 
 def test_mps_gpus_add_a_supervisor_daemonset_apart_from_the_plugin(tools: dict[str, Path], tmp_path: Path) -> None:
     assert [d for d in render(tools["helm"], tmp_path, {}) if d["metadata"]["name"].endswith("-mps")] == []
-    values = {"mps": {"gpus": "0,GPU-1", "ceilingMemory": "40Gi"}, "deviceClass": {"mps": {"create": True}}}
+    values = {"mps": {"gpus": "0,GPU-1"}, "deviceClass": {"mps": {"create": True}}, "driverEdits": "none"}
     docs = render(tools["helm"], tmp_path, values)
     ds = one(docs, "DaemonSet", "-mps")
     assert ds["spec"]["updateStrategy"] == {"type": "OnDelete"}, "helm upgrade must not restart a daemon"
@@ -1180,11 +1180,7 @@ def test_mps_gpus_add_a_supervisor_daemonset_apart_from_the_plugin(tools: dict[s
     env = env_of(supervisor)
     known = {o.env for o in options(MpsSettings)}
     assert {k for k in env if k.startswith("FRACGPU_")} <= known, "every variable is a supervisor option"
-    assert (env["FRACGPU_MPS_GPUS"], env["FRACGPU_CEILING_MEMORY"], env["FRACGPU_MULTI_USER"]) == (
-        "0,GPU-1",
-        "40Gi",
-        "true",
-    )
+    assert (env["FRACGPU_MPS_GPUS"], env["FRACGPU_MULTI_USER"]) == ("0,GPU-1", "true")
     mounts = mounts_of(spec, supervisor)
     assert mounts["/run/fracgpu/mps"] == ("/run/fracgpu/mps", False)
     assert mounts["/dev/shm"] == ("/run/fracgpu/mps/shm", False), "the daemons' /dev/shm is what clients mount"
@@ -1192,7 +1188,12 @@ def test_mps_gpus_add_a_supervisor_daemonset_apart_from_the_plugin(tools: dict[s
     MpsSettings(**{o.field: env[o.env] for o in options(MpsSettings) if o.env in env})  # values the supervisor takes
     plugin = one(docs, "DaemonSet", "-kubelet-plugin")["spec"]["template"]["spec"]
     assert env_of(plugin["containers"][0])["FRACGPU_MPS_GPUS"] == "0,GPU-1"
-    assert mounts_of(plugin, plugin["containers"][0])["/run/fracgpu/mps"] == ("/run/fracgpu/mps", True)
+    plugin_mounts = mounts_of(plugin, plugin["containers"][0])
+    assert plugin_mounts["/run/fracgpu/mps"] == ("/run/fracgpu/mps", True)
+    # the driver's MPS control client sets the ceilings, even without driver edits
+    assert plugin_mounts["/driver-root"] == ("/", True)
+    control = env_of(plugin["containers"][0])["FRACGPU_MPS_CONTROL"]
+    assert control == "/driver-root/usr/bin/nvidia-cuda-mps-control"
     classes = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "DeviceClass"}
     assert classes["mps.gpu.fracgpu.dev"]["selectors"][1] == {
         "cel": {

@@ -129,7 +129,10 @@ def test_the_check_passes_and_the_container_sees_exactly_the_granted_gpu(bundle:
         assert "[gpu-check]   gpu-0: NVML memory-limits probe: supported" in out, out
         hami = "HAMi-core's library /usr/local/vgpu/libvgpu.so is not on this node"
         for gpu in ("gpu-0", "gpu-1"):
-            line = f"[gpu-check] enforcement {gpu}: available none; hami-core not available: {hami}; nvml not available: {V1_REASON}\n"
+            line = (
+                f"[gpu-check] enforcement {gpu}: available none; hami-core not available: {hami}; mps not available: "
+                f"it is not an MPS GPU (chart value mps.gpus, plugin flag --mps-gpus); nvml not available: {V1_REASON}\n"
+            )
             assert line in out, out
         assert "[gpu-check] claim tier: none; spec hooks apply-cuda-memory-limits: none" in out, out
         assert "container CUDA probe 12288 MiB" not in out, out  # no cap to check

@@ -13,4 +13,5 @@ gpu.0.minor = 0
 gpu.0.pci_bus_id = 0000:07:00.0
 gpu.0.architecture = ampere
 gpu.0.cuda_cc = 8.0
+gpu.0.sm_count = 108
 gpu.0.pci_device_id = 0x20b010de

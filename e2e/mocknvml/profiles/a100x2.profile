@@ -12,6 +12,7 @@ gpu.0.minor = 0
 gpu.0.pci_bus_id = 0000:07:00.0
 gpu.0.architecture = ampere
 gpu.0.cuda_cc = 8.0
+gpu.0.sm_count = 108
 gpu.0.pci_device_id = 0x20b010de
 
 gpu.1.uuid = GPU-d9e73e52-c3c5-5290-a2ad-d4d4cb2e0044
@@ -21,4 +22,5 @@ gpu.1.minor = 1
 gpu.1.pci_bus_id = 0000:0f:00.0
 gpu.1.architecture = ampere
 gpu.1.cuda_cc = 8.0
+gpu.1.sm_count = 108
 gpu.1.pci_device_id = 0x20b010de

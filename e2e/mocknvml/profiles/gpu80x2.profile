@@ -12,6 +12,7 @@ gpu.0.minor = 0
 gpu.0.pci_bus_id = 0000:18:00.0
 gpu.0.architecture = hopper
 gpu.0.cuda_cc = 9.0
+gpu.0.sm_count = 132
 gpu.0.pci_device_id = 0x233010de
 
 gpu.1.uuid = GPU-1d492704-49c3-5be7-977e-269165e18e2c
@@ -21,4 +22,5 @@ gpu.1.minor = 1
 gpu.1.pci_bus_id = 0000:2a:00.0
 gpu.1.architecture = hopper
 gpu.1.cuda_cc = 9.0
+gpu.1.sm_count = 132
 gpu.1.pci_device_id = 0x233010de
