@@ -48,7 +48,7 @@ def _upgrade(installation: Installation, gpus: str) -> None:
     ]  # fmt: skip
     installation.helm(
         "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values",
-        *[arg for v in values for arg in ("--set-string" if v.startswith("mps.gpus") else "--set", v)],
+        *[arg for v in values for arg in ("--set-string" if v.startswith(("mps.gpus", "mps.extraEnv")) else "--set", v)],
         "--wait", "--timeout=300s",
     )  # fmt: skip
     installation.cluster.kubectl("rollout", "status", "-n", NAMESPACE, plugin_daemonset(installation), "--timeout=300s")
@@ -213,7 +213,14 @@ def test_a_killed_daemon_is_reported_restarted_and_a_stopped_one_refuses_new_sha
         listed = w.get(cluster, "events", "-n", "default", f"--field-selector=involvedObject.name={node}")
         return [e["reason"] for e in listed["items"] if e["reason"] in reasons]
 
-    assert wait_for("an MPS Event on the Node", lambda: node_events("MpsDaemonDown", "MpsDaemonRestarted"))
+    try:
+        wait_for("an MPS Event on the Node", lambda: node_events("MpsDaemonDown", "MpsDaemonRestarted"), 60)
+    except TimeoutError as err:
+        logs = cluster.kubectl("logs", "-n", NAMESPACE, "-l", PLUGIN, "--tail=40", check=False).stdout
+        listed = cluster.kubectl("get", "events", "-A", check=False).stdout
+        raise AssertionError(
+            f"{err}\nplugin:\n{logs}\nevents:\n{listed[-4000:]}\nstatus: {status(installation)}"
+        ) from None
 
     off = '{"spec":{"template":{"spec":{"nodeSelector":{"fracgpu.dev/e2e-no-node":"x"}}}}}'
     (supervisor_ds,) = cluster.kubectl(

@@ -6,7 +6,10 @@ and the plugin's RSS across many prepare/unprepare cycles.
 Starts its own control plane (etcd, apiserver, controller-manager, scheduler) and one plugin process per entry
 of CONFIGS, each on its own fake Node with 8 simulated H100s: ``--driver-edits=none``; ``--driver-edits=toolkit``
 on a faithful fake driver root (the real nvidia-ctk generates its edits once, at start; every claim spec then
-carries them); the same with the usage sampler on every second; and ``go-reference``, a minimal Go plugin on the
+carries them); the same with the usage sampler on every second; ``mps``: every GPU an MPS GPU, the MPS supervisor
+running the mock driver's daemons, so each prepare and unprepare also sets the GPU's ceiling through the control
+client (the supervisor's idle CPU and RSS are reported; the mock daemons' RSS is not the real daemon's); and
+``go-reference``, a minimal Go plugin on the
 upstream kubeletplugin helper library (e2e/bench/goref: per claim a GET, a CDI spec file and a checkpoint write),
 on a node whose slices the bench publishes as ours would. Claims are allocated by the real scheduler; the plugins
 are called like the kubelet does, alternating between them cycle by cycle. Reports medians and percentiles, CPU
@@ -39,6 +42,7 @@ from e2e.cluster.controlplane import ControlPlane
 from e2e.kubelet_client import KubeletClient
 from e2e.mocknvml.driver_root import install_driver
 from e2e.nodeplugin import DRIVER, NodePluginProcess
+from kubelet_plugin.enforcement import mps
 from tests.integration import kube
 
 
@@ -94,6 +98,7 @@ CONFIGS: dict[str, list[str]] = {
     "none": ["--driver-edits=none"],  # the plugin flags' defaults
     "toolkit": ["--driver-edits=toolkit"],  # claim specs carry the driver, as with the chart's defaults
     "toolkit-usage": ["--driver-edits=toolkit", "--usage-interval=1"],  # and the usage sampler, every second
+    "mps": ["--driver-edits=none", "--mps-gpus=all"],  # every share an MPS client: the ceiling set per prepare
     GO_REFERENCE: [],  # not fracgpu: the Go reference plugin of e2e/bench/goref
 }
 """The plugin configurations measured side by side, by name: fracgpu's plugin flags, or the Go reference."""
@@ -107,6 +112,8 @@ class Started:
     stop: Callable[[], None]
     kubelet: KubeletClient
     claims: list[dict[str, Any]]
+    supervisor: int | None = None
+    """The MPS supervisor's pid (config mps)."""
 
 
 def _start_go_reference(api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane, workdir: Path) -> Started:
@@ -132,9 +139,12 @@ def _start_plugin(api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane
     if toolkit:
         tools = binaries.ensure_built("nvidia-ctk", "nvidia-cdi-hook")
         flags += [f"--nvidia-ctk={tools['nvidia-ctk']}", f"--nvidia-cdi-hook-source={tools['nvidia-cdi-hook']}"]
-    plugin = NodePluginProcess(
-        workdir / mode, node, plane.kubeconfig, profile, mocknvml.build(workdir / "nvml"), *flags
-    )
+    nvml = mocknvml.build(workdir / "nvml")
+    supervisor: subprocess.Popen[bytes] | None = None
+    if "--mps-gpus=all" in flags:
+        supervisor, root = _start_mps_supervisor(nvml, profile)
+        flags += [f"--mps-root={root}", f"--mps-control={nvml / 'nvidia-cuda-mps-control'}"]
+    plugin = NodePluginProcess(workdir / mode, node, plane.kubeconfig, profile, nvml, *flags)
     if toolkit:
         install_driver(plugin.driver_root, profile, workdir / "driver-build")
     kubelet = plugin.start()
@@ -142,7 +152,44 @@ def _start_plugin(api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane
         lambda: client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node}").items, 30
     )
     claims = kube.allocate_claims(api, dyn, NAMESPACE, node, device_class=DRIVER, memories=["1Gi"] * 33, timeout=120)
-    return Started(plugin.procs.procs["plugin"].pid, plugin.stop, kubelet, claims)
+    if supervisor is None:
+        return Started(plugin.procs.procs["plugin"].pid, plugin.stop, kubelet, claims)
+
+    def stop_both() -> None:
+        plugin.stop()
+        assert supervisor is not None
+        supervisor.terminate()
+        supervisor.wait(timeout=30)
+
+    return Started(plugin.procs.procs["plugin"].pid, stop_both, kubelet, claims, supervisor.pid)
+
+
+def _start_mps_supervisor(nvml: Path, profile: Path) -> tuple[subprocess.Popen[bytes], Path]:
+    """The MPS supervisor for every GPU of `profile`, running the mock driver's daemons (their sockets under a
+    short /tmp directory: a socket path has at most 107 bytes); returns it and its MPS root once all run."""
+    root = Path(tempfile.mkdtemp(prefix="fgb-", dir="/tmp")) / "m"
+    (root / "state").mkdir(parents=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FRACGPU_", "CUDA_"))} | {
+        "LD_LIBRARY_PATH": str(nvml), "FRACGPU_MOCK_NVML_PROFILE": str(profile),
+        "FRACGPU_MOCK_NVML_STATE_DIR": str(root / "state"), "FRACGPU_MPS_GPUS": "all", "FRACGPU_MPS_ROOT": str(root),
+        "FRACGPU_MPS_CONTROL": str(nvml / "nvidia-cuda-mps-control"), "FRACGPU_METRICS_PORT": "0",
+        "FRACGPU_LOG_LEVEL": "warning",
+    }  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-m", "kubelet_plugin.mps"], env=env)
+    uuids = [v for k, v in mocknvml.read_profile(profile).items() if k.endswith(".uuid")]
+    kube.wait_for(lambda: all(mps.read_status(root, u)[1] is None for u in uuids), 60)
+    return proc, root
+
+
+def mps_processes(supervisor: int) -> dict[str, float]:
+    """RSS (MiB) of the supervisor and of its daemons (the mock driver's: not the real daemon's footprint)."""
+    children = Path(f"/proc/{supervisor}/task/{supervisor}/children").read_text().split()
+    daemons = [rss_mib(int(pid)) for pid in children]
+    return {
+        "supervisor_rss_mib": rss_mib(supervisor),
+        "daemons": len(daemons),
+        "mock_daemon_rss_mib_each": round(sum(daemons) / max(1, len(daemons)), 2),
+    }
 
 
 NAMESPACE = "bench"
@@ -192,6 +239,9 @@ def run(cycles: int, workdir: Path, configs: list[str]) -> dict[str, Any]:
             first[mode] = _timed(plugin.kubelet.prepare, _refs(plugin.claims[:1]))  # fracgpu: incl. Ready write
             plugin.kubelet.unprepare(_refs(plugin.claims[:1]))
         cpu_before = {mode: cpu_seconds(plugin.pid) for mode, plugin in started.items()}
+        supervisor_before = {m: cpu_seconds(p.supervisor) for m, p in started.items() if p.supervisor is not None}
+        mps_figures: dict[str, dict[str, float]] = {}
+        cycles_started = time.monotonic()
         for i in range(cycles):
             for mode, plugin in started.items():
                 single = _refs(plugin.claims[:1])
@@ -201,10 +251,16 @@ def run(cycles: int, workdir: Path, configs: list[str]) -> dict[str, Any]:
                     rss[mode][f"after_{i + 1}_cycles_mib"] = rss_mib(plugin.pid)
                 if i + 1 == cycles:
                     rss_split[mode] = {f"{f}_mib": rss_mib(plugin.pid, f) for f in ("RssAnon", "RssFile")}
+        cycles_took = time.monotonic() - cycles_started
         for mode, plugin in started.items():
             spent = cpu_seconds(plugin.pid) - cpu_before[mode]
             cpu[mode]["per_1_claim_call_ms"] = round(spent / (2 * cycles) * 1000, 3)
             cpu_before[mode] = cpu_seconds(plugin.pid)
+            if plugin.supervisor is not None:
+                supervisor_cpu = cpu_seconds(plugin.supervisor) - supervisor_before[mode]
+                mps_figures[mode] = mps_processes(plugin.supervisor) | {
+                    "supervisor_cpu_ms_per_s": round(supervisor_cpu / cycles_took * 1000, 3)
+                }
         batches = 30
         for _ in range(batches):
             for mode, plugin in started.items():
@@ -223,6 +279,7 @@ def run(cycles: int, workdir: Path, configs: list[str]) -> dict[str, Any]:
                 "cpu": cpu[mode],
                 "rss": rss[mode],
                 "rss_after_the_cycles": rss_split[mode],
+                **({"mps": mps_figures[mode]} if mode in mps_figures else {}),
             }
             for mode in configs
         }
@@ -266,6 +323,8 @@ def main() -> None:
             "  of which: "
             + ", ".join(f"{k.removesuffix('_mib')}={v} MiB" for k, v in part["rss_after_the_cycles"].items())
         )
+        if "mps" in part:
+            print("MPS supervisor (mock daemons): " + ", ".join(f"{k}={v}" for k, v in part["mps"].items()))
     for mode, values in report.get("ratios_to_go_reference", {}).items():
         print(f"fracgpu {' '.join(CONFIGS[mode])} / Go reference:")
         print("  " + ", ".join(f"{k}={v}" for k, v in values.items()))

@@ -45,6 +45,7 @@ from api.kube_rest import KubeConnection, KubeRest
 from kubelet_plugin.core.metrics import PluginMetrics
 from kubelet_plugin.core.model import ClaimRef, GpuInfo, PreparedDevice, PrepareResult
 from kubelet_plugin.core.settings import Settings
+from kubelet_plugin.enforcement import mps
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.enforcement.tiers import GpuTiers
 from kubelet_plugin.prepare import cdi
@@ -104,6 +105,7 @@ class Preparer:
         self._reader = ClaimReader(rest, settings.api_timeout_seconds)
         self._files = ClaimStore(settings)
         self._mps_control = mps_control or MpsControl(settings)
+        self._mps_ceilings: dict[str, tuple[int, int, int]] = {}  # uuid -> (MiB, %, daemon pid) last set
         self._journal = ClaimJournal(
             store, self._files, rest=rest, node_name=settings.node_name, driver=settings.driver_name, metrics=metrics
         )
@@ -333,7 +335,7 @@ class Preparer:
             top = ceiling(grants_in(self._settings.plugin_data_dir, remaining, uuid))
             if top is not None:
                 try:
-                    self._mps_control.apply(uuid, *top)
+                    self._apply_mps_ceiling(uuid, top)
                 except MpsControlError as err:
                     log.warning("cannot lower the MPS ceiling", extra={"uuid": uuid, "error": str(err)})
         return errors
@@ -396,13 +398,25 @@ class Preparer:
             top = ceiling([*grants, *grants_in(self._settings.plugin_data_dir, others, uuid)])
             assert top is not None
             try:
-                self._mps_control.apply(uuid, *top)
+                self._apply_mps_ceiling(uuid, top)
             except MpsControlError as err:
                 raise PrepareError(
                     ErrorKind.ENFORCEMENT_UNAVAILABLE,
                     f"the MPS daemon of GPU {uuid} did not take the ceiling {top[0]} MiB / {top[1]} % that "
                     f"admits this claim's grant: {err}",
                 ) from None
+
+    def _apply_mps_ceiling(self, uuid: str, top: tuple[int, int], *, force: bool = False) -> None:
+        """Send `top` to GPU `uuid`'s daemon unless this plugin already gave that very daemon (its pid in the
+        supervisor's status file) that ceiling; raises MpsControlError."""
+        status = mps.read_status(self._settings.mps_root, uuid)[0]
+        daemon = status.pid if status is not None else None
+        if not force and daemon is not None and self._mps_ceilings.get(uuid) == (*top, daemon):
+            return
+        self._mps_ceilings.pop(uuid, None)
+        self._mps_control.apply(uuid, *top)
+        if daemon is not None:
+            self._mps_ceilings[uuid] = (*top, daemon)
 
     def refresh_mps_ceiling(self, uuid: str) -> None:
         """Set GPU `uuid`'s ceiling from the prepared claims again (its daemon restarted without one); logs,
@@ -413,7 +427,7 @@ class Preparer:
                 uids = [u for u, e in checkpoint.claims.items() if any(d.uuid == uuid for d in e.devices)]
                 top = ceiling(grants_in(self._settings.plugin_data_dir, uids, uuid))
                 if top is not None:
-                    self._mps_control.apply(uuid, *top)
+                    self._apply_mps_ceiling(uuid, top, force=True)
                     log.info("MPS ceiling set", extra={"uuid": uuid, "memory_mib": top[0], "percentage": top[1]})
         except Exception as err:
             log.warning("cannot set the MPS ceiling", extra={"uuid": uuid, "error": str(err)})

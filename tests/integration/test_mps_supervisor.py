@@ -89,9 +89,10 @@ class Node:
         path = self.state / f"compute_mode.{UUID}"
         return int(path.read_text().strip()) if path.exists() else 0
 
-    def probe(self, mib: int, pipe: Path | None = None, **env: str) -> dict[str, Any]:
-        """cuda-probe allocating `mib` MiB as a client of GPU 0's daemon (`pipe`: another pipe directory)."""
-        run_env = self.env | {"CUDA_MPS_PIPE_DIRECTORY": str(pipe or mps.pipe_dir(self.root, UUID))} | env
+    def probe(self, mib: int, env: dict[str, str] | None = None, pipe: Path | None = None) -> dict[str, Any]:
+        """cuda-probe allocating `mib` MiB as a client of GPU 0's daemon with `env` (`pipe`: another pipe
+        directory)."""
+        run_env = self.env | {"CUDA_MPS_PIPE_DIRECTORY": str(pipe or mps.pipe_dir(self.root, UUID))} | (env or {})
         done = subprocess.run(
             [str(self.built / "cuda-probe"), str(mib)],
             env=run_env,
@@ -154,16 +155,16 @@ def test_the_daemon_caps_what_a_client_may_raise_at_the_ceiling_the_plugin_sets(
     MpsControl(node.settings()).apply(UUID, 20480, 50)  # the largest grant and percentage on GPU 0
 
     mine = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10240M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
-    over = node.probe(11264, **mine)
+    over = node.probe(11264, mine)
     assert over["alloc"]["result"] == "CUDA_ERROR_OUT_OF_MEMORY", over
     assert over["devices"][0]["free_mib"] <= 10240 and over["devices"][0]["multiprocessor_count"] == 132 * 30 // 100
-    assert node.probe(9216, **mine)["alloc"]["result"] == "CUDA_SUCCESS"
+    assert node.probe(9216, mine)["alloc"]["result"] == "CUDA_SUCCESS"
 
     raised = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=40960M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "100"}
-    within = node.probe(15360, **raised)
+    within = node.probe(15360, raised)
     assert within["alloc"]["result"] == "CUDA_SUCCESS", "a raised env gets up to the ceiling"
     assert within["devices"][0]["multiprocessor_count"] == 132 * 50 // 100, "the thread ceiling holds"
-    beyond = node.probe(25600, **raised)
+    beyond = node.probe(25600, raised)
     assert beyond["alloc"]["result"] == "CUDA_ERROR_OUT_OF_MEMORY", "no environment lifts the ceiling"
 
     # a process that leaves MPS (another pipe directory, no daemon there) cannot use the EXCLUSIVE_PROCESS GPU

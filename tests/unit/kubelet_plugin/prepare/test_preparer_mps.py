@@ -36,9 +36,11 @@ class Daemon(MpsControl):
 
     def __init__(self) -> None:
         self.ceilings: dict[str, tuple[int, int]] = {}
+        self.calls = 0
         self.down = False
 
     def apply(self, uuid: str, memory_mib: int, percentage: int) -> None:
+        self.calls += 1
         if self.down:
             raise MpsControlError(
                 "nvidia-cuda-mps-control answered 'set_default_device_pinned_mem_limit' with status 1"
@@ -103,3 +105,22 @@ def test_a_daemon_that_refuses_the_ceiling_refuses_the_share_before_any_file(env
     assert "did not take the ceiling 10240 MiB / 30 %" in result.error and "status 1" in result.error
     assert not cdi.spec_path(e.settings.cdi_dir, DRIVER_NAME, UID_A).exists()
     assert UID_A not in e.checkpoint().claims
+
+
+def test_a_ceiling_the_same_daemon_already_has_is_not_sent_again(env: tuple[Env, Daemon]) -> None:
+    e, daemon = env
+
+    def daemon_pid(pid: int) -> None:
+        status = mps.DaemonStatus(uuid=UUID0, state="running", pid=pid, updated=time.time() + 3600, refresh_seconds=5)
+        mps.status_path(e.settings.mps_root, UUID0).write_bytes(status.to_json())
+
+    daemon_pid(4242)
+    claim = e.api.add(mps_claim(UID_A, "a", SHARE_A, "10Gi", 30))
+    e.preparer.prepare([ref(claim)])
+    e.preparer.unprepare([ref(claim)])
+    e.preparer.prepare([ref(claim)])
+    assert daemon.calls == 1, "prepare, unprepare (no share left) and the same prepare again: one command"
+    daemon_pid(4343)  # the supervisor restarted the daemon: it has no ceiling
+    e.preparer.unprepare([ref(claim)])
+    e.preparer.prepare([ref(claim)])
+    assert daemon.calls == 2 and daemon.ceilings == {UUID0: (10240, 30)}
