@@ -18,9 +18,13 @@ writes. Steps, each printed with what it saw:
 4. a container (bundled busybox rootfs, in its own cgroup ``/fracgpu-gpu-check/<name>``) given the claim's CDI
    device by ``nvidia-container-runtime`` in cdi mode over the bundled runc, running ``nvidia-smi -L`` (as mounted
    by the edits) and the CUDA probe; at the nvml tier also the probe allocating 20% over and under the grant;
-5. the verdict: PASS when both see exactly the granted GPU and ``NVIDIA_VISIBLE_DEVICES=void`` and, at the nvml
-   tier, the allocation over the grant is refused and the one under it allowed; without nvml the verdict says
-   why and that the memory cap was not checked (no failure).
+5. MPS on GPU 0 (``e2e/gpu/mps_step.py``; ``--no-mps`` skips it): the driver's MPS control daemon, two MPS
+   shares (10Gi at 30 %, 20Gi at 50 %) planned by fracgpu, the ceiling set as the plugin sets it, and each
+   share's container allocating 20 % over and under its grant, with what each client sees;
+6. the verdict: PASS when both see exactly the granted GPU and ``NVIDIA_VISIBLE_DEVICES=void``, at the nvml
+   tier the allocation over the grant is refused and the one under it allowed, and each MPS client's over its
+   grant is refused and under it allowed; without nvml the verdict says why and that the memory cap was not
+   checked (no failure).
 
 Exit status 0 on PASS, 1 on FAIL (the reasons are printed), 2 for bad usage.
 """
@@ -36,7 +40,7 @@ from typing import Any
 
 from api.names import DRIVER_NAME, MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
-from e2e.gpu import container, report
+from e2e.gpu import container, mps_step, report
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector, probe_nvml_limits, static_facts
@@ -45,6 +49,7 @@ from kubelet_plugin.prepare import cdi, container_info, store
 from kubelet_plugin.prepare.devicenodes import snapshot
 from kubelet_plugin.prepare.driver_edits import DriverEditsError, GeneratorConfig, generate_driver_edits, install_hook
 from kubelet_plugin.prepare.errors import PrepareError
+from kubelet_plugin.prepare.mps_ceiling import MpsControlError
 from kubelet_plugin.prepare.plan import NVML_HOOK, plan_claim
 from kubelet_plugin.publishing.discovery import DiscoveryError, discover_gpus
 
@@ -71,7 +76,15 @@ def step(name: str) -> Iterator[None]:
     start = time.monotonic()
     try:
         yield
-    except (DiscoveryError, DriverEditsError, PrepareError, container.ContainerError, OSError) as err:
+    except (
+        DiscoveryError,
+        DriverEditsError,
+        PrepareError,
+        container.ContainerError,
+        OSError,
+        mps_step.MpsStepError,
+        MpsControlError,
+    ) as err:
         raise CheckError(f"{name}: {err}") from err
     say(f"-- {name} done in {time.monotonic() - start:.1f} s")
 
@@ -151,7 +164,7 @@ def tier_line(device: str, tiers: GpuTiers) -> str:
     return f"enforcement {device}: available {', '.join(tiers.available)}{missing}"
 
 
-def run(work: Path, driver_root: Path, memory: str) -> tuple[list[str], str]:
+def run(work: Path, driver_root: Path, memory: str, *, with_mps: bool = True) -> tuple[list[str], str]:
     """Run the steps; the reasons the check fails (empty: PASS) and the memory-cap note for the verdict. Raises
     CheckError when a step cannot finish."""
     bin_dir, rootfs = work / "bin", work / "rootfs"
@@ -247,6 +260,12 @@ def run(work: Path, driver_root: Path, memory: str) -> tuple[list[str], str]:
         say("container output, as printed:")
         for line in output.splitlines():
             say(f"  | {line}")
+    if with_mps:
+        with step(f"MPS ({gpu.device_name})"):
+            found += mps_step.run(
+                settings, gpus, edits=edits, nodes=nodes, runtime=runtime, rootfs=rootfs,
+                script=lambda caps: report.container_script(BUSYBOX, smi, PROBE, caps), say=say,
+            )  # fmt: skip
     return found, cap_note
 
 
@@ -279,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, required=True, help="the unpacked bundle (bin/, rootfs/); output goes here")
     p.add_argument("--driver-root", type=Path, default=Path("/"), help="where the NVIDIA driver is installed")
     p.add_argument("--memory", default="10Gi", help="the share's memory (a Kubernetes quantity)")
+    p.add_argument("--no-mps", action="store_true", help="skip the MPS step")
     args = p.parse_args(argv)
     try:
         if to_bytes(args.memory) <= 0:
@@ -290,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         p.error(f"not an unpacked bundle: {', '.join(missing)} missing (e2e/gpu/check.sh unpacks it)")
     try:
-        reasons, cap_note = run(work, args.driver_root.resolve(), args.memory)
+        reasons, cap_note = run(work, args.driver_root.resolve(), args.memory, with_mps=not args.no_mps)
     except CheckError as err:
         reasons, cap_note = [str(err)], ""
     say(report.verdict(reasons, cap_note))

@@ -103,7 +103,7 @@ class MpsWatch:
         while not stop.is_set():
             try:
                 for device, reason, message in self.check():
-                    log.warning("MPS daemon", extra={"device": device, "reason": reason, "message": message})
+                    log.warning("MPS daemon", extra={"device": device, "reason": reason, "detail": message})
                     if reason in (UP_REASON, RESTARTED_REASON):
                         self._on_up(next(g.uuid for g in self._gpus if g.device_name == device))
                     self._post(device, reason, message, "Normal" if reason == UP_REASON else "Warning")

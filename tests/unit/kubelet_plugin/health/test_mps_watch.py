@@ -63,3 +63,31 @@ def test_a_missing_status_file_is_a_daemon_down_with_the_reason(tmp_path: Path) 
     watch = MpsWatch(mps_gpus(settings, GPUS), status_reader(settings), CollectorRegistry())
     ((_, reason, message),) = watch.check()
     assert reason == DOWN_REASON and "no status file" in message and "fracgpu-mps" in message
+
+
+def test_run_posts_each_change_and_asks_for_the_ceiling_when_the_daemon_is_back(tmp_path: Path) -> None:
+    import logging
+    import threading
+
+    settings = Settings(node_name=NODE, mps_gpus="0", mps_root=tmp_path)
+    posted: list[tuple[str, str, str]] = []
+    back: list[str] = []
+    stop = threading.Event()
+    states = iter(["down", "running"])
+
+    def read(gpu: object) -> tuple[mps.DaemonStatus | None, str | None]:
+        state = next(states, None)
+        if state is None:
+            stop.set()
+            state = "running"
+        write(tmp_path, state)  # type: ignore[arg-type]
+        return status_reader(settings)(gpu)  # type: ignore[arg-type]
+
+    watch = MpsWatch(
+        mps_gpus(settings, GPUS), read, CollectorRegistry(), interval=0.01,
+        post=lambda device, reason, message, type_: posted.append((device, reason, type_)), on_up=back.append,
+    )  # fmt: skip
+    logging.getLogger("kubelet_plugin.health.mps_watch").setLevel(logging.DEBUG)  # logging must not fail either
+    watch.run(stop)
+    assert posted == [("gpu-0", DOWN_REASON, "Warning"), ("gpu-0", UP_REASON, "Normal")]
+    assert back == [UUID0]
