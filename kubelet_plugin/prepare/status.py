@@ -10,7 +10,9 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
+from api.config_merge import ConfigEntry, EntryError, config_for
 from api.gpu import ENFORCEMENT_CONDITION, ENFORCEMENT_REASONS
+from api.gpu_config import GpuConfigError
 from api.kube_rest import KubeRest, claim_path
 
 FIELD_MANAGER = "fracgpu-kubelet-plugin"
@@ -66,6 +68,25 @@ def _enforcement_message(tier: str) -> str:
     return "GPU memory not enforced: the grant is advisory (scheduler accounting, env and info files)"
 
 
+def _mps_limits(claim: dict[str, Any], result: Mapping[str, Any], driver: str) -> str:
+    """`MPS limits: memory <grant>, active threads <percentage>` of one mps share, from its allocation."""
+    memory = (result.get("consumedCapacity") or {}).get("memory", "the whole GPU")
+    entries = [
+        ConfigEntry(
+            parameters=c["opaque"]["parameters"],
+            requests=tuple(c.get("requests") or ()),
+            from_class=c.get("source") == "FromClass",
+        )
+        for c in claim["status"]["allocation"]["devices"].get("config") or []
+        if (c.get("opaque") or {}).get("driver") == driver
+    ]
+    try:
+        percent = config_for(entries, str(result["request"])).compute_limit_percent
+    except (EntryError, GpuConfigError):
+        percent = None
+    return f"MPS limits: memory {memory}, active threads {f'{percent} %' if percent else 'the GPU default'}"
+
+
 def apply_ready(rest: KubeRest, claim: dict[str, Any], driver: str, node: str, tiers: Tiers | None = None) -> None:
     """Set Ready=True and MemoryEnforcement (from `tiers`, default none) on each of `driver`'s status.devices
     entries of `claim` (server-side apply)."""
@@ -80,6 +101,9 @@ def apply_ready(rest: KubeRest, claim: dict[str, Any], driver: str, node: str, t
             entry["shareID"] = result["shareID"]
         tier = (tiers or {}).get(_key(result), "none")
         status, reason = _enforcement_status(tier)
+        message = _enforcement_message(tier)
+        if tier == "mps":
+            message = f"{_mps_limits(claim, result, driver)}; {message}"
         entry["conditions"] = [
             {
                 "type": "Ready",
@@ -93,7 +117,7 @@ def apply_ready(rest: KubeRest, claim: dict[str, Any], driver: str, node: str, t
                 "type": ENFORCEMENT_CONDITION,
                 "status": status,
                 "reason": reason,
-                "message": _enforcement_message(tier),
+                "message": message,
                 "lastTransitionTime": now,
                 "observedGeneration": generation,
             },

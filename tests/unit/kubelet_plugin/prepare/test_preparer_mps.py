@@ -124,3 +124,14 @@ def test_a_ceiling_the_same_daemon_already_has_is_not_sent_again(env: tuple[Env,
     e.preparer.unprepare([ref(claim)])
     e.preparer.prepare([ref(claim)])
     assert daemon.calls == 2 and daemon.ceilings == {UUID0: (10240, 30)}
+
+
+def test_the_claims_status_says_the_tier_the_grant_and_the_thread_percentage(env: tuple[Env, Daemon]) -> None:
+    e, _ = env
+    e.preparer.prepare([ref(e.api.add(mps_claim(UID_A, "a", SHARE_A, "10Gi", 30)))])
+    assert e.preparer.wait_ready_writes(10)
+    (patch,) = [p for p in e.api.status_patches if p["name"] == "a"]
+    (entry,) = patch["body"]["status"]["devices"]
+    (condition,) = [c for c in entry["conditions"] if c["type"] == "MemoryEnforcement"]
+    assert (condition["status"], condition["reason"]) == ("True", "Mps")
+    assert condition["message"].startswith("MPS limits: memory 10Gi, active threads 30 %; GPU memory and compute")
