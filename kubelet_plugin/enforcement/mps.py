@@ -60,6 +60,10 @@ class DaemonStatus(BaseModel):
     multi_user: bool = Field(False, alias="multiUser", description="started with -multiuser-server")
     compute_mode: str = Field("", alias="computeMode", description="the GPU's compute mode as NVML reported it")
     restarts: int = Field(0, ge=0, description="daemon restarts since the supervisor started")
+    servers: list[int] = Field(default_factory=list, description="the daemon's MPS servers at the last look")
+    server_exits: int = Field(
+        0, ge=0, alias="serverExits", description="servers of this daemon gone between two looks (their clients too)"
+    )
     updated: float = Field(description="when written (seconds since the epoch)")
     refresh_seconds: float = Field(alias="refreshSeconds", gt=0)
 

@@ -1,6 +1,6 @@
 """The MPS daemons' health as the node plugin reports it: a taint on an MPS GPU whose daemon is down (no new
 share is scheduled there; prepare would refuse it), Events on the Node and on every claim prepared on that GPU
-when its daemon goes down, restarts or comes back, and a gauge per GPU.
+when its daemon goes down, restarts or comes back, or one of its servers exits, and a gauge per GPU.
 
 The daemons are the MPS supervisor's (``kubelet_plugin/mps``); this reads their status files
 (``kubelet_plugin/enforcement/mps.py``) every ``--health-probe-interval`` seconds.
@@ -27,6 +27,7 @@ MPS_TAINT = f"{TAINT_DOMAIN}/mps-daemon-down"
 DOWN_REASON = "MpsDaemonDown"
 RESTARTED_REASON = "MpsDaemonRestarted"
 UP_REASON = "MpsDaemonRecovered"
+SERVER_REASON = "MpsServerExited"
 Reader = Callable[[GpuInfo], tuple[mps.DaemonStatus | None, str | None]]
 
 
@@ -53,6 +54,7 @@ class MpsWatch:
         self._on_up = on_up or (lambda _: None)
         self._down: dict[str, str] = {}  # device -> why
         self._restarts: dict[str, int] = {}
+        self._server_exits: dict[str, int] = {}
         self._lock = threading.Lock()
         self.changes = changes or Coalescer(0.0)
         self._up = Gauge(
@@ -71,9 +73,13 @@ class MpsWatch:
             status, problem = self._read(gpu)
             device = gpu.device_name
             restarts = status.restarts if status is not None else None
+            exits = status.server_exits if status is not None else None
             with self._lock:
                 was_down = device in self._down
                 before = self._restarts.get(device)
+                exits_before = self._server_exits.get(device)
+                if exits is not None:
+                    self._server_exits[device] = exits
                 if problem is None:
                     self._down.pop(device, None)
                 else:
@@ -90,6 +96,10 @@ class MpsWatch:
             elif problem is None and before is not None and restarts is not None and restarts > before:
                 events.append((device, RESTARTED_REASON, f"the MPS control daemon of {where} was restarted by "
                                "its supervisor: clients connected before lost their MPS server"))  # fmt: skip
+            elif problem is None and exits_before is not None and exits is not None and exits > exits_before:
+                events.append((device, SERVER_REASON, f"an MPS server of {where} exited: its clients lost the GPU "
+                               "(processes of claims on it that used CUDA must be restarted); new clients get a "
+                               "new server"))  # fmt: skip
             if (problem is None) == was_down:
                 self.changes.notify()
         return events

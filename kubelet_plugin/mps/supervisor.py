@@ -11,8 +11,10 @@ directory, to one GPU):
    so that pods of any UID share its one server instead of queueing behind each other's;
 3. once it answers ``get_server_list`` it counts as running; the node plugin sets its ceilings
    (``kubelet_plugin/prepare/mps_ceiling.py``);
-4. every ``--refresh`` seconds its status file says whether it runs; a daemon that exits is restarted with a
-   backoff (1 s doubling to 30 s), its status saying why it stopped meanwhile.
+4. every ``--refresh`` seconds its status file says whether it runs and which MPS servers it has
+   (``get_server_list``), counting servers that went away (a server that dies takes its clients with it); a
+   daemon that exits is restarted with a backoff (1 s doubling to 30 s), its status saying why it stopped
+   meanwhile.
 
 SIGTERM quits every daemon (``quit``) and restores the compute modes.
 """
@@ -103,6 +105,8 @@ class _Daemon:
     restarts: int = 0
     next_start: float = 0.0
     started: float = field(default=0.0)
+    servers: list[int] = field(default_factory=list)
+    server_exits: int = 0
 
 
 class Supervisor:
@@ -183,9 +187,10 @@ class Supervisor:
     def _check(self, daemon: _Daemon, now: float) -> None:
         process = daemon.process
         if process is not None and process.poll() is None:
+            self._look_at_servers(daemon)
             return
         if process is not None:  # it exited
-            daemon.process = None
+            daemon.process, daemon.servers = None, []
             daemon.state = "down"
             daemon.reason = f"nvidia-cuda-mps-control exited with status {process.returncode}{self._tail(daemon)}"
             daemon.next_start = now + min(MAX_BACKOFF_S, 2.0**daemon.restarts)
@@ -232,6 +237,18 @@ class Supervisor:
         daemon.state, daemon.reason, daemon.started = "running", "", now
         self._up.labels(daemon.uuid).set(1)
         log.info("MPS control daemon running", extra={"uuid": daemon.uuid, "pid": daemon.process.pid})
+
+    def _look_at_servers(self, daemon: _Daemon) -> None:
+        """Note the daemon's servers; one gone since the last look counts as a server exit."""
+        code, output = self._control(daemon, ["get_server_list"])
+        if code != 0:
+            return
+        servers = [int(word) for word in output.split() if word.isdigit()]
+        gone = set(daemon.servers) - set(servers)
+        if gone:
+            daemon.server_exits += len(gone)
+            log.warning("MPS server gone", extra={"uuid": daemon.uuid, "servers": sorted(gone)})
+        daemon.servers = servers
 
     def _failed(self, daemon: _Daemon, now: float, reason: str) -> None:
         daemon.state, daemon.reason = "down", reason
@@ -306,6 +323,8 @@ class Supervisor:
             multi_user=self.settings.multi_user,
             compute_mode=daemon.compute_mode,
             restarts=daemon.restarts,
+            servers=daemon.servers,
+            server_exits=daemon.server_exits,
             updated=time.time(),
             refresh_seconds=self.settings.refresh_seconds,
         )

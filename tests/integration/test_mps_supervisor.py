@@ -186,6 +186,10 @@ def test_a_killed_daemon_is_reported_down_then_restarted(node: Node) -> None:
     again = wait_for("restarted", lambda: (s := running(node)) is not None and s.restarts == 1 and s)
     assert again.pid != first.pid
     assert node.probe(1024)["alloc"]["result"] == "CUDA_SUCCESS"
+    # the probe's server (it outlives its last client): killed, it counts as a server exit
+    (server,) = wait_for("a server listed", lambda: (s := node.status()) is not None and s.servers)
+    os.kill(server, signal.SIGKILL)
+    wait_for("the server exit counted", lambda: (s := node.status()) is not None and s.server_exits == 1)
 
 
 def test_sigterm_quits_the_daemon_and_restores_the_compute_mode(node: Node) -> None:

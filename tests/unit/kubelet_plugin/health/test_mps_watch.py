@@ -14,6 +14,7 @@ from kubelet_plugin.health.mps_watch import (
     DOWN_REASON,
     MPS_TAINT,
     RESTARTED_REASON,
+    SERVER_REASON,
     UP_REASON,
     MpsWatch,
     mps_gpus,
@@ -24,12 +25,13 @@ from tests.unit.plugin_host import NODE, UUID0, UUID1, gpu_info
 GPUS = [gpu_info(0, UUID0), gpu_info(1, UUID1)]
 
 
-def write(root: Path, state: mps.DaemonState, restarts: int = 0, reason: str = "") -> None:
+def write(root: Path, state: mps.DaemonState, restarts: int = 0, reason: str = "", server_exits: int = 0) -> None:
     path = mps.status_path(root, UUID0)
     path.parent.mkdir(parents=True, exist_ok=True)
     status = mps.DaemonStatus(
-        uuid=UUID0, state=state, reason=reason, restarts=restarts, updated=time.time(), refresh_seconds=5
-    )
+        uuid=UUID0, state=state, reason=reason, restarts=restarts, server_exits=server_exits, updated=time.time(),
+        refresh_seconds=5,
+    )  # fmt: skip
     path.write_bytes(status.to_json())
 
 
@@ -56,6 +58,10 @@ def test_down_restart_and_recovery_give_taints_events_and_the_gauge(tmp_path: Pa
     write(tmp_path, "running", 2)  # restarted between two looks: clients lost their server all the same
     ((_, reason, message),) = watch.check()
     assert reason == RESTARTED_REASON and "lost their MPS server" in message
+    write(tmp_path, "running", 2, server_exits=1)  # a server died, the daemon lives on
+    ((_, reason, message),) = watch.check()
+    assert reason == SERVER_REASON and "its clients lost the GPU" in message
+    assert watch.check() == []
 
 
 def test_a_missing_status_file_is_a_daemon_down_with_the_reason(tmp_path: Path) -> None:
