@@ -247,7 +247,15 @@ def test_a_killed_daemon_is_reported_restarted_and_a_stopped_one_refuses_new_sha
 
         def refused() -> str:
             events = w.get(cluster, "events", "-n", ns, "--field-selector=involvedObject.name=waiting")["items"]
-            return next((e["message"] for e in events if e["reason"] == "FailedPrepareDynamicResources"), "")
+            # the kubelet's own transient failures (the node authorizer's "no relationship found" race) come first
+            return next(
+                (
+                    e["message"]
+                    for e in events
+                    if e["reason"] == "FailedPrepareDynamicResources" and "MPS" in e["message"]
+                ),
+                "",
+            )
 
         message = wait_for("the prepare refused", refused)
         assert "is an MPS GPU, where every share is an MPS client" in message, message

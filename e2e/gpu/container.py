@@ -104,6 +104,7 @@ def run_with_device(runtime: Runtime, rootfs: Path, args: list[str], cdi_device:
     rt, work = runtime, runtime.work
     bundle = work / "oci-bundle"
     bundle.mkdir(parents=True, exist_ok=True)
+    (bundle / "config.json").unlink(missing_ok=True)  # runc spec writes a new one (one bundle per container run)
     rt.config_file.write_text(runtime_config(rt.runc, work / "cdi", rt.log_file, default_kind))
     spec = _run([str(rt.runc), "spec", "--bundle", str(bundle)], "runc spec", rt.timeout_s, capture_output=True)
     if spec.returncode != 0:

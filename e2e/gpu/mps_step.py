@@ -47,11 +47,19 @@ def _private_shm(shm: Path) -> Callable[[], None]:
     """A preexec function: a mount namespace of its own whose /dev/shm is `shm`."""
 
     def enter() -> None:
+        try:
+            _enter()
+        except BaseException as err:  # a preexec failure reaches the parent as a bare SubprocessError: say why
+            os.write(2, f"fracgpu gpu-check: MPS daemon namespace: {err!r}\n".encode())
+            raise
+
+    def _enter() -> None:
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.unshare(_CLONE_NEWNS) != 0:
             raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
         if libc.mount(b"none", b"/", None, _MS_REC | _MS_PRIVATE, None) != 0:
             raise OSError(ctypes.get_errno(), "mount --make-rprivate /")
+        os.makedirs("/dev/shm", exist_ok=True)  # a /dev without one (a tmpfs /dev, say) gets the mount point
         if libc.mount(str(shm).encode(), b"/dev/shm", None, _MS_BIND, None) != 0:
             raise OSError(ctypes.get_errno(), "mount --bind <shm> /dev/shm")
 
@@ -73,14 +81,21 @@ def daemon(driver_root: Path, gpu: GpuInfo) -> Iterator[Path]:
         "CUDA_MPS_PIPE_DIRECTORY": str(mps.pipe_dir(root, gpu.uuid)),
         "CUDA_MPS_LOG_DIRECTORY": str(mps.log_dir(root, gpu.uuid)),
     }
-    process = subprocess.Popen(
-        [str(control), "-f", "-multiuser-server"],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=_private_shm(mps.shm_dir(root)),  # noqa: PLW1509 - the check is single-threaded here
-    )
+    stderr_path = mps.log_dir(root, gpu.uuid) / "daemon.stderr"
+    with stderr_path.open("wb") as stderr:
+        try:
+            process = subprocess.Popen(
+                [str(control), "-f", "-multiuser-server"],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=stderr,
+                stderr=stderr,
+                preexec_fn=_private_shm(mps.shm_dir(root)),  # noqa: PLW1509 - no thread of the check runs now
+            )
+        except (OSError, subprocess.SubprocessError) as err:
+            said = stderr_path.read_text(errors="replace").strip()
+            shutil.rmtree(root, ignore_errors=True)
+            raise MpsStepError(f"cannot start {control}: {err}: {said}") from None
     try:
         settings = Settings(node_name="gpu-check", mps_gpus=gpu.uuid, mps_root=root, mps_control=control)
         deadline = time.monotonic() + 15

@@ -119,6 +119,19 @@ def test_the_check_passes_and_the_container_sees_exactly_the_granted_gpu(bundle:
         assert "[gpu-check] PASS" in out, out
         assert "[gpu-check] NVML GPUs: 2" in out, out  # the host sees both GPUs...
         assert f"granted: 10240 MiB of {GPU0}" in out, out
+        # the MPS step: the mock driver's daemon enforces each share's limits in its client
+        assert "[gpu-check] MPS: ceiling 20480 MiB / 50 % set on the daemon" in out, out
+        for mib, percent, above in ((10240, 30, 12288), (20480, 50, 24576)):
+            head = (
+                f"[gpu-check] MPS client {mib} MiB / {percent} %: tier mps, CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0={mib}M"
+            )
+            client = out.split(head, 1)[1].split("[gpu-check] MPS client", 1)[0].split("[gpu-check] PASS", 1)[0]
+            assert f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={percent}" in client, out
+            assert (
+                f"sees {GPU0}: memory total 81920 MiB" in client and f"multiprocessors {132 * percent // 100}" in client
+            )
+            assert f"cuMemAlloc {above} MiB: CUDA_ERROR_OUT_OF_MEMORY" in client, out
+            assert f"cuMemAlloc {mib * 8 // 10} MiB: CUDA_SUCCESS" in client, out
         smi = out.split("container nvidia-smi -L (exit 0):", 1)[1].split("container CUDA probe", 1)[0]
         assert GPU0 in smi and GPU1 not in smi, out  # ...the container only the granted one
         assert "device count 1" in out and f"device 0: NVIDIA H100 80GB HBM3 {GPU0}" in out, out
