@@ -104,7 +104,6 @@ class _Daemon:
     compute_mode: str = ""
     restarts: int = 0
     next_start: float = 0.0
-    started: float = field(default=0.0)
     servers: list[int] = field(default_factory=list)
     server_exits: int = 0
 
@@ -133,6 +132,7 @@ class Supervisor:
                 self._daemons = self._select()
             except pynvml.NVMLError as err:
                 log.error("NVML cannot list the GPUs; retrying", extra={"error": str(err)})
+            if not self._daemons:
                 stop.wait(self.settings.refresh_seconds)
         while not stop.is_set():
             self.tick()
@@ -162,10 +162,6 @@ class Supervisor:
             pynvml.nvmlShutdown()
             self._nvml = False
 
-    def daemons(self) -> list[tuple[str, mps.DaemonState, str]]:
-        """(uuid, state, reason) of each daemon, for tests and logs."""
-        return [(d.uuid, d.state, d.reason) for d in self._daemons]
-
     # ----- steps --------------------------------------------------------------------------------------
 
     def _select(self) -> list[_Daemon]:
@@ -179,9 +175,13 @@ class Supervisor:
                 selected.append(_Daemon(index, uuid))
             elif (mps.gpu_dir(self.settings.mps_root, uuid) / MODE_BEFORE_FILE).exists():
                 self._restore_mode(uuid)  # MPS was turned off for this GPU since the last run
-        log.info("MPS GPUs", extra={"gpus": [d.uuid for d in selected], "selection": self.settings.mps_gpus})
-        if not selected:
-            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_FOUND)
+        if selected:
+            log.info("MPS GPUs", extra={"gpus": [d.uuid for d in selected], "selection": self.settings.mps_gpus})
+        else:
+            log.error(
+                "no GPU of this node is named by --mps-gpus (chart value mps.gpus); waiting",
+                extra={"selection": self.settings.mps_gpus, "gpus": pynvml.nvmlDeviceGetCount()},
+            )
         return selected
 
     def _check(self, daemon: _Daemon, now: float) -> None:
@@ -234,7 +234,7 @@ class Supervisor:
                 daemon.process.kill()
                 daemon.process.wait()
             return  # the next _check reports the exit and schedules a restart
-        daemon.state, daemon.reason, daemon.started = "running", "", now
+        daemon.state, daemon.reason = "running", ""
         self._up.labels(daemon.uuid).set(1)
         log.info("MPS control daemon running", extra={"uuid": daemon.uuid, "pid": daemon.process.pid})
 
