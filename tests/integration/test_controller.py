@@ -461,7 +461,7 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
     (
         "unknown enforcement",
         _claim_body("c", [_request("gpu")], _gpu_config(enforcement="strict")),
-        "spec.devices.config[0].opaque.parameters.enforcement: must be one of 'none', 'hami-core', 'nvml', got \"strict\"",
+        "spec.devices.config[0].opaque.parameters.enforcement: must be one of 'none', 'hami-core', 'mps', 'nvml', got \"strict\"",
     ),
     (
         "missing kind",
