@@ -130,7 +130,7 @@ def test_an_mps_gpu_offers_mps_and_every_share_gets_it_whatever_the_mode() -> No
     assert "outside the container's cgroup" in tiers.missing["nvml"]
     for mode in ("auto", "none", "hami-core"):
         for requested in (None, "none", "hami-core", "mps"):
-            assert applied_tier(mode, requested, tiers, GPU) == "mps", (mode, requested)  # type: ignore[arg-type]
+            assert applied_tier(mode, requested, tiers, GPU) == "mps", (mode, requested)
 
 
 def test_an_mps_gpu_whose_daemon_is_down_refuses_every_share_with_the_reason() -> None:
