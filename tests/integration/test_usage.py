@@ -12,6 +12,7 @@ import socket
 import subprocess
 import tempfile
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -61,8 +62,15 @@ class Node:
     children: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def scrape(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
-            text = r.read().decode()
+        """The plugin's samples; empty while its metrics server is not listening yet (it starts a moment after
+        the plugin registers with the kubelet, which is when the test gets the node)."""
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5) as r:
+                text = r.read().decode()
+        except urllib.error.URLError as err:
+            if isinstance(err.reason, ConnectionRefusedError):
+                return {}
+            raise
         return {
             (s.name, tuple(sorted(s.labels.items()))): s.value
             for family in text_string_to_metric_families(text)
