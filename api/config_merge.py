@@ -4,8 +4,9 @@ DeviceClass entries come first, then the claim's, each in its own order; an entr
 only to those requests, and naming a request (`gpu`) also covers its subrequests (`gpu/large`).
 """
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from api.gpu_config import GpuConfig, GpuConfigError, decode_gpu_config, merge_configs
 
@@ -19,6 +20,20 @@ class ConfigEntry:
     from_class: bool = False
     where: str = ""
     """How to name the entry to a user, e.g. `spec.devices.config[1]`."""
+
+
+def allocation_entries(configs: Sequence[Mapping[str, Any]] | None, driver: str) -> list[ConfigEntry]:
+    """The entries of an allocation's `devices.config` (`source` FromClass or FromClaim) that are opaque configs
+    of `driver`, in their order."""
+    return [
+        ConfigEntry(
+            parameters=c["opaque"]["parameters"],
+            requests=tuple(c.get("requests") or ()),
+            from_class=c.get("source") == "FromClass",
+        )
+        for c in configs or []
+        if (c.get("opaque") or {}).get("driver") == driver
+    ]
 
 
 class EntryError(GpuConfigError):

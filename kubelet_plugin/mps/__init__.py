@@ -3,6 +3,7 @@ MPS control daemon per MPS GPU, started from the node's driver, kept alive, and 
 the node plugin reads (``kubelet_plugin/enforcement/mps.py``). It outlives the node plugin's rollouts, so MPS
 clients keep their daemon when the plugin restarts.
 
-May import: ``kubelet_plugin.core``, ``kubelet_plugin.enforcement``, ``api``, pynvml, prometheus_client.
+May import: ``kubelet_plugin.core``, ``kubelet_plugin.enforcement``, ``kubelet_plugin.prepare.mps_ceiling`` (the
+driver's control client), ``api``, pynvml, prometheus_client.
 Imported by: nothing (an entry point).
 """

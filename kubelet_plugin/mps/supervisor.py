@@ -39,6 +39,7 @@ from api.options import OptionSettings, build_parser, parse
 from kubelet_plugin.core.filelock import atomic_write
 from kubelet_plugin.core.settings import is_mps_gpu, mps_selection
 from kubelet_plugin.enforcement import mps
+from kubelet_plugin.prepare.mps_ceiling import run_control
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,6 @@ def parse_mps_settings(argv: list[str] | None = None) -> MpsSettings:
 
 @dataclass
 class _Daemon:
-    index: int
     uuid: str
     process: subprocess.Popen[bytes] | None = None
     state: mps.DaemonState = "starting"
@@ -172,7 +172,7 @@ class Supervisor:
         for index in range(pynvml.nvmlDeviceGetCount()):
             uuid = _text(pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(index)))
             if is_mps_gpu(self.settings.mps_gpus, index, uuid):
-                selected.append(_Daemon(index, uuid))
+                selected.append(_Daemon(uuid))
             elif (mps.gpu_dir(self.settings.mps_root, uuid) / MODE_BEFORE_FILE).exists():
                 self._restore_mode(uuid)  # MPS was turned off for this GPU since the last run
         if selected:
@@ -268,18 +268,7 @@ class Supervisor:
 
     def _control(self, daemon: _Daemon, commands: list[str]) -> tuple[int, str]:
         """Send `commands` to the GPU's daemon through the control client; (status, output)."""
-        try:
-            done = subprocess.run(
-                [str(self.settings.control)],
-                input="".join(f"{c}\n" for c in commands).encode(),
-                env=self._env(daemon),
-                capture_output=True,
-                timeout=5,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            return 255, str(err)
-        return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+        return run_control(self.settings.control, commands, self._env(daemon))
 
     def _exclusive(self, uuid: str) -> str:
         """Set the GPU to EXCLUSIVE_PROCESS (keeping the mode it had, once); its mode's name."""

@@ -14,7 +14,7 @@ Commands go through the driver's own control client, ``nvidia-cuda-mps-control``
 from __future__ import annotations
 
 import subprocess
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -60,6 +60,24 @@ def grants_in(plugin_data_dir: Path, claim_uids: Iterable[str], uuid: str) -> li
     return found
 
 
+def run_control(binary: Path, commands: list[str], env: Mapping[str, str], timeout: float = 5.0) -> tuple[int, str]:
+    """Feed `commands` (one a line) to the driver's control client `binary` (``nvidia-cuda-mps-control`` without
+    ``-d``/``-f``), whose `env` names the daemon's ``CUDA_MPS_PIPE_DIRECTORY``; (exit status, stdout and
+    stderr). A client that cannot run or does not finish in `timeout` seconds is status 255 with why."""
+    try:
+        done = subprocess.run(
+            [str(binary)],
+            input="".join(f"{c}\n" for c in commands).encode(),
+            env=dict(env),
+            capture_output=True,
+            timeout=timeout,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired) as err:
+        return 255, f"cannot run {binary}: {err}"
+    return done.returncode, (done.stdout + done.stderr).decode(errors="replace")
+
+
 class MpsControl:
     """Sends ceilings to the MPS GPUs' daemons."""
 
@@ -95,20 +113,7 @@ class MpsControl:
 
     def _run(self, uuid: str, commands: list[str]) -> str:
         env = {"CUDA_MPS_PIPE_DIRECTORY": str(mps.pipe_dir(self._settings.mps_root, uuid)), "PATH": "/usr/bin:/bin"}
-        try:
-            done = subprocess.run(
-                [str(self.binary)],
-                input="".join(f"{c}\n" for c in commands).encode(),
-                env=env,
-                capture_output=True,
-                timeout=TIMEOUT_S,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as err:
-            raise MpsControlError(f"cannot run {self.binary}: {err}") from None
-        output = (done.stdout + done.stderr).decode(errors="replace")
-        if done.returncode != 0:
-            raise MpsControlError(
-                f"{self.binary} answered {commands[0]!r} with status {done.returncode}: {output.strip()[:300]}"
-            )
+        code, output = run_control(self.binary, commands, env, TIMEOUT_S)
+        if code != 0:
+            raise MpsControlError(f"{self.binary} answered {commands[0]!r} with status {code}: {output.strip()[:300]}")
         return output

@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from api.config_merge import ConfigEntry, EntryError, config_for
+from api.config_merge import ConfigEntry, EntryError, allocation_entries, config_for
 from api.gpu_config import GpuConfig, GpuConfigError
 from api.names import MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
@@ -88,16 +88,8 @@ def hami_cache_dir(settings: Settings, claim_uid: str) -> Path:
     return hami_cache_root(settings) / claim_uid
 
 
-def _config_for(result: dict[str, Any], configs: list[dict[str, Any]]) -> GpuConfig:
+def _config_for(result: dict[str, Any], entries: list[ConfigEntry]) -> GpuConfig:
     """The merged GpuConfig that applies to one allocation result; raises PrepareError."""
-    entries = [
-        ConfigEntry(
-            parameters=c["opaque"]["parameters"],
-            requests=tuple(c.get("requests") or ()),
-            from_class=c.get("source") == "FromClass",
-        )
-        for c in configs
-    ]
     try:
         return config_for(entries, str(result["request"]))
     except EntryError as err:
@@ -142,7 +134,7 @@ def plan_claim(
                 f"driver edits are on (--driver-edits=toolkit) but {problem}; check the NVIDIA driver root "
                 f"{settings.toolkit_driver_root or settings.driver_root} (chart value driverRoot)",
             )
-    configs = [c for c in allocation.get("config") or [] if (c.get("opaque") or {}).get("driver") == driver]
+    entries = allocation_entries(allocation.get("config"), driver)
     shares = []
     for result in results:
         if result["pool"] != settings.node_name:
@@ -162,7 +154,7 @@ def plan_claim(
             if consumed is not None
             else usable_memory(gpu, settings.memory_step_bytes, settings.memory_reserve_bytes)
         )
-        shares.append(_Share(result, gpu, granted // MiB, _config_for(result, configs)))
+        shares.append(_Share(result, gpu, granted // MiB, _config_for(result, entries)))
     shares = _with_tiers(shares, settings, tiers, uid)
 
     by_request: dict[str, list[_Share]] = defaultdict(list)

@@ -328,11 +328,8 @@ class Preparer:
             self._ready.forget(ref.uid)
             self._metrics.requests.labels("unprepare", "ok").inc()
         self._metrics.prepared_claims.set(len(updated.claims))
-        for uuid in sorted(
-            mps_gpus
-        ):  # lower the ceiling to the remaining shares' (a stale higher one only admits more)
-            remaining = [u for u, e in updated.claims.items() if any(d.uuid == uuid for d in e.devices)]
-            top = ceiling(grants_in(self._settings.plugin_data_dir, remaining, uuid))
+        for uuid in sorted(mps_gpus):  # down to the remaining shares' (a stale higher one only admits more)
+            top = ceiling(grants_in(self._settings.plugin_data_dir, _claims_on(updated, uuid), uuid))
             if top is not None:
                 try:
                     self._apply_mps_ceiling(uuid, top)
@@ -394,7 +391,7 @@ class Preparer:
                 if device.enforcement == "mps":
                     mine.setdefault(device.uuid, []).append((device.memory_mib, device.active_thread_percentage))
         for uuid, grants in mine.items():
-            others = [u for u, e in checkpoint.claims.items() if u != uid and any(d.uuid == uuid for d in e.devices)]
+            others = [u for u in _claims_on(checkpoint, uuid) if u != uid]
             top = ceiling([*grants, *grants_in(self._settings.plugin_data_dir, others, uuid)])
             assert top is not None
             try:
@@ -424,8 +421,7 @@ class Preparer:
         try:
             with self.node_lock.hold():
                 checkpoint = self._journal.load()
-                uids = [u for u, e in checkpoint.claims.items() if any(d.uuid == uuid for d in e.devices)]
-                top = ceiling(grants_in(self._settings.plugin_data_dir, uids, uuid))
+                top = ceiling(grants_in(self._settings.plugin_data_dir, _claims_on(checkpoint, uuid), uuid))
                 if top is not None:
                     self._apply_mps_ceiling(uuid, top, force=True)
                     log.info("MPS ceiling set", extra={"uuid": uuid, "memory_mib": top[0], "percentage": top[1]})
@@ -463,3 +459,8 @@ class Preparer:
     def _count_error(self, operation: str, kind: ErrorKind) -> None:
         self._metrics.requests.labels(operation, "error").inc()
         self._metrics.errors.labels(operation, kind).inc()
+
+
+def _claims_on(checkpoint: Checkpoint, uuid: str) -> list[str]:
+    """UIDs of the checkpoint's claims with a device on GPU `uuid`."""
+    return [uid for uid, entry in checkpoint.claims.items() if any(d.uuid == uuid for d in entry.devices)]

@@ -10,7 +10,7 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from api.config_merge import ConfigEntry, EntryError, config_for
+from api.config_merge import EntryError, allocation_entries, config_for
 from api.gpu import ENFORCEMENT_CONDITION, ENFORCEMENT_REASONS
 from api.gpu_config import GpuConfigError
 from api.kube_rest import KubeRest, claim_path
@@ -71,15 +71,7 @@ def _enforcement_message(tier: str) -> str:
 def _mps_limits(claim: dict[str, Any], result: Mapping[str, Any], driver: str) -> str:
     """`MPS limits: memory <grant>, active threads <percentage>` of one mps share, from its allocation."""
     memory = (result.get("consumedCapacity") or {}).get("memory", "the whole GPU")
-    entries = [
-        ConfigEntry(
-            parameters=c["opaque"]["parameters"],
-            requests=tuple(c.get("requests") or ()),
-            from_class=c.get("source") == "FromClass",
-        )
-        for c in claim["status"]["allocation"]["devices"].get("config") or []
-        if (c.get("opaque") or {}).get("driver") == driver
-    ]
+    entries = allocation_entries(claim["status"]["allocation"]["devices"].get("config"), driver)
     try:
         percent = config_for(entries, str(result["request"])).compute_limit_percent
     except (EntryError, GpuConfigError):
