@@ -102,9 +102,23 @@ def make_preparer(
     nodes: HostNodes | None = None,
     **kwargs: Any,
 ) -> Preparer:
-    """A Preparer for `settings`' node whose device nodes are `nodes` (default: all of NODES)."""
+    """A Preparer for `settings`' node whose device nodes are `nodes` (default: all of NODES); see
+    `settle_ready_writes`."""
     nodes = nodes or HostNodes(settings.driver_root)
-    return Preparer(api, settings, gpus, store, metrics, device_nodes=nodes, **kwargs)
+    preparer = Preparer(api, settings, gpus, store, metrics, device_nodes=nodes, **kwargs)
+    _made.append(preparer)
+    return preparer
+
+
+#: The Preparers `make_preparer` made since the last `settle_ready_writes`.
+_made: list[Preparer] = []
+
+
+def settle_ready_writes(timeout: float = 10.0) -> None:
+    """Wait for the background Ready writes of every Preparer made so far, so that none lands on the next
+    test's FakeApi (`FakeApi.serve` patches KubeRest itself, which every thread sees)."""
+    while _made:
+        _made.pop().wait_ready_writes(timeout)
 
 
 def make_claim(
