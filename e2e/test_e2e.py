@@ -316,9 +316,12 @@ def test_a_claim_with_a_bad_config_is_refused_at_admission(installation: Install
     assert "computeLimitPercent" in result.stderr and "between 1 and 100" in result.stderr, result.stderr
 
 
-def test_this_cgroup_v1_node_enforces_nothing_says_so_and_refuses_nvml(installation: Installation, ns: str) -> None:
-    """Hybrid cgroup v1, no HAMi-core: GPUs publish memoryEnforcement none, a pod runs with tier none reported in
-    its claim's status and env and no NVIDIA hook in its spec, and a claim demanding nvml gets a clear error."""
+def test_this_cgroup_v1_node_enforces_nothing_says_so_and_refuses_nvml_and_mps(
+    installation: Installation, ns: str
+) -> None:
+    """Hybrid cgroup v1, no HAMi-core, no MPS GPU: GPUs publish memoryEnforcement none, a pod runs with tier none
+    reported in its claim's status and env and no NVIDIA hook in its spec, and claims demanding nvml or mps each
+    get a prepare error that names what the node lacks."""
     cluster = installation.cluster
     slices = w.get(cluster, "resourceslices")["items"]
     tiers = {d["attributes"]["memoryEnforcement"]["string"] for s in slices for d in s["spec"]["devices"]}
@@ -331,6 +334,8 @@ def test_this_cgroup_v1_node_enforces_nothing_says_so_and_refuses_nvml(installat
         w.gpu_pod("plain", "plain-2gi"),
         w.claim_template("nvml-2gi", "2Gi", nvml),
         w.gpu_pod("strict", "nvml-2gi"),
+        w.claim_template("mps-2gi", "2Gi", {**nvml, "enforcement": "mps", "computeLimitPercent": 30}),
+        w.gpu_pod("mps", "mps-2gi"),
     )
     w.wait_running(cluster, ns, ["plain"])
     seen = w.report(cluster, ns, "plain")
@@ -341,11 +346,15 @@ def test_this_cgroup_v1_node_enforces_nothing_says_so_and_refuses_nvml(installat
         assert time.monotonic() < deadline, w.claim_of(cluster, ns, "plain")["status"]
         time.sleep(1)
     deadline = time.monotonic() + 120
-    message = ""
-    while "asks for enforcement 'nvml'" not in message:
-        assert time.monotonic() < deadline, f"no prepare error for the nvml claim; events: {message[-2000:]}"
-        time.sleep(2)
-        events = w.get(cluster, "events", "-n", ns, "--field-selector=involvedObject.name=strict")["items"]
-        message = "\n".join(e.get("message", "") for e in events)
-    assert "no cgroup v2 unified hierarchy at /sys/fs/cgroup" in message, message
-    assert w.get(cluster, "pod", "-n", ns, "strict")["status"].get("phase") == "Pending"
+    for pod, tier, lacking in (
+        ("strict", "nvml", "no cgroup v2 unified hierarchy at /sys/fs/cgroup"),
+        ("mps", "mps", "it is not an MPS GPU (chart value mps.gpus, plugin flag --mps-gpus)"),
+    ):
+        message = ""
+        while f"asks for enforcement '{tier}'" not in message:
+            assert time.monotonic() < deadline, f"no prepare error for the {tier} claim; events: {message[-2000:]}"
+            time.sleep(2)
+            events = w.get(cluster, "events", "-n", ns, f"--field-selector=involvedObject.name={pod}")["items"]
+            message = "\n".join(e.get("message", "") for e in events)
+        assert lacking in message, message
+        assert w.get(cluster, "pod", "-n", ns, pod)["status"].get("phase") == "Pending"

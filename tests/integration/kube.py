@@ -244,7 +244,7 @@ def publish_gpus(
     *,
     generation: int = 1,
     hami_core: bool = False,
-    enforcement: Literal["none", "hami-core", "nvml"] = "none",
+    enforcement: Literal["none", "hami-core", "mps", "nvml"] = "none",
 ) -> list[dict[str, Any]]:
     """Create or replace the node's ResourceSlices exactly as the node plugin builds them (`hami_core`: as a
     plugin that found the HAMi-core library; `enforcement`: every GPU's strongest tier)."""

@@ -714,6 +714,23 @@ def test_admission_warns_when_nvml_is_asked_and_no_gpu_offers_it(
     )
 
 
+def test_admission_warns_when_mps_is_asked_and_no_gpu_is_an_mps_gpu(
+    controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    mps = _claim_body("mps", [_request("gpu", "1Gi")], _gpu_config(enforcement="mps"))
+    warning = _create_warnings(api_client, namespace, mps, dry_run=True)
+    assert "request 'gpu' asks for enforcement 'mps', but no published GPU is an MPS GPU" in warning, warning
+    # a node plugin with an MPS GPU (mps.gpus) publishes mps: true and memoryEnforcement: mps, and the warning goes
+    node = kube.create_fake_node(api_client, kube.unique("mpsnode"))
+    kube.publish_gpus(dyn, node, DRIVER_NAME, kube.simulated_gpus(node["metadata"]["name"], 1), enforcement="mps")
+    _wait(
+        controller,
+        lambda: "no published GPU is an MPS GPU" not in _create_warnings(api_client, namespace, mps, dry_run=True),
+        20,
+        "no mps warning once a GPU is an MPS GPU",
+    )
+
+
 # ----- events and the ledger following slices -----------------------------------------------------------
 
 
