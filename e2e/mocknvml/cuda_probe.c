@@ -230,7 +230,8 @@ int main(int argc, char **argv) {
             return failed("cuMemGetInfo_v2", r);
         }
         got = cu.alloc(&ptr, (size_t)alloc_mib << 20);
-        if ((r = cu.mem_info(&after, &total)) != 0) {
+        /* after a failed allocation whose error is sticky (a fault), every call fails: report the allocation */
+        if ((r = cu.mem_info(&after, &total)) != 0 && got == 0) {
             return failed("cuMemGetInfo_v2", r);
         }
         if (hold_seconds == 0) {

@@ -26,7 +26,9 @@
  * documents ("continues to run as it normally would"). It answers: cuInit registers with its
  * CUDA_MPS_ACTIVE_THREAD_PERCENTAGE and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT ("0=10240M,1=2G", ordinals as this
  * process sees them; a malformed entry is ignored) and blocks until the daemon answers (a queued client of
- * another UID waits); a refusal or a closed connection makes it return CUDA_ERROR_MPS_CONNECTION_FAILED.
+ * another UID waits); a refusal makes it return the daemon's code (CUDA_ERROR_MPS_SERVER_NOT_READY for a server
+ * in FAULT, CUDA_ERROR_MPS_MAX_CLIENTS_REACHED at the client cap), a closed connection
+ * CUDA_ERROR_MPS_CONNECTION_FAILED.
  * The daemon answers the effective limits: the lowest of those set by the daemon's defaults, its server and
  * this process (a client may only lower them). On a GPU the daemon serves:
  *   - cuMemAlloc_v2 fails with CUDA_ERROR_OUT_OF_MEMORY when this process's live allocations plus the request
@@ -37,7 +39,11 @@
  * When the connection is lost (the server died, the daemon quit), cuCtxCreate_v2, cuMemAlloc_v2 and
  * cuMemGetInfo_v2 return CUDA_ERROR_MPS_RPC_FAILURE ("the remote procedure call between the MPS server and
  * client failed" is the documented meaning closest to a dead server; CUDA_ERROR_MPS_SERVER_NOT_READY is for a
- * server still recovering, which the mock never is); cuMemFree_v2 and cuCtxDestroy_v2 still free locally.
+ * server still recovering); cuMemFree_v2 and cuCtxDestroy_v2 still free locally.
+ * A fatal fault (the mock's stand-in for a kernel's illegal address: FRACGPU_MOCK_CUDA_FAULT=1 makes the
+ * process's first cuMemAlloc_v2 through MPS fault) is reported to the daemon, whose server goes to FAULT; the
+ * faulting process gets CUDA_ERROR_ILLEGAL_ADDRESS, the server's other clients CUDA_ERROR_MPS_CLIENT_TERMINATED,
+ * from then on (sticky, as a real context after a fault).
  *
  * Build: e2e/mocknvml/build.sh [outdir]
  */
@@ -60,10 +66,12 @@ typedef enum {
     CUDA_ERROR_NO_DEVICE = 100,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_ILLEGAL_ADDRESS = 700,
     CUDA_ERROR_MPS_CONNECTION_FAILED = 805,
     CUDA_ERROR_MPS_RPC_FAILURE = 806,
     CUDA_ERROR_MPS_SERVER_NOT_READY = 807,
     CUDA_ERROR_MPS_MAX_CLIENTS_REACHED = 808,
+    CUDA_ERROR_MPS_CLIENT_TERMINATED = 809,
     CUDA_ERROR_UNKNOWN = 999
 } CUresult;
 
@@ -113,6 +121,7 @@ static int g_mps_lost;                            /* the daemon closed it */
 static double g_mps_pct = 100.0;                  /* effective active thread percentage */
 static int g_mps_served[MOCK_MAX_GPUS];           /* per visible device: the daemon serves it */
 static unsigned long long g_mps_limit[MOCK_MAX_GPUS]; /* effective pinned limit in bytes; 0: none */
+static CUresult g_mps_sticky;                     /* after a fault: what every MPS call returns from then on */
 
 /* Reads the profile once; returns the CUresult cuInit reports for it. Caller holds g_lock. */
 static CUresult load_locked(void) {
@@ -144,6 +153,9 @@ static int mps_call_locked(const char *request, char *reply, size_t size) {
     if (!mock_mps_send(g_mps_fd, request) || !mock_mps_recv_line(g_mps_fd, reply, size)) {
         g_mps_lost = 1;
         return 0;
+    }
+    if (strcmp(reply, "terminated") == 0) {
+        g_mps_sticky = CUDA_ERROR_MPS_CLIENT_TERMINATED;
     }
     return 1;
 }
@@ -195,10 +207,14 @@ static CUresult mps_register_locked(void) {
     }
     len = len < sizeof(msg) - 1 ? len : sizeof(msg) - 2; /* never with 64 GPUs */
     snprintf(msg + len, sizeof(msg) - len, "\n");
-    int server = 0, used = 0;
+    int server = 0, used = 0, code = 0;
     if (!mock_mps_send(fd, msg) || !mock_mps_recv_line(fd, reply, sizeof(reply)) ||
         sscanf(reply, "ok %d %lf%n", &server, &g_mps_pct, &used) != 2) {
         close(fd);
+        if (sscanf(reply, "err %d", &code) == 1 &&
+            (code == CUDA_ERROR_MPS_SERVER_NOT_READY || code == CUDA_ERROR_MPS_MAX_CLIENTS_REACHED)) {
+            return (CUresult)code;
+        }
         return CUDA_ERROR_MPS_CONNECTION_FAILED;
     }
     char *save = NULL;
@@ -294,6 +310,8 @@ CUresult cuGetErrorName(CUresult error, const char **name) {
     case CUDA_ERROR_MPS_RPC_FAILURE: *name = "CUDA_ERROR_MPS_RPC_FAILURE"; break;
     case CUDA_ERROR_MPS_SERVER_NOT_READY: *name = "CUDA_ERROR_MPS_SERVER_NOT_READY"; break;
     case CUDA_ERROR_MPS_MAX_CLIENTS_REACHED: *name = "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED"; break;
+    case CUDA_ERROR_MPS_CLIENT_TERMINATED: *name = "CUDA_ERROR_MPS_CLIENT_TERMINATED"; break;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: *name = "CUDA_ERROR_ILLEGAL_ADDRESS"; break;
     case CUDA_ERROR_UNKNOWN: *name = "CUDA_ERROR_UNKNOWN"; break;
     default: *name = NULL; return CUDA_ERROR_INVALID_VALUE;
     }
@@ -317,6 +335,8 @@ CUresult cuGetErrorString(CUresult error, const char **text) {
     case CUDA_ERROR_MPS_RPC_FAILURE: *text = "remote procedure call to the MPS server failed"; break;
     case CUDA_ERROR_MPS_SERVER_NOT_READY: *text = "MPS server not ready for new clients"; break;
     case CUDA_ERROR_MPS_MAX_CLIENTS_REACHED: *text = "MPS client limit reached"; break;
+    case CUDA_ERROR_MPS_CLIENT_TERMINATED: *text = "the MPS client has been terminated by the server"; break;
+    case CUDA_ERROR_ILLEGAL_ADDRESS: *text = "an illegal memory access was encountered"; break;
     case CUDA_ERROR_UNKNOWN: *text = "unknown error"; break;
     default: *text = NULL; return CUDA_ERROR_INVALID_VALUE;
     }
@@ -443,7 +463,7 @@ CUresult cuCtxCreate_v2(CUcontext *pctx, unsigned int flags, CUdevice dev) {
     if (g_mps_fd >= 0) { /* through MPS: the server must still be there */
         ret = g_mps_lost || (mps_locked(dev) && !mps_call_locked("ping\n", reply, sizeof(reply)))
                   ? CUDA_ERROR_MPS_RPC_FAILURE
-                  : CUDA_SUCCESS;
+                  : g_mps_sticky != CUDA_SUCCESS ? g_mps_sticky : CUDA_SUCCESS;
     } else {
         int mode = mock_compute_mode(&g_state, g_state.gpus[dev].uuid);
         if (mode == MOCK_COMPUTE_PROHIBITED ||
@@ -538,7 +558,7 @@ CUresult cuMemGetInfo_v2(size_t *free_bytes, size_t *total) {
             unsigned long long all_used = 0;
             snprintf(request, sizeof(request), "info %s\n", g_state.gpus[dev].uuid);
             if (!mps_call_locked(request, reply, sizeof(reply)) || sscanf(reply, "ok %llu", &all_used) != 1) {
-                ret = CUDA_ERROR_MPS_RPC_FAILURE;
+                ret = g_mps_sticky != CUDA_SUCCESS ? g_mps_sticky : CUDA_ERROR_MPS_RPC_FAILURE;
             }
             free_now = all_used < total_bytes(dev) ? total_bytes(dev) - all_used : 0;
             if (g_mps_limit[dev] > 0) {
@@ -571,12 +591,21 @@ CUresult cuMemAlloc_v2(CUdeviceptr *dptr, size_t bytesize) {
         CUdevice dev = ctx->device;
         char request[MOCK_UUID_SIZE + 64], reply[64];
         snprintf(request, sizeof(request), "alloc %s %zu\n", g_state.gpus[dev].uuid, bytesize);
+        const char *fault = getenv("FRACGPU_MOCK_CUDA_FAULT");
         if (g_mps_lost) {
             ret = CUDA_ERROR_MPS_RPC_FAILURE;
+        } else if (g_mps_sticky != CUDA_SUCCESS) {
+            ret = g_mps_sticky;
+        } else if (fault != NULL && strcmp(fault, "1") == 0) {
+            snprintf(request, sizeof(request), "fault %s\n", g_state.gpus[dev].uuid);
+            mps_call_locked(request, reply, sizeof(reply));
+            ret = g_mps_sticky = CUDA_ERROR_ILLEGAL_ADDRESS;
         } else if (g_mps_limit[dev] > 0 && g_used[dev] + bytesize > g_mps_limit[dev]) {
             ret = CUDA_ERROR_OUT_OF_MEMORY;
         } else if (!mps_call_locked(request, reply, sizeof(reply))) {
             ret = CUDA_ERROR_MPS_RPC_FAILURE;
+        } else if (g_mps_sticky != CUDA_SUCCESS) {
+            ret = g_mps_sticky;
         } else if (strcmp(reply, "ok") != 0) {
             ret = CUDA_ERROR_OUT_OF_MEMORY;
         }

@@ -18,9 +18,12 @@
  *     unset) and CUDA_MPS_PINNED_DEVICE_MEM_LIMIT by GPU UUID (only those set). The daemon takes uid and pid
  *     from the socket (SO_PEERCRED) and answers, possibly much later (a queued client, see the daemon),
  *     `ok <server pid> <pct> <uuid>=<bytes> ...` (the effective percentage, and the effective pinned limit of
- *     every GPU it serves, 0 for none) or `err <reason>`. The connection then stays open for the process's life; requests and answers:
+ *     every GPU it serves, 0 for none) or `err <CUresult> <reason>` (807 server in FAULT, 808 client cap,
+ *     805 anything else). The connection then stays open for the process's life; requests and answers:
  *     `alloc <uuid> <bytes>` -> `ok` | `oom` (the GPU's memory across all clients would be exceeded),
- *     `free <uuid> <bytes>` -> `ok`, `info <uuid>` -> `ok <bytes used by all clients>`, `ping` -> `ok`.
+ *     `free <uuid> <bytes>` -> `ok`, `info <uuid>` -> `ok <bytes used by all clients>`, `ping` -> `ok`,
+ *     `fault <uuid>` -> `ok` (the client had a fatal fault: its server goes to FAULT); any request of a
+ *     client that another's fault terminated -> `terminated`.
  *     The daemon closes it when the client's server dies or the daemon quits.
  */
 #ifndef FRACGPU_MOCK_MPS_H
@@ -144,7 +147,8 @@ static inline int mock_mps_recv_line(int fd, char *buf, size_t size) {
     }
 }
 
-/* Parses a pinned memory limit: <n>M, <n>MB, <n>G or <n>GB (also lower case), or 0 (no limit). */
+/* Parses a pinned memory limit as NVIDIA documents it: "an integer followed by a qualifier, either G or M"
+ * (nothing else: no MB, no lower case, no bare number). */
 static inline int mock_mps_parse_bytes(const char *s, unsigned long long *out) {
     char *end;
     if (*s < '0' || *s > '9') {
@@ -152,16 +156,8 @@ static inline int mock_mps_parse_bytes(const char *s, unsigned long long *out) {
     }
     errno = 0;
     unsigned long long n = strtoull(s, &end, 10);
-    unsigned long long unit = 0;
-    if (strcmp(end, "M") == 0 || strcmp(end, "MB") == 0 || strcmp(end, "m") == 0 || strcmp(end, "mb") == 0) {
-        unit = 1ull << 20;
-    } else if (strcmp(end, "G") == 0 || strcmp(end, "GB") == 0 || strcmp(end, "g") == 0 ||
-               strcmp(end, "gb") == 0) {
-        unit = 1ull << 30;
-    } else if (*end == '\0' && n == 0) {
-        unit = 1;
-    }
-    if (errno != 0 || unit == 0 || n > (1ull << 30)) {
+    unsigned long long unit = strcmp(end, "M") == 0 ? 1ull << 20 : strcmp(end, "G") == 0 ? 1ull << 30 : 0;
+    if (errno != 0 || unit == 0 || n == 0 || n > (1ull << 30)) {
         return 0;
     }
     *out = n * unit;

@@ -15,23 +15,36 @@
  * (UUIDs or indices, comma-separated, read up to the first one that matches nothing; unset: all); device
  * ordinals in commands are 0..n-1 in that order. Protocol with libcuda: mock_mps.h.
  *
- * Commands (a set prints nothing on success; any error prints one line starting "Error:", the daemon goes on):
+ * Commands (a set prints nothing on success; any error prints one line starting "Error:", the daemon goes on,
+ * and the control client still exits 0: a caller must read the reply, not only the exit status):
  *   quit                                            the daemon stops its server, removes its socket, exits
  *   get_server_list                                 the server's pid (one per line; nothing without one)
+ *   get_server_status <server pid>                  ACTIVE, or FAULT (see below)
  *   get_client_list <server pid>                    pids of the clients attached to that server
- *   set_default_device_pinned_mem_limit <dev> <v>   v: <n>M <n>MB <n>G <n>GB, or 0 to unset
+ *   set_default_device_pinned_mem_limit <dev> <v>   v: <n>M or <n>G, as NVIDIA documents (nothing else)
  *   get_default_device_pinned_mem_limit <dev>       e.g. 10240M; 0 when unset (no limit)
  *   set_default_active_thread_percentage <pct>      0 < pct <= 100
  *   get_default_active_thread_percentage            e.g. 30.0; 100.0 when unset
  *   set_device_pinned_mem_limit <pid> <dev> <v>     for the server <pid>: clients attaching later
- *   get_device_pinned_mem_limit <pid> <dev>         what a client attaching now gets (lowest of default and
- *   set_active_thread_percentage <pid> <pct>          server values), printed as the get_default_* do
+ *   get_device_pinned_mem_limit <pid> <dev>         that server's own value, printed as the get_default_* do
+ *   set_active_thread_percentage <pid> <pct>
  *   get_active_thread_percentage <pid>
- * A client's effective limit is the lowest of the values set by the daemon default, its server and the
- * client's own environment: the client can only lower it, as NVIDIA documents.
+ * As NVIDIA documents, the defaults reach only servers started after they are set: a server starts with the
+ * defaults of that moment, and only the per-server commands change it afterwards. A client's effective limit
+ * is the lower of its server's value and its own environment's: the client can only lower it. Nobody is asked
+ * who they are: whoever can connect to the socket commands the daemon (NVIDIA documents no access check).
  *
- * Servers: one at a time. The first client makes the daemon start one (the server runs as the client's UID
- * when the daemon is root, else as the daemon's; it records itself in <state dir>/mps_server.<uuid> for each
+ * Client cap: a server takes at most 48 clients (16 when a GPU it serves is older than Volta, compute
+ * capability below 7.0; FRACGPU_MOCK_MPS_MAX_CLIENTS in the daemon's environment lowers it for tests); the
+ * next client gets CUDA_ERROR_MPS_MAX_CLIENTS_REACHED (808) from cuInit.
+ * Fault: a client reporting a fatal fault (mock libcuda, FRACGPU_MOCK_CUDA_FAULT) puts its server in FAULT:
+ * the other clients attached then are terminated (CUDA_ERROR_MPS_CLIENT_TERMINATED, 809, on their next
+ * call) and new clients get CUDA_ERROR_MPS_SERVER_NOT_READY (807) until the faulting client has exited;
+ * then the server is ACTIVE again, as NVIDIA documents for Volta MPS.
+ *
+ * Servers: one at a time. The first client makes the daemon start one (the server runs as root under
+ * -multiuser-server, as NVIDIA documents: every client then appears as root to it; otherwise as the client's
+ * UID when the daemon is root, else as the daemon's; it records itself in <state dir>/mps_server.<uuid> for each
  * GPU served, see mock_mps.h). The server stays up when its clients leave; it is replaced only for a client
  * of another UID. Without -multiuser-server a client whose UID differs from the server's is queued (its
  * cuInit blocks) until the server has no clients; the daemon then stops that server and starts one for the
@@ -71,12 +84,13 @@ typedef struct {
     unsigned long long env_limit[MOCK_MAX_GPUS];  /* the client's own limits by daemon ordinal; 0: unset */
     unsigned long long used[MOCK_MAX_GPUS];       /* its live allocations */
     unsigned long seq;                            /* queue order */
+    int terminated;                               /* ended by another client's fault (809 from now on) */
 } conn;
 
 static mock_state g_profile;
 static unsigned int g_dev[MOCK_MAX_GPUS], g_ndev; /* daemon ordinal -> profile GPU */
 static conn g_conns[MAX_CONNS];
-static int g_listen = -1, g_signals[2] = {-1, -1}, g_multiuser, g_quit;
+static int g_listen = -1, g_signals[2] = {-1, -1}, g_multiuser, g_quit, g_max_clients;
 static char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
 static char g_log[PATH_MAX];
 static unsigned long long g_default_limit[MOCK_MAX_GPUS]; /* 0: unset */
@@ -84,8 +98,9 @@ static double g_default_pct;                              /* 0: unset */
 static struct {
     pid_t pid;
     uid_t uid;
-    unsigned long long limit[MOCK_MAX_GPUS];
+    unsigned long long limit[MOCK_MAX_GPUS]; /* copied from the defaults when the server starts */
     double pct;
+    pid_t fault; /* the client whose fault put the server in FAULT; 0: ACTIVE */
 } g_server;
 static unsigned long g_seq;
 
@@ -187,6 +202,10 @@ static void drop(conn *c) {
     if (c->kind == C_CLIENT || c->kind == C_QUEUED) {
         logf_("Client %ld (uid %u) disconnected", (long)c->pid, (unsigned)c->uid);
     }
+    if (c->kind == C_CLIENT && g_server.fault != 0 && c->pid == g_server.fault) {
+        g_server.fault = 0;
+        logf_("Server %ld: the faulting client exited; ACTIVE again", (long)g_server.pid);
+    }
     close(c->fd);
     c->kind = C_FREE;
 }
@@ -229,7 +248,8 @@ static void stop_server(void) {
     server_gone(status);
 }
 
-static int start_server(uid_t uid) {
+static int start_server(uid_t client_uid) {
+    uid_t uid = g_multiuser ? 0 : client_uid;
     char self[PATH_MAX], exe[PATH_MAX + 32], uid_text[32], parent[32];
     ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
     self[n > 0 ? n : 0] = '\0';
@@ -251,6 +271,8 @@ static int start_server(uid_t uid) {
     memset(&g_server, 0, sizeof(g_server));
     g_server.pid = pid;
     g_server.uid = uid;
+    memcpy(g_server.limit, g_default_limit, sizeof(g_server.limit)); /* the defaults reach new servers only */
+    g_server.pct = g_default_pct;
     state_files(pid);
     logf_("Starting new server %ld for user %u", (long)pid, (unsigned)uid);
     return 1;
@@ -258,10 +280,24 @@ static int start_server(uid_t uid) {
 
 static void admit(conn *c) {
     char text[MOCK_MPS_LINE];
-    double pct = lowest_pct(lowest_pct(g_default_pct, g_server.pct), c->pct);
+    if (g_server.fault != 0) {
+        logf_("Client %ld (uid %u) refused: server %ld is in FAULT", (long)c->pid, (unsigned)c->uid,
+              (long)g_server.pid);
+        reply(c, "err 807 the MPS server is in FAULT\n");
+        drop(c);
+        return;
+    }
+    if (server_clients() >= g_max_clients) {
+        logf_("Client %ld (uid %u) refused: server %ld has %d clients, the most it takes", (long)c->pid,
+              (unsigned)c->uid, (long)g_server.pid, g_max_clients);
+        reply(c, "err 808 the MPS server has as many clients as it takes\n");
+        drop(c);
+        return;
+    }
+    double pct = lowest_pct(g_server.pct, c->pct);
     size_t len = (size_t)snprintf(text, sizeof(text), "ok %ld %g", (long)g_server.pid, pct == 0 ? 100.0 : pct);
     for (unsigned int d = 0; d < g_ndev && len < sizeof(text); d++) {
-        unsigned long long limit = lowest(lowest(g_default_limit[d], g_server.limit[d]), c->env_limit[d]);
+        unsigned long long limit = lowest(g_server.limit[d], c->env_limit[d]);
         len += (size_t)snprintf(text + len, sizeof(text) - len, " %s=%llu", g_profile.gpus[g_dev[d]].uuid, limit);
     }
     len = len < sizeof(text) - 1 ? len : sizeof(text) - 2; /* never with 64 GPUs */
@@ -295,7 +331,7 @@ static void schedule(void) {
             logf_("Cannot start a server: %s", strerror(errno));
             for (int i = 0; i < MAX_CONNS; i++) {
                 if (g_conns[i].kind == C_QUEUED) {
-                    reply(&g_conns[i], "err cannot start an MPS server\n");
+                    reply(&g_conns[i], "err 805 cannot start an MPS server\n");
                     drop(&g_conns[i]);
                 }
             }
@@ -318,7 +354,7 @@ static void hello(conn *c, char *args) {
     }
     logf_("New client %ld (uid %u) connected", (long)c->pid, (unsigned)c->uid);
     if (g_ndev == 0) {
-        reply(c, "err no GPU to serve\n");
+        reply(c, "err 805 no GPU to serve\n");
         drop(c);
         return;
     }
@@ -338,7 +374,19 @@ static void request(conn *c, char *line) {
     for (int i = 0; d >= 0 && i < MAX_CONNS; i++) {
         all += g_conns[i].kind == C_CLIENT ? g_conns[i].used[d] : 0;
     }
-    if (strcmp(line, "ping") == 0) {
+    if (c->terminated) {
+        snprintf(text, sizeof(text), "terminated\n");
+    } else if (strcmp(line, "ping") == 0) {
+        snprintf(text, sizeof(text), "ok\n");
+    } else if (strncmp(line, "fault ", 6) == 0) {
+        g_server.fault = c->pid;
+        logf_("Server %ld: client %ld (uid %u) faulted; server in FAULT until it exits", (long)g_server.pid,
+              (long)c->pid, (unsigned)c->uid);
+        for (int i = 0; i < MAX_CONNS; i++) {
+            if (g_conns[i].kind == C_CLIENT && &g_conns[i] != c) {
+                g_conns[i].terminated = 1;
+            }
+        }
         snprintf(text, sizeof(text), "ok\n");
     } else if (sscanf(line, "alloc %*s %llu", &bytes) == 1) {
         int fits = d < 0 || all + bytes <= g_profile.gpus[g_dev[d]].memory_mib << 20;
@@ -383,7 +431,7 @@ static void command(char *line, char *out, size_t size) {
     const char *cmd = argv[0];
     char *end = NULL;
     long pid = argc > 1 ? strtol(argv[1], &end, 10) : 0;
-    static const char *const server_commands[] = {"get_client_list", "set_device_pinned_mem_limit",
+    static const char *const server_commands[] = {"get_client_list", "get_server_status", "set_device_pinned_mem_limit",
                                                   "get_device_pinned_mem_limit", "set_active_thread_percentage",
                                                   "get_active_thread_percentage"};
     int per_server = 0;
@@ -403,6 +451,8 @@ static void command(char *line, char *out, size_t size) {
         if (g_server.pid != 0) {
             snprintf(out, size, "%ld\n", (long)g_server.pid);
         }
+    } else if (strcmp(cmd, "get_server_status") == 0 && argc == 2) {
+        snprintf(out, size, "%s\n", g_server.fault != 0 ? "FAULT" : "ACTIVE");
     } else if (strcmp(cmd, "get_client_list") == 0 && argc == 2) {
         size_t len = 0;
         for (int i = 0; i < MAX_CONNS && len < size; i++) {
@@ -419,7 +469,7 @@ static void command(char *line, char *out, size_t size) {
                mock_mps_parse_bytes(argv[3], &bytes)) {
         g_server.limit[dev] = bytes;
     } else if (strcmp(cmd, "get_device_pinned_mem_limit") == 0 && argc == 3 && dev_ok) {
-        print_limit(out, size, lowest(g_default_limit[dev], g_server.limit[dev]));
+        print_limit(out, size, g_server.limit[dev]);
     } else if (strcmp(cmd, "set_default_active_thread_percentage") == 0 && argc == 2 &&
                mock_mps_parse_pct(argv[1], &pct)) {
         g_default_pct = pct;
@@ -428,8 +478,7 @@ static void command(char *line, char *out, size_t size) {
     } else if (strcmp(cmd, "set_active_thread_percentage") == 0 && argc == 3 && mock_mps_parse_pct(argv[2], &pct)) {
         g_server.pct = pct;
     } else if (strcmp(cmd, "get_active_thread_percentage") == 0 && argc == 2) {
-        pct = lowest_pct(g_default_pct, g_server.pct);
-        snprintf(out, size, "%.1f\n", pct == 0 ? 100.0 : pct);
+        snprintf(out, size, "%.1f\n", g_server.pct == 0 ? 100.0 : g_server.pct);
     } else {
         snprintf(out, size, "Error: unknown command or bad arguments: %s\n", cmd);
     }
@@ -516,6 +565,16 @@ static int daemon_main(int foreground) {
         return 1;
     }
     select_devices();
+    g_max_clients = 48;
+    for (unsigned int d = 0; d < g_ndev; d++) {
+        if (g_profile.gpus[g_dev[d]].cc_major < 7) {
+            g_max_clients = 16; /* pre-Volta */
+        }
+    }
+    const char *cap = getenv("FRACGPU_MOCK_MPS_MAX_CLIENTS");
+    if (cap != NULL && atoi(cap) > 0 && atoi(cap) < g_max_clients) {
+        g_max_clients = atoi(cap);
+    }
     const char *pipe_dir = mock_mps_pipe_dir();
     const char *log_dir = getenv("CUDA_MPS_LOG_DIRECTORY");
     log_dir = log_dir != NULL && *log_dir != '\0' ? log_dir : "/var/log/nvidia-mps";
