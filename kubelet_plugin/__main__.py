@@ -190,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         post=event_poster(KubeRest.bounded(api, settings.api_timeout_seconds), settings.node_name,
                           settings.checkpoint_path),
         interval=settings.health_probe_interval_seconds, on_up=preparer.refresh_mps_ceiling,
+        repair=preparer.repair_mps_limits,
     )  # fmt: skip
     threading.Thread(target=mps_health.run, args=(stop,), name="mps-health", daemon=True).start()
     publisher = SlicePublisher(

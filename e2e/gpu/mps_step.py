@@ -27,7 +27,7 @@ from api.quantity import MiB
 from e2e.gpu import container, report
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.enforcement import mps
+from kubelet_plugin.mps import layout as mps
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.prepare import cdi, container_info, store
 from kubelet_plugin.prepare.devicenodes import DeviceNodeSnapshot

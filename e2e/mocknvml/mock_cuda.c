@@ -15,7 +15,9 @@
  * for more than is free; allocations are tracked per device within the process, so cuMemGetInfo_v2
  * reflects them, and a destroyed context frees its allocations. Device memory is not backed: the
  * returned device pointers must not be dereferenced on the host (nor can they be on a real GPU).
- * cuDeviceGetAttribute(MULTIPROCESSOR_COUNT) is the profile's gpu.<i>.sm_count.
+ * cuDeviceGetAttribute(MULTIPROCESSOR_COUNT) is the profile's gpu.<i>.sm_count. CUDA_VISIBLE_DEVICES selects
+ * and orders the devices as CUDA does (ordinals among those the process can open, or UUIDs; the list ends at the
+ * first entry that names none), so an image that sets it to a device the container lacks gets no device.
  *
  * Compute mode (mock_mps.h: state files shared with the mock NVML): without MPS, cuCtxCreate_v2 returns
  * CUDA_ERROR_DEVICES_UNAVAILABLE on a PROHIBITED GPU, and on an EXCLUSIVE_PROCESS GPU that a live MPS
@@ -123,12 +125,48 @@ static int g_mps_served[MOCK_MAX_GPUS];           /* per visible device: the dae
 static unsigned long long g_mps_limit[MOCK_MAX_GPUS]; /* effective pinned limit in bytes; 0: none */
 static CUresult g_mps_sticky;                     /* after a fault: what every MPS call returns from then on */
 
+/* Keeps the devices CUDA_VISIBLE_DEVICES names, in its order, as CUDA does: each entry an ordinal among the
+ * devices this process can open, or a UUID (GPU-...); the list ends at the first entry that names no device,
+ * and an empty list leaves none (cuInit then reports CUDA_ERROR_NO_DEVICE). Unset: all. Caller holds g_lock. */
+static void visible_locked(void) {
+    const char *visible = getenv("CUDA_VISIBLE_DEVICES");
+    if (visible == NULL) {
+        return;
+    }
+    mock_device kept[MOCK_MAX_GPUS];
+    int taken[MOCK_MAX_GPUS] = {0};
+    unsigned int n = 0;
+    char list[MOCK_LINE_SIZE], *save = NULL;
+    snprintf(list, sizeof(list), "%s", visible);
+    for (char *item = strtok_r(list, ",", &save); item != NULL; item = strtok_r(NULL, ",", &save)) {
+        while (*item == ' ') {
+            item++;
+        }
+        char *end;
+        unsigned long index = strtoul(item, &end, 10);
+        int found = -1;
+        for (unsigned int i = 0; i < g_state.count && found < 0; i++) {
+            if (strcmp(item, g_state.gpus[i].uuid) == 0 || (end != item && *end == '\0' && index == i)) {
+                found = (int)i;
+            }
+        }
+        if (found < 0 || taken[found]) {
+            break;
+        }
+        taken[found] = 1;
+        kept[n++] = g_state.gpus[found];
+    }
+    memcpy(g_state.gpus, kept, n * sizeof(kept[0]));
+    g_state.count = n;
+}
+
 /* Reads the profile once; returns the CUresult cuInit reports for it. Caller holds g_lock. */
 static CUresult load_locked(void) {
     if (!g_loaded) {
         switch (mock_profile_load("fracgpu mock CUDA", &g_state)) {
         case MOCK_PROFILE_OK:
             g_loaded = 1;
+            visible_locked();
             break;
         case MOCK_PROFILE_MISSING:
             return CUDA_ERROR_NO_DEVICE;

@@ -3,7 +3,7 @@
 from collections.abc import Mapping
 from typing import Any
 
-from api.names import MEMORY_CAPACITY
+from api.names import MEMORY_CAPACITY, MPS_CLIENTS_CAPACITY
 from api.quantity import format_bytes
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.enforcement.tiers import ATTRIBUTE as ENFORCEMENT_ATTRIBUTE
@@ -11,6 +11,14 @@ from kubelet_plugin.enforcement.tiers import MPS_ATTRIBUTE, Tier
 
 MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices
 MAX_TAINTED_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithTaints: a slice where any device has taints
+MPS_CLIENTS_VOLTA = 48
+MPS_CLIENTS_BEFORE_VOLTA = 16
+
+
+def mps_clients(gpu: GpuInfo) -> int:
+    """How many clients one MPS server takes on `gpu`: 48 from Volta (compute capability 7.0) on, 16 before."""
+    major = gpu.cuda_compute_capability.split(".", 1)[0]
+    return MPS_CLIENTS_VOLTA if major.isdigit() and int(major) >= 7 else MPS_CLIENTS_BEFORE_VOLTA
 
 
 def usable_memory(gpu: GpuInfo, step: int, reserve: int) -> int:
@@ -30,7 +38,9 @@ def device_entry(
     """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes; `hami_core`: the
     node can enforce limits with HAMi-core (its library is installed), published as attribute `hamiCore`;
     `enforcement`: the GPU's memory-enforcement tier (``GpuTiers.published``), attribute `memoryEnforcement`, and
-    whether it is an MPS GPU, attribute `mps`;
+    whether it is an MPS GPU, attribute `mps`, with capacity `mpsClients`: the clients its MPS server takes, of
+    which each allocation consumes one unless it asks for more (one per CUDA process), so the scheduler never
+    places a share the server would refuse with CUDA_ERROR_MPS_MAX_CLIENTS_REACHED;
     `taints`: its `taints` (GPU health, gpu_health.plan_taints), left out when none."""
     memory = usable_memory(gpu, step, reserve)
     capacity: dict[str, Any] = {"value": format_bytes(memory)}
@@ -59,6 +69,12 @@ def device_entry(
         },
         "capacity": {MEMORY_CAPACITY: capacity},
     }
+    if enforcement == "mps":
+        clients = str(mps_clients(gpu))
+        entry["capacity"][MPS_CLIENTS_CAPACITY] = {
+            "value": clients,
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": clients, "step": "1"}},
+        }
     if taints:
         entry["taints"] = taints
     return entry

@@ -35,7 +35,7 @@ from controller.core.rbac import cluster_role_rules, heartbeat_role_rules, names
 from e2e.cluster import binaries
 from e2e.cluster.controlplane import ControlPlane
 from e2e.nodeplugin import PLUGIN_RUNTIME_ENV
-from kubelet_plugin.mps.supervisor import MpsSettings
+from kubelet_plugin.mps_supervisor.supervisor import MpsSettings
 from kubelet_plugin.prepare.status import apply_ready
 from kubelet_plugin.publishing.heartbeat import Heartbeat
 from kubelet_plugin.publishing.slices import build_slices

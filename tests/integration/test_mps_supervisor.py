@@ -1,9 +1,9 @@
-"""The MPS supervisor (python -m kubelet_plugin.mps) and the node plugin's side of the mps tier against the mock
+"""The MPS supervisor (python -m kubelet_plugin.mps_supervisor) and the node plugin's side of the mps tier against the mock
 driver's real binaries: the control daemon and server (e2e/mocknvml/mock_mps_control.c), NVML's compute mode and
 libcuda as an MPS client, run by the CUDA probe.
 
 Shown: the supervisor sets EXCLUSIVE_PROCESS through NVML and starts the daemon; the plugin's ceiling
-(kubelet_plugin/prepare/mps_ceiling.py) caps a client whose environment asks for more, while a client's own
+(kubelet_plugin/mps/limits.py) caps a client whose environment asks for more, while a client's own
 grant holds below it; a process outside MPS cannot use the GPU; a killed daemon is reported down and restarted;
 SIGTERM quits it and restores the compute mode; a GPU taken off the list gets its mode back at the next start.
 """
@@ -28,7 +28,7 @@ import pytest
 from e2e import mocknvml
 from e2e.mocknvml import PROFILES, read_profile
 from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.enforcement import mps
+from kubelet_plugin.mps import layout as mps
 from kubelet_plugin.prepare.mps_ceiling import MpsControl
 
 pytestmark = pytest.mark.integration
@@ -77,7 +77,7 @@ class Node:
             "PYTHONPATH": str(REPO),
         }
         log = (self.root.parent / f"supervisor-{len(self.supervisors)}.log").open("wb")
-        proc = subprocess.Popen([sys.executable, "-m", "kubelet_plugin.mps"], env=env, stderr=log)
+        proc = subprocess.Popen([sys.executable, "-m", "kubelet_plugin.mps_supervisor"], env=env, stderr=log)
         log.close()
         self.supervisors.append(proc)
         return proc

@@ -8,9 +8,9 @@ import threading
 import prometheus_client
 
 from api.logs import configure_logging
-from kubelet_plugin.mps.supervisor import MpsSettings, Supervisor, parse_mps_settings
+from kubelet_plugin.mps_supervisor.supervisor import MpsSettings, Supervisor, parse_mps_settings
 
-log = logging.getLogger("kubelet_plugin.mps")
+log = logging.getLogger("kubelet_plugin.mps_supervisor")
 
 
 def main(argv: list[str] | None = None) -> int:
