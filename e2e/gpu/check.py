@@ -45,11 +45,11 @@ from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector, probe_nvml_limits, static_facts
 from kubelet_plugin.enforcement.tiers import GpuTiers
+from kubelet_plugin.mps.control import MpsControlError
 from kubelet_plugin.prepare import cdi, container_info, store
 from kubelet_plugin.prepare.devicenodes import snapshot
 from kubelet_plugin.prepare.driver_edits import DriverEditsError, GeneratorConfig, generate_driver_edits, install_hook
 from kubelet_plugin.prepare.errors import PrepareError
-from kubelet_plugin.prepare.mps_ceiling import MpsControlError
 from kubelet_plugin.prepare.plan import NVML_HOOK, plan_claim
 from kubelet_plugin.publishing.discovery import DiscoveryError, discover_gpus
 

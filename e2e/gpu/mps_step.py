@@ -27,11 +27,11 @@ from api.quantity import MiB
 from e2e.gpu import container, report
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.mps import layout as mps
 from kubelet_plugin.enforcement.probe import EnforcementDetector
+from kubelet_plugin.mps import layout as mps
+from kubelet_plugin.mps.control import CONTROL_IN_DRIVER_ROOT, Limits, MpsControl, MpsControlError
 from kubelet_plugin.prepare import cdi, container_info, store
 from kubelet_plugin.prepare.devicenodes import DeviceNodeSnapshot
-from kubelet_plugin.prepare.mps_ceiling import CONTROL_IN_DRIVER_ROOT, MpsControl, MpsControlError
 from kubelet_plugin.prepare.plan import plan_claim
 
 SHARES = (("10Gi", 10240, 30), ("20Gi", 20480, 50))
@@ -73,9 +73,9 @@ def daemon(driver_root: Path, gpu: GpuInfo) -> Iterator[Path]:
     if not control.exists():
         raise MpsStepError(f"the driver has no {control}")
     root = Path(tempfile.mkdtemp(prefix="fgm-", dir="/tmp"))  # a unix socket path has at most 107 bytes
-    for directory in (mps.pipe_dir(root, gpu.uuid), mps.log_dir(root, gpu.uuid), mps.shm_dir(root)):
+    for directory in (mps.pipe_dir(root, gpu.uuid), mps.log_dir(root, gpu.uuid), mps.shm_dir(root, gpu.uuid)):
         directory.mkdir(parents=True)
-    mps.shm_dir(root).chmod(0o1777)
+    mps.shm_dir(root, gpu.uuid).chmod(0o1777)
     env = {k: v for k, v in os.environ.items() if not k.startswith("CUDA_")} | {
         "CUDA_VISIBLE_DEVICES": gpu.uuid,
         "CUDA_MPS_PIPE_DIRECTORY": str(mps.pipe_dir(root, gpu.uuid)),
@@ -90,18 +90,17 @@ def daemon(driver_root: Path, gpu: GpuInfo) -> Iterator[Path]:
                 stdin=subprocess.DEVNULL,
                 stdout=stderr,
                 stderr=stderr,
-                preexec_fn=_private_shm(mps.shm_dir(root)),  # noqa: PLW1509 - no thread of the check runs now
+                preexec_fn=_private_shm(mps.shm_dir(root, gpu.uuid)),  # noqa: PLW1509 - no thread of the check runs now
             )
         except (OSError, subprocess.SubprocessError) as err:
             said = stderr_path.read_text(errors="replace").strip()
             shutil.rmtree(root, ignore_errors=True)
             raise MpsStepError(f"cannot start {control}: {err}: {said}") from None
     try:
-        settings = Settings(node_name="gpu-check", mps_gpus=gpu.uuid, mps_root=root, mps_control=control)
         deadline = time.monotonic() + 15
         while process.poll() is None and time.monotonic() < deadline:
             try:
-                MpsControl(settings).apply(gpu.uuid, gpu.memory_total_bytes // MiB, 100)  # answers: it runs
+                MpsControl(control, root).apply(gpu.uuid, Limits(gpu.memory_total_bytes // MiB, 100))  # it runs
                 break
             except MpsControlError:
                 time.sleep(0.2)
@@ -114,7 +113,7 @@ def daemon(driver_root: Path, gpu: GpuInfo) -> Iterator[Path]:
             raise MpsStepError(f"the MPS control daemon did not answer (exit {process.poll()}): {log}")
         status = mps.DaemonStatus(
             uuid=gpu.uuid, state="running", pid=process.pid, multi_user=True, updated=time.time() + 3600,
-            refresh_seconds=5,
+            refresh_seconds=5, trust_domains=True, trust_domain="namespace/gpu-check",
         )  # fmt: skip
         mps.status_path(root, gpu.uuid).write_bytes(status.to_json())
         yield root
@@ -176,9 +175,9 @@ def run(
             store.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), list(plan.files))
             store.write_spec(settings.cdi_dir, uid, plan.spec, settings.driver_name)
             planned.append((plan, mib, percent))
-        ceiling = (max(m for _, m, _ in planned), max(p for _, _, p in planned))
-        MpsControl(settings).apply(gpu.uuid, *ceiling)
-        say(f"MPS: ceiling {ceiling[0]} MiB / {ceiling[1]} % set on the daemon (the largest grant and percentage)")
+        ceiling = Limits(max(m for _, m, _ in planned), max(p for _, _, p in planned))
+        MpsControl(settings.mps_control_binary, root).apply(gpu.uuid, ceiling)
+        say(f"MPS: ceiling {ceiling.describe()} set on the daemon (the largest grant and percentage)")
         for plan, mib, percent in planned:
             device_id = plan.devices[0].cdi_device_ids[0]
             caps = report.cap_sizes(mib)

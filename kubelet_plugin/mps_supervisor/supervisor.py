@@ -231,6 +231,7 @@ class Supervisor:
             )
             log.warning("MPS control socket not the daemon's own", extra={"uuid": daemon.uuid, "why": daemon.reason})
             self._stop(daemon)
+            mps.control_socket(self.settings.mps_root, daemon.uuid).unlink(missing_ok=True)  # whoever made it
             self._start(daemon, time.monotonic())
             self._write_status(daemon)
 

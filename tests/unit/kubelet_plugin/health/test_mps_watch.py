@@ -28,7 +28,7 @@ GPUS = [gpu_info(0, UUID0), gpu_info(1, UUID1)]
 
 
 def write(
-    root: Path, state: mps.DaemonState, restarts: int = 0, reason: str = "", server_exits: int = 0, replaced: int = 0
+    root: Path, state: mps.DaemonState, restarts: int = 0, reason: str = "", *, server_exits: int = 0, replaced: int = 0
 ) -> None:
     path = mps.status_path(root, UUID0)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -149,7 +149,12 @@ def test_with_a_label_scope_the_domain_is_the_one_the_controller_recorded(root: 
     with pytest.raises(PrepareError) as refused:
         planned(allocated, settings, GPUS, tiers=tiers_of(settings))
     assert "has not recorded this claim's MPS trust domain" in str(refused.value), "no guess when the data is absent"
-    entry = {"driver": "gpu.fracgpu.dev", "pool": "node-a", "device": "gpu-0", "data": {"mpsTrustDomain": "label/team=ml"}}
+    entry = {
+        "driver": "gpu.fracgpu.dev",
+        "pool": "node-a",
+        "device": "gpu-0",
+        "data": {"mpsTrustDomain": "label/team=ml"},
+    }
     allocated["status"]["devices"] = [entry]
     plan = planned(allocated, settings, GPUS, tiers=tiers_of(settings))
     assert plan.mps_domain is not None and plan.mps_domain.describe() == "the namespaces labelled team=ml"

@@ -57,7 +57,9 @@ class FakeDaemon(MpsControl):
 
     def run(self, uuid: str, commands: list[str]) -> list[str]:
         if self.down:
-            raise MpsControlError(f"{self.binary} answered {commands[0]!r} with status 1: Cannot find MPS control daemon")
+            raise MpsControlError(
+                f"{self.binary} answered {commands[0]!r} with status 1: Cannot find MPS control daemon"
+            )
         self.commands += commands
         out = []
         for command in commands:
@@ -92,7 +94,7 @@ class FakeDaemon(MpsControl):
 
 
 def mps_claim(
-    uid: str, name: str, share: str, memory: str, percent: int | None, namespace: str | None = None
+    uid: str, name: str, share: str, memory: str, percent: int | None, *, namespace: str | None = None
 ) -> dict[str, object]:
     claim = make_claim(uid, name, share=share, memory=memory)
     if namespace is not None:
@@ -193,8 +195,7 @@ def test_limits_a_client_changed_are_read_back_and_set_again(env: tuple[Env, Fak
     assert changed == [
         "the daemon's defaults are pinned memory 81920M, active threads 100.0 %, not pinned memory 10240M, "
         "active threads 30.0 %",
-        "server 7002 has pinned memory 81920M, active threads 100.0 %, not pinned memory 10240M, active threads "
-        "30.0 %",
+        "server 7002 has pinned memory 81920M, active threads 100.0 %, not pinned memory 10240M, active threads 30.0 %",
     ]
     assert daemon.ceiling == ("10240M", "30.0") and daemon.servers_[7002] == ["10240M", "30.0"]
     assert e.preparer.repair_mps_limits(UUID0) == [], "repaired once, quiet after"
@@ -207,7 +208,7 @@ def test_a_claim_of_another_namespace_on_the_gpu_is_refused_naming_both(env: tup
     assert e.checkpoint().claims[UID_A].mps_trust_domain == domain_of(first)
     other = e.api.add(mps_claim(UID_B, "b", SHARE_B, "10Gi", 30, namespace="team-b"))
     error = e.preparer.prepare([ref(other)])[UID_B].error
-    assert f"whose daemon serves namespace {first['metadata']['namespace']}" in error, error  # type: ignore[index]
+    assert "whose daemon serves namespace team-a" in error, error
     assert "this claim belongs to namespace team-b" in error and "never share an MPS daemon" in error
     assert UID_B not in e.checkpoint().claims
     assert not cdi.spec_path(e.settings.cdi_dir, DRIVER_NAME, UID_B).exists()
