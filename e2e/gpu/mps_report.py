@@ -25,6 +25,8 @@ from kubelet_plugin.mps.layout import PIPE_IN_CONTAINER
 MAX_CLIENTS_REACHED = "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED"
 CLIENT_WAIT_S = 10
 """How long a client may take to print its line (admitted or refused) before the cap step stops."""
+COMMAND_TIMEOUT_S = 10
+"""How long a control command or a one-off probe may take in a container."""
 WRITE_TEST = "fracgpu-write-test"
 _POLL = "0.05"
 _POLLS = int(CLIENT_WAIT_S / float(_POLL))
@@ -108,10 +110,16 @@ def _q(value: str) -> str:
     return shlex.quote(value)
 
 
-def reply_lines(control: str, commands: Sequence[str]) -> list[str]:
+def bounded(busybox: str, argv: str, seconds: int = COMMAND_TIMEOUT_S) -> str:
+    """Shell: `argv` killed after `seconds` (a client that waits for a daemon must not hold up the check)."""
+    return f"{_q(busybox)} timeout -s KILL {seconds} {argv}"
+
+
+def reply_lines(busybox: str, control: str, commands: Sequence[str]) -> list[str]:
     """Script lines sending each command through the control client `control`, one connection each."""
+    client = bounded(busybox, _q(control))
     return [
-        f"echo {MARKER} reply-{i}; echo {_q(c)} | {_q(control)} 2>&1; echo {MARKER} reply-{i}-rc $?"
+        f"echo {MARKER} reply-{i}; echo {_q(c)} | {client} 2>&1; echo {MARKER} reply-{i}-rc $?"
         for i, c in enumerate(commands)
     ]
 
@@ -147,7 +155,7 @@ def pipe_lines(busybox: str, probe: str, control: str | None, hold_s: int = 60) 
     if control is None:
         lines.append(f"echo {MARKER} servers; echo 'the driver edits mount no nvidia-cuda-mps-control'")
     else:
-        c = _q(control)
+        c = bounded(busybox, _q(control))
         lines += [
             f'echo {MARKER} servers; servers=$(echo get_server_list | {c} 2>&1); echo "$servers"',
             f"echo {MARKER} server-clients",

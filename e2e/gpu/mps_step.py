@@ -399,7 +399,10 @@ def _control_from_share(step: _Step, kept: _Kept, reference: DaemonReading, plan
     assert step.tools.mps_control is not None
     output = step.run(
         plan,
-        [f"echo uid $({step.tools.busybox} id -u)", *mps_report.reply_lines(step.tools.mps_control, SHARE_COMMANDS)],
+        [
+            f"echo uid $({step.tools.busybox} id -u)",
+            *mps_report.reply_lines(step.tools.busybox, step.tools.mps_control, SHARE_COMMANDS),
+        ],
     )
     uid = next((line.split()[1] for line in output.splitlines() if line.startswith("uid ")), "?")
     answers = mps_report.replies(output, SHARE_COMMANDS)
@@ -475,18 +478,22 @@ def _other_domain(step: _Step, first: Daemon) -> None:
         memory, mib, percent = SHARES[0]
         plan = step.plan(other.root, memory, percent, OTHER_NAMESPACE)
         lines = [
-            f"echo {report.MARKER} probe; {tools.probe} {report.PROBE_ALLOC_MIB} 2>&1; echo {report.MARKER} probe-rc $?"
+            f"echo {report.MARKER} probe; {mps_report.bounded(tools.busybox, f'{tools.probe} {report.PROBE_ALLOC_MIB}')} "
+            f"2>&1; echo {report.MARKER} probe-rc $?"
         ]
         if tools.mps_control is not None:
-            lines += mps_report.reply_lines(tools.mps_control, OTHER_COMMANDS)
+            lines += mps_report.reply_lines(tools.busybox, tools.mps_control, OTHER_COMMANDS)
         lines += mps_report.shm_lines(tools.busybox)
         output = step.run(plan, lines)
         view = report.parse_output(output)
         step.say(f"  its client ({mib} MiB / {percent} %): " + "; ".join(_client_lines(view)))
-        if tools.mps_control is None:
-            step.say("  the driver edits mount no nvidia-cuda-mps-control: its container sent no command")
-        for answer in mps_report.replies(output, OTHER_COMMANDS) if tools.mps_control is not None else []:
+        answers = mps_report.replies(output, OTHER_COMMANDS) if tools.mps_control is not None else []
+        for answer in answers:
             step.say(f"  its container: {answer.describe()}")
+        if not answers:
+            step.say("  the driver edits mount no nvidia-cuda-mps-control: its container sent no command")
+        elif answers[0].refused:
+            step.say("  its own daemon refused the command: what follows shows only that nothing else changed")
         own = other.control.read(uuid)
         step.say(
             f"  its daemon: defaults {own.defaults.describe()}, servers {sorted(own.servers) or 'none'}; its "
