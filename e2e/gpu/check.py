@@ -19,12 +19,16 @@ writes. Steps, each printed with what it saw:
    device by ``nvidia-container-runtime`` in cdi mode over the bundled runc, running ``nvidia-smi -L`` (as mounted
    by the edits) and the CUDA probe; at the nvml tier also the probe allocating 20% over and under the grant;
 5. MPS on GPU 0 (``e2e/gpu/mps_step.py``; ``--no-mps`` skips it): the driver's MPS control daemon, two MPS
-   shares (10Gi at 30 %, 20Gi at 50 %) planned by fracgpu, the ceiling set as the plugin sets it, and each
-   share's container allocating 20 % over and under its grant, with what each client sees;
+   shares (10Gi at 30 %, 20Gi at 50 %) planned by fracgpu, the ceiling set as the plugin sets it and its default
+   limit as the daemon prints it, each share's container allocating 20 % over and under its grant (with what each
+   client sees) through its read-only pipe directory, control commands from a share and the plugin's repair, the
+   client cap, and a share of a second trust domain commanding its own daemon;
 6. the verdict: PASS when both see exactly the granted GPU and ``NVIDIA_VISIBLE_DEVICES=void``, at the nvml
-   tier the allocation over the grant is refused and the one under it allowed, and each MPS client's over its
-   grant is refused and under it allowed; without nvml the verdict says why and that the memory cap was not
-   checked (no failure).
+   tier the allocation over the grant is refused and the one under it allowed, and the MPS step's parts held
+   (each MPS client's allocation over its grant refused and under it allowed, its pipe directory read-only and
+   its client listed by the daemon, the repair finding nothing twice after a set and finding and undoing a
+   share's command, at least ``mpsClients`` clients taken, the first domain's daemon unchanged by the second's
+   share); without nvml the verdict says why and that the memory cap was not checked (no failure).
 
 Exit status 0 on PASS, 1 on FAIL (the reasons are printed), 2 for bad usage.
 """
