@@ -419,7 +419,10 @@ def _control_from_share(step: _Step, kept: _Kept, reference: DaemonReading, plan
     )
     setting, found = answers[1], []
     if setting.refused:
-        step.say(f"  the daemon refused the share's {setting.command!r}: a control command from a share is checked")
+        step.say(
+            f"  the daemon refused the share's {setting.command!r}: it checks who sends a command (NVIDIA documents "
+            "no such check), so a share cannot retune it this way"
+        )
     elif not changed:
         found.append(
             f"a share's {setting.command!r} was taken ({setting.describe()}) but MpsLimits.repair found no change"
