@@ -19,17 +19,22 @@ writes. Steps, each printed with what it saw:
    device by ``nvidia-container-runtime`` in cdi mode over the bundled runc, running ``nvidia-smi -L`` (as mounted
    by the edits) and the CUDA probe; at the nvml tier also the probe allocating 20% over and under the grant;
 5. MPS on GPU 0 (``e2e/gpu/mps_step.py``; ``--no-mps`` skips it): the driver's MPS control daemon, two MPS
-   shares (10Gi at 30 %, 20Gi at 50 %) planned by fracgpu, the ceiling set as the plugin sets it, and each
-   share's container allocating 20 % over and under its grant, with what each client sees;
+   shares (10Gi at 30 %, 20Gi at 50 %) planned by fracgpu, the ceiling set as the plugin sets it and its default
+   limit as the daemon prints it, each share's container allocating 20 % over and under its grant (with what each
+   client sees) through its read-only pipe directory, control commands from a share and the plugin's repair, the
+   client cap, and a share of a second trust domain commanding its own daemon;
 6. the verdict: PASS when both see exactly the granted GPU and ``NVIDIA_VISIBLE_DEVICES=void``, at the nvml
-   tier the allocation over the grant is refused and the one under it allowed, and each MPS client's over its
-   grant is refused and under it allowed; without nvml the verdict says why and that the memory cap was not
-   checked (no failure).
+   tier the allocation over the grant is refused and the one under it allowed, and the MPS step's parts held
+   (each MPS client's allocation over its grant refused and under it allowed, its pipe directory read-only and
+   its client listed by the daemon, the repair finding nothing twice after a set and finding and undoing a
+   share's command, at least ``mpsClients`` clients taken, the first domain's daemon unchanged by the second's
+   share); without nvml the verdict says why and that the memory cap was not checked (no failure).
 
 Exit status 0 on PASS, 1 on FAIL (the reasons are printed), 2 for bad usage.
 """
 
 import argparse
+import signal
 import sys
 import time
 import uuid
@@ -222,7 +227,7 @@ def run(work: Path, driver_root: Path, memory: str, *, with_mps: bool = True) ->
     cap_note = (
         "" if nvml else report.not_checked(tiers[gpu.device_name].missing.get("nvml", f"the share's tier is {tier}"))
     )
-    smi = next((m.container_path for m in edits.mounts if Path(m.container_path).name == "nvidia-smi"), None)
+    smi = _mounted(edits, "nvidia-smi")
     runtime = container.Runtime(bin_dir / "nvidia-container-runtime", bin_dir / "runc", work)
     with step("container (nvidia-container-runtime cdi mode + runc)"):
         caps = report.cap_sizes(granted.memory_mib) if nvml else ()
@@ -262,11 +267,16 @@ def run(work: Path, driver_root: Path, memory: str, *, with_mps: bool = True) ->
             say(f"  | {line}")
     if with_mps:
         with step(f"MPS ({gpu.device_name})"):
+            tools = mps_step.Tools(BUSYBOX, PROBE, smi, _mounted(edits, "nvidia-cuda-mps-control"))
             found += mps_step.run(
-                settings, gpus, edits=edits, nodes=nodes, runtime=runtime, rootfs=rootfs,
-                script=lambda caps: report.container_script(BUSYBOX, smi, PROBE, caps), say=say,
-            )  # fmt: skip
+                settings, gpus, edits=edits, nodes=nodes, runtime=runtime, rootfs=rootfs, tools=tools, say=say
+            )
     return found, cap_note
+
+
+def _mounted(edits: cdi.ContainerEdits, program: str) -> str | None:
+    """Where the driver edits mount `program` in the container, if they do."""
+    return next((m.container_path for m in edits.mounts if Path(m.container_path).name == program), None)
 
 
 def _hook_text(hook: cdi.Hook) -> str:
@@ -292,6 +302,11 @@ def _probe_lines(view: report.ContainerView) -> list[str]:
     return lines
 
 
+def _stopped(signum: int, frame: object) -> None:
+    say("stopped (SIGTERM): cleaning up")
+    raise SystemExit(124)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the check and print the verdict; exit status 0 on PASS, 1 on FAIL."""
     p = argparse.ArgumentParser(prog="python -m e2e.gpu.check", description=__doc__.split("\n\n")[0])
@@ -306,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         p.error(f"--memory {args.memory!r} is not a positive Kubernetes quantity such as 10Gi: {err}")
     work: Path = args.work.resolve()
+    signal.signal(signal.SIGTERM, _stopped)  # check.sh's deadline: unwind, so every daemon and directory goes
     missing = [str(work / n) for n in ("bin/nvidia-ctk", "bin/runc", "rootfs/bin/busybox") if not (work / n).exists()]
     if missing:
         p.error(f"not an unpacked bundle: {', '.join(missing)} missing (e2e/gpu/check.sh unpacks it)")

@@ -12,7 +12,7 @@
 # libraries through the loader cache or standard directories); --create-device-nodes first runs the bundled
 # `nvidia-ctk system create-device-nodes --control-devices` (as NVIDIA's nvidia-cdi-refresh does: the plugin
 # needs nvidiactl, nvidia-uvm and nvidia-uvm-tools); --keep leaves the work dir.
-# Exit status: check.py's (0 PASS, 1 FAIL), 2 for a bad setup, 124 past the deadline (170 s).
+# Exit status: check.py's (0 PASS, 1 FAIL), 2 for a bad setup, 124 past the deadline (240 s).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 bundle="$repo/build/gpu-check"
@@ -21,7 +21,7 @@ memory=10Gi
 keep=0
 ldconfig=0
 device_nodes=0
-deadline_s=${FRACGPU_GPU_CHECK_DEADLINE_S:-170}
+deadline_s=${FRACGPU_GPU_CHECK_DEADLINE_S:-240}
 while [ $# -gt 0 ]; do
   case "$1" in
     --bundle) bundle=$2; shift 2 ;;

@@ -90,9 +90,10 @@ def _rc(line: str) -> int | None:
         return None
 
 
-def parse_output(text: str) -> ContainerView:
-    """The sections of ``container_script``'s output."""
-    sections: dict[str, list[str]] = {}
+def sections(text: str) -> tuple[dict[str, list[str]], dict[str, int | None]]:
+    """A marked script's output: (section -> its lines, ``<section>-rc`` -> the status that marker line gives).
+    Lines before the first marker, and after an ``-rc`` marker until the next section, belong to no section."""
+    found: dict[str, list[str]] = {}
     rcs: dict[str, int | None] = {}
     current: list[str] | None = None
     for line in text.splitlines():
@@ -102,32 +103,38 @@ def parse_output(text: str) -> ContainerView:
                 rcs[name] = _rc(line)
                 current = None
             else:
-                current = sections.setdefault(name, [])
+                current = found.setdefault(name, [])
             continue
         if current is not None:
             current.append(line)
-    env = dict(entry.split("=", 1) for entry in sections.get("env", []) if "=" in entry)
-    probe_lines = sections.get("probe", [])
+    return found, rcs
+
+
+def parse_output(text: str) -> ContainerView:
+    """The sections of ``container_script``'s output."""
+    parts, rcs = sections(text)
+    env = dict(entry.split("=", 1) for entry in parts.get("env", []) if "=" in entry)
+    probe_lines = parts.get("probe", [])
     caps = {
         int(name.removeprefix("cap-")): ProbeRun(
-            result=_json_line(lines), text="\n".join(lines), rc=rcs.get(f"{name}-rc")
+            result=json_line(lines), text="\n".join(lines), rc=rcs.get(f"{name}-rc")
         )
-        for name, lines in sections.items()
+        for name, lines in parts.items()
         if name.startswith("cap-") and name.removeprefix("cap-").isdigit()
     }
     return ContainerView(
         env=env,
-        smi_lines=[line for line in sections.get("smi", []) if line.strip()],
+        smi_lines=[line for line in parts.get("smi", []) if line.strip()],
         smi_rc=rcs.get("smi-rc"),
-        probe=_json_line(probe_lines),
+        probe=json_line(probe_lines),
         probe_text="\n".join(probe_lines),
         probe_rc=rcs.get("probe-rc"),
-        dev=sorted(" ".join(sections.get("dev", [])).split()),
+        dev=sorted(" ".join(parts.get("dev", [])).split()),
         caps=caps,
     )
 
 
-def _json_line(lines: list[str]) -> dict[str, Any] | None:
+def json_line(lines: list[str]) -> dict[str, Any] | None:
     """The last line that is a JSON object (the probe's report), or None."""
     for line in reversed(lines):
         try:
