@@ -141,7 +141,7 @@ def rule_differs(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> boo
     have = existing.get("spec") or {}
     want = desired["spec"]
     taint = {k: (have.get("taint") or {}).get(k) for k in ("key", "value", "effect")}
-    return have.get("deviceSelector") != want["deviceSelector"] or taint != want["taint"]
+    return bool(have.get("deviceSelector") != want["deviceSelector"] or taint != want["taint"])
 
 
 def tolerations_patch(spec: Mapping[str, Any], classes: frozenset[str], domain: TrustDomain) -> list[dict[str, Any]]:
