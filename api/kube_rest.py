@@ -8,12 +8,21 @@ all it uses. Objects are dicts exactly as the API server sends them (no model dr
 (thread-safe; shared by every `KubeRest` on it). `KubeRest` sends requests on it with its own per-attempt
 timeout and retries.
 
-Errors: every request raises only `ApiError` — with the HTTP status when the API server answered with
-an error, `ApiUnreachable` (status 0) when it cannot be reached, its subclass `ApiTimeout` when it did not
-answer in time, and `UndecodableResponse` when it answered with a body this client cannot decode.
-kube-apiserver stores, and serves byte for byte, opaque parameters (10 KiB at most) that Python's `json`
-cannot decode: arrays nested 5117 levels deep (objects 1706), past the decoder's recursion limit of about
-1000 levels, and strings that are not valid UTF-8.
+Errors: every request raises only `ApiError`, of the subclass that names what happened, parsed once (`api_error`)
+from the HTTP status, the API server's `Status` body and the `Retry-After` header. Callers decide by type, never
+by the text of a message:
+
+- `ApiNotFound` (404); `ApiConflict` (409), with `ApiAlreadyExists` (a create of a name that exists) and
+  `ApiUidMismatch` (an apply whose `metadata.uid` names an object that was deleted or replaced);
+  `ApiForbidden` (403), with `ApiNamespaceTerminating` (a create in a namespace being deleted);
+- `ApiTransient`, the answers that say "not now" (`retry_after`: the wait the server asked, if any):
+  `ApiThrottled` (429), `ApiServerError` (5xx) with `ApiUnavailable` (503), and `ApiUnreachable` (no answer:
+  connection refused or reset, TLS failure; status 0) with `ApiTimeout` (no answer in time);
+- `UndecodableResponse`: an answer whose body this client cannot decode.
+  kube-apiserver stores, and serves byte for byte, opaque parameters (10 KiB at most) that Python's `json`
+  cannot decode: arrays nested 5117 levels deep (objects 1706), past the decoder's recursion limit of about
+  1000 levels, and strings that are not valid UTF-8;
+- anything else (400, 401, 422, ...) is a plain `ApiError`.
 """
 
 import json
@@ -35,13 +44,28 @@ APPLY = "application/apply-patch+yaml"
 
 class ApiError(Exception):
     """A request failed: the API server answered with HTTP `status` (`reason`, and the answer's `body`), or
-    (status 0, in the subclasses below) it did not answer."""
+    (status 0, in `ApiUnreachable`) it did not answer. `message` is what the API server's `Status` says (else
+    `reason`); `status_reason` and `causes` are its machine-readable `reason` and `details.causes[].type`."""
 
-    def __init__(self, status: int = 0, reason: str = "", body: str = "") -> None:
+    def __init__(
+        self,
+        status: int = 0,
+        reason: str = "",
+        body: str = "",
+        *,
+        status_reason: str = "",
+        message: str = "",
+        causes: tuple[str, ...] = (),
+        retry_after: float | None = None,
+    ) -> None:
         super().__init__(status, reason, body)
         self.status = status
         self.reason = reason
         self.body = body
+        self.status_reason = status_reason
+        self.message = message or reason
+        self.causes = causes
+        self.retry_after = retry_after
 
     def __str__(self) -> str:
         if not self.status:
@@ -49,7 +73,50 @@ class ApiError(Exception):
         return f"{self.status} {self.reason}" + (f": {self.body}" if self.body else "")
 
 
-class ApiUnreachable(ApiError):  # noqa: N818  # names the condition, as ApiTimeout does
+class ApiNotFound(ApiError):  # noqa: N818  # names the condition, as the API's own reasons do
+    """404: the object (or its namespace, or the resource) does not exist."""
+
+
+class ApiConflict(ApiError):  # noqa: N818
+    """409: the write lost against the object's current state (a stale resourceVersion, a name that exists)."""
+
+
+class ApiAlreadyExists(ApiConflict):
+    """409 `AlreadyExists`: a create of a name that is taken."""
+
+
+class ApiUidMismatch(ApiConflict):
+    """409 to a server-side apply whose `metadata.uid` is a precondition: the object it names was deleted or
+    replaced by another of the same name. (A forced apply has no field conflicts and the API server retries a
+    stale resourceVersion itself, so that precondition is all a 409 can mean.)"""
+
+
+class ApiForbidden(ApiError):  # noqa: N818
+    """403: the credentials may not do this (RBAC, an admission plugin)."""
+
+
+class ApiNamespaceTerminating(ApiForbidden):
+    """403 with the cause `NamespaceTerminating`: nothing new may be created in a namespace being deleted."""
+
+
+class ApiTransient(ApiError):  # noqa: N818
+    """The API server could not take the request now; the same request may succeed later, after `retry_after`
+    seconds when the server said how long."""
+
+
+class ApiThrottled(ApiTransient):
+    """429: API Priority and Fairness (or a rate limit) rejected the request before processing it."""
+
+
+class ApiServerError(ApiTransient):
+    """5xx: the API server failed (an internal error, a timeout on its side, a storage problem)."""
+
+
+class ApiUnavailable(ApiServerError):  # noqa: N818
+    """503: the API server (or an aggregated API behind it) is not serving now."""
+
+
+class ApiUnreachable(ApiTransient):
     """No answer from the API server: connection refused or reset, TLS failure (status 0)."""
 
     def __init__(self, reason: str) -> None:
@@ -62,6 +129,83 @@ class ApiTimeout(ApiUnreachable):
 
 class UndecodableResponse(ApiError):  # noqa: N818  # names the condition
     """The API server answered (`status` is its HTTP status) with a body this client cannot decode."""
+
+
+STATUS_REASON_ALREADY_EXISTS = "AlreadyExists"
+CAUSE_NAMESPACE_TERMINATING = "NamespaceTerminating"
+CAUSE_FIELD_MANAGER_CONFLICT = "FieldManagerConflict"
+_BY_STATUS: dict[int, type[ApiError]] = {
+    403: ApiForbidden,
+    404: ApiNotFound,
+    409: ApiConflict,
+    429: ApiThrottled,
+    503: ApiUnavailable,
+}
+
+
+def _seconds(value: object) -> float | None:
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        return None  # an HTTP date, or garbage: no wait we can use
+    return seconds if seconds >= 0 else None
+
+
+def api_error(
+    status: int,
+    reason: str = "",
+    body: str = "",
+    retry_after: str | None = None,
+    *,
+    uid_precondition: bool = False,
+) -> ApiError:
+    """The error for an answer with HTTP `status` (reason phrase `reason`, body `body`, `Retry-After` header
+    `retry_after`): its `Status` parsed once into the subclass that names it. `uid_precondition`: the request
+    was a server-side apply naming `metadata.uid` (see `ApiUidMismatch`)."""
+    try:
+        decoded = json.loads(body) if body else None
+    except (ValueError, RecursionError):
+        decoded = None
+    parsed: dict[str, Any] = decoded if isinstance(decoded, dict) and decoded.get("kind") == "Status" else {}
+    details = parsed.get("details")
+    if not isinstance(details, dict):
+        details = {}
+    causes = tuple(
+        str(c.get("reason") or c.get("type") or "") for c in details.get("causes") or [] if isinstance(c, dict)
+    )
+    status_reason = str(parsed.get("reason") or "")
+    kind = _BY_STATUS.get(status, ApiServerError if status >= 500 else ApiError)
+    if kind is ApiConflict and status_reason == STATUS_REASON_ALREADY_EXISTS:
+        kind = ApiAlreadyExists
+    elif kind is ApiConflict and uid_precondition and CAUSE_FIELD_MANAGER_CONFLICT not in causes:
+        kind = ApiUidMismatch
+    elif kind is ApiForbidden and CAUSE_NAMESPACE_TERMINATING in causes:
+        kind = ApiNamespaceTerminating
+    wait = _seconds(retry_after) if retry_after is not None else _seconds(details.get("retryAfterSeconds"))
+    return kind(
+        status=status,
+        reason=reason,
+        body=body,
+        status_reason=status_reason,
+        message=str(parsed.get("message") or ""),
+        causes=causes,
+        retry_after=wait if issubclass(kind, ApiTransient) else None,
+    )
+
+
+def _answer_error(resp: urllib3.BaseHTTPResponse, data: bytes, *, uid_precondition: bool = False) -> ApiError:
+    return api_error(
+        resp.status,
+        resp.reason or "",
+        data.decode(errors="replace"),
+        resp.headers.get("Retry-After"),
+        uid_precondition=uid_precondition,
+    )
+
+
+def _names_uid(body: Any) -> bool:
+    """Whether an apply body names `metadata.uid` (a precondition the API server checks)."""
+    return isinstance(body, dict) and bool((body.get("metadata") or {}).get("uid"))
 
 
 def decode_json(data: bytes, status: int = 200) -> Any:
@@ -158,8 +302,17 @@ class KubeConnection:
 
 def retries(attempts: int) -> urllib3.Retry:
     """`attempts` tries in all: a retry only after a connection error or a timeout (answers, even 5xx, are
-    final; a timed-out POST or PATCH is not sent again, as urllib3 retries reads of idempotent methods only)."""
-    return urllib3.Retry(total=attempts - 1, redirect=0, status=0, backoff_factor=0, raise_on_redirect=False)
+    final; a timed-out POST or PATCH is not sent again, as urllib3 retries reads of idempotent methods only).
+    An answer with `Retry-After` is final too: it reaches the caller as `ApiThrottled` / `ApiUnavailable`
+    (urllib3 would otherwise count it against `status=0` and report the server unreachable)."""
+    return urllib3.Retry(
+        total=attempts - 1,
+        redirect=0,
+        status=0,
+        backoff_factor=0,
+        raise_on_redirect=False,
+        respect_retry_after_header=False,
+    )
 
 
 class KubeRest:
@@ -228,14 +381,29 @@ class KubeRest:
         *,
         body: Any = None,
         content_type: str = JSON,
+        uid_precondition: bool = False,
     ) -> dict[str, Any]:
         """One request (`body`: JSON-encoded unless already a str); the decoded JSON object. Raises only
-        ApiError: with the HTTP status on HTTP errors, `ApiUnreachable` / `ApiTimeout`, and
-        `UndecodableResponse` (see the module doc)."""
+        ApiError, of the subclass that names the failure (see the module doc); `uid_precondition` as `api_error`."""
+        resp = self.send(method, path, query, body=body, content_type=content_type, uid_precondition=uid_precondition)
+        return self.decode(resp.data, resp.status)
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None = None,
+        *,
+        body: Any = None,
+        content_type: str = JSON,
+        uid_precondition: bool = False,
+    ) -> urllib3.BaseHTTPResponse:
+        """One request whose successful answer is returned undecoded (for writes that only need to know they
+        succeeded); raises as `request`."""
         resp = self._call(method, path, query, body=body, content_type=content_type)
         if not 200 <= resp.status < 300:
-            raise ApiError(status=resp.status, reason=resp.reason or "", body=resp.data.decode(errors="replace"))
-        return self.decode(resp.data, resp.status)
+            raise _answer_error(resp, resp.data, uid_precondition=uid_precondition)
+        return resp
 
     def get(self, path: str, **query: Any) -> dict[str, Any]:
         return self.request("GET", path, query)
@@ -250,9 +418,18 @@ class KubeRest:
         return self.request("DELETE", path)
 
     def apply(self, path: str, body: dict[str, Any], field_manager: str, force: bool = True) -> dict[str, Any]:
-        """Server-side apply of `body` as `field_manager`."""
+        """Server-side apply of `body` as `field_manager`; a `metadata.uid` in `body` is a precondition
+        (`ApiUidMismatch`)."""
         query = {"fieldManager": field_manager, "force": "true" if force else None}
-        return self.request("PATCH", path, query, body=json.dumps(body), content_type=APPLY)
+        return self.request(
+            "PATCH", path, query, body=json.dumps(body), content_type=APPLY, uid_precondition=_names_uid(body)
+        )
+
+    def apply_unread(self, path: str, body: dict[str, Any], field_manager: str) -> None:
+        """Server-side apply (forced) whose answer is not decoded: the writes that only need to know they
+        succeeded skip decoding the whole object the API server sends back. Raises as `apply`."""
+        query = {"fieldManager": field_manager, "force": "true"}
+        self.send("PATCH", path, query, body=json.dumps(body), content_type=APPLY, uid_precondition=_names_uid(body))
 
     def watch(self, path: str, timeout_seconds: int, **query: Any) -> Generator[dict[str, Any]]:
         """Watch events (`{"type", "object"}`) of a collection until the server closes after `timeout_seconds`.
@@ -266,7 +443,7 @@ class KubeRest:
         try:
             if resp.status != 200:
                 data, complete = resp.read(), True
-                raise ApiError(status=resp.status, reason=resp.reason or "", body=data.decode(errors="replace"))
+                raise _answer_error(resp, data)
             for chunk in resp.stream(None, decode_content=False):
                 buffer += chunk
                 while b"\n" in buffer:

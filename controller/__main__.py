@@ -8,11 +8,12 @@ import threading
 import uuid
 
 import kopf
-from kubernetes.config import ConfigException
 
-from api.kube_rest import ApiError, KubeRest
+from api.kube_config import ConfigError
+from api.kube_rest import ApiError, KubeConnection, KubeRest
 from api.logs import configure_logging
 from controller.admission.certificate import SharedCertificate
+from controller.admission.webhook import is_refusal_echo
 from controller.core import kopf_json, kube, metrics
 from controller.core.settings import parse_settings
 from controller.handlers import operator_settings, register, shared_certificate
@@ -26,12 +27,12 @@ _KOPF_EXTRAS = ("settings", "k8s_skip", "k8s_ref")
 
 class KopfRecordFilter(logging.Filter):
     """Trim kopf's per-object log records: drop its settings dump; drop its echo of refused admissions
-    (the controller logs those itself, and a refused claim is not a controller error)."""
+    (the controller logs those itself, and a refused claim is not a controller error; `is_refusal_echo`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("kopf"):
             return True
-        if record.getMessage().startswith("Webhook ") and "failed permanently" in record.getMessage():
+        if is_refusal_echo(record):
             return False
         ref = getattr(record, "k8s_ref", None)
         for attr in _KOPF_EXTRAS:
@@ -75,15 +76,15 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kopf").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
-        api = kube.api_client(settings)
-    except (ConfigException, OSError) as err:
+        connection = KubeConnection(kube.credentials(settings))
+    except (ConfigError, ApiError) as err:
         log.error("cannot load cluster credentials: %s", err)
         return 2
-    shared = shared_certificate(settings, api)
+    shared = shared_certificate(settings, connection)
     if shared is not None and not _obtain(shared):
         return 0  # stopped while waiting for the certificate
     metrics.serve(settings.metrics_port)
-    writer = kube.KubeWriter(api, settings.driver_name)
+    writer = kube.KubeWriter(connection, settings.driver_name)
     leadership = None
     if settings.leader_elect:
         controller = Controller(settings, writer)  # the writer is gated below, once the elector exists
@@ -113,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(
         kopf.operator(
             registry=registry,
-            settings=operator_settings(settings, api, shared),
+            settings=operator_settings(settings, connection, shared),
             clusterwide=True,
             standalone=True,
             liveness_endpoint=settings.liveness_endpoint,

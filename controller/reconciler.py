@@ -16,7 +16,6 @@ for this mix of threads (GIL hand-over, garbage collection of the indexes' heap)
 import asyncio
 import contextlib
 import datetime
-import json
 import logging
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
@@ -25,7 +24,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 from api.gpu import GPU_CRD_NAME, PLUGIN_REPORTING_CONDITION, gpu_object_name
 from api.gpu_config import MAX_PARAMETERS_DEPTH
-from api.kube_rest import ApiError
+from api.kube_rest import ApiError, ApiNotFound, ApiUidMismatch
 from controller.core import metrics, runtime
 from controller.core.model import ClaimView, DeviceClassView, DeviceKey, DeviceRecord, Share, SliceView, current_devices
 from controller.core.settings import FIELD_MANAGER, Settings
@@ -87,11 +86,7 @@ Index = Mapping[Any, Iterable[Any]]
 def describe(err: BaseException) -> str:
     """A one-line reason for a failed API call: the API server's message when it sent one."""
     if isinstance(err, ApiError):
-        try:
-            message = json.loads(err.body or "{}").get("message")
-        except (ValueError, AttributeError):
-            message = None
-        return f"{err.status} {message or err.reason}"[:500]
+        return f"{err.status} {err.message}"[:500]
     return f"{type(err).__name__}: {err}"[:500]
 
 
@@ -405,10 +400,8 @@ class Controller:
                 self.queue.done(key)
 
     def _retry(self, key: ClaimKey, err: Exception) -> None:
-        status = err.status if isinstance(err, ApiError) else None
-        body = str(err.body).lower() if isinstance(err, ApiError) else ""
-        if status == 404 or (status == 409 and "uid" in body):
-            log.info("claim gone or replaced; not retrying", extra={"claim": "/".join(key), "status": status})
+        if isinstance(err, ApiNotFound | ApiUidMismatch):
+            log.info("claim gone or replaced; not retrying", extra={"claim": "/".join(key), "status": err.status})
             self.queue.forget(key)
             return
         delay = self.queue.retry(key)
@@ -593,6 +586,7 @@ class Controller:
         objects = {o.name: o for o in (*plan.apply_identity, *plan.apply_status)}
         limit = asyncio.Semaphore(self.settings.ledger_workers)
         failures: list[str] = []
+        crd_missing = False
 
         async def write(kind: str, fn: Callable[..., None], *args: Any, **kwargs: Any) -> bool:
             async with limit:
@@ -600,8 +594,10 @@ class Controller:
                 try:
                     await self._run(fn, *args, **kwargs)
                 except ApiError as err:
+                    nonlocal crd_missing
                     metrics.LEDGER_WRITES.labels(kind, "error").inc()
                     failures.append(f"{kind}: {describe(err)}")
+                    crd_missing = crd_missing or isinstance(err, ApiNotFound)
                     return False
                 metrics.LEDGER_WRITES.labels(kind, "ok").inc()
                 metrics.LEDGER_WRITE_SECONDS.labels(kind).observe(time.monotonic() - started)
@@ -620,7 +616,7 @@ class Controller:
             *(write("delete", self.writer.delete_gpu, name) for name in plan.delete),
         )
         if failures:
-            hint = f" (is the CRD {GPU_CRD_NAME} installed?)" if any(": 404 " in f for f in failures) else ""
+            hint = f" (is the CRD {GPU_CRD_NAME} installed?)" if crd_missing else ""
             log.warning("%d GPU object writes failed%s; first: %s", len(failures), hint, failures[0])
         return all(results)
 

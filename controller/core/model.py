@@ -8,12 +8,12 @@ from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any, ParamSpec, TypeVar
 
-from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ConfigDict
 
 from api.bounded_json import short_path, skipped_parts
 from api.gpu import DEVICE_GONE_CONDITION, ENFORCEMENT_CONDITION, tier_of_reason
 from api.names import MEMORY_CAPACITY
+from api.quantity import parse_quantity
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -20,6 +20,7 @@ VIOLATIONS = {
     "api-is-shared": ("api/names.py", "import controller.core.model"),
     "components-independent": ("controller/core/model.py", "import kubelet_plugin.core.model"),
     "plugin-without-kubernetes-client": ("kubelet_plugin/core/model.py", "import kopf"),
+    "controller-without-kubernetes-client": ("controller/core/metrics.py", "import kubernetes.utils"),
     "plugin-layers": ("kubelet_plugin/prepare/plan.py", "import kubelet_plugin.serving.handover"),
     "controller-layers": ("controller/status/plan.py", "import controller.reconciler"),
     "pure-planning": ("kubelet_plugin/enforcement/tiers.py", "import subprocess"),

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from api.gpu import NODE_LABEL
-from api.kube_rest import ApiError
+from api.kube_rest import api_error
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB
 from controller import reconciler
@@ -59,11 +59,11 @@ def test_status_is_written_once_and_not_again_when_unchanged() -> None:
 def test_failed_writes_are_retried_and_gone_claims_are_not() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         await controller.start()
-        writer.fail = [ApiError(status=500, reason="boom")]
+        writer.fail = [api_error(500, "boom")]
         key = world.put(claim(results=[result("a", "gpu-0", "1Gi", "s-1")]))
         controller.claim_changed(key)
         await eventually(lambda: len(writer.claims) == 1)
-        writer.fail = [ApiError(status=404, reason="gone")]
+        writer.fail = [api_error(404, "gone")]
         other = world.put(claim("other", results=[result("a", "gpu-0", "1Gi", "s-2")]))
         controller.claim_changed(other)
         await asyncio.sleep(1.0)  # longer than the first retry delay
@@ -165,7 +165,7 @@ def test_ledger_creates_updates_and_deletes_objects() -> None:
 
 def test_ledger_reports_failed_writes() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
-        writer.fail = [ApiError(status=403, reason="forbidden")]
+        writer.fail = [api_error(403, "forbidden")]
         assert not await controller.reconcile_ledger()
         assert await controller.reconcile_ledger()
 
@@ -354,7 +354,7 @@ def test_a_failed_ledger_write_keeps_its_gpu_marked_for_the_next_pass() -> None:
         _index_written(world, writer)
         key = world.put(claim(results=[result("a", "gpu-0", "10Gi", "s-1")]))
         controller.claim_changed(key)
-        writer.fail = [ApiError(status=500, reason="boom")]
+        writer.fail = [api_error(500, "boom")]
         assert not await controller.ledger_pass()
         assert controller.ledger_pending()
         assert await controller.ledger_pass()
@@ -386,10 +386,10 @@ def test_the_largest_request_is_cached_with_the_devices(monkeypatch: pytest.Monk
 
 
 def test_failures_are_described_by_the_api_servers_message() -> None:
-    err = ApiError(status=422, reason="Unprocessable Entity")
-    err.body = '{"kind":"Status","message":"changing status.devices requires resource=resourceclaims/driver"}'
+    body = '{"kind":"Status","message":"changing status.devices requires resource=resourceclaims/driver"}'
+    err = api_error(422, "Unprocessable Entity", body)
     assert describe(err) == "422 changing status.devices requires resource=resourceclaims/driver"
-    assert describe(ApiError(status=500, reason="boom")) == "500 boom"
+    assert describe(api_error(500, "boom")) == "500 boom"
     assert describe(TimeoutError("slow")) == "TimeoutError: slow"
 
 

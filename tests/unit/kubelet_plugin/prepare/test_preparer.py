@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from api.kube_rest import ApiError, KubeRest
+from api.kube_rest import KubeRest, api_error
 from api.names import DRIVER_NAME
 from kubelet_plugin.core.model import ClaimRef
 from kubelet_plugin.enforcement.probe import EnforcementDetector
@@ -443,7 +443,7 @@ def test_health_follows_the_preparers_device_nodes(env: Env) -> None:
 
 def test_status_update_failure_does_not_fail_prepare(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(_self: Any, path: str, body: Any, field_manager: str, force: bool = True) -> None:
-        raise ApiError(status=403, reason="Forbidden")
+        raise api_error(403, "Forbidden")
 
     monkeypatch.setattr(KubeRest, "apply", refuse)
     claim = env.api.add(make_claim(UID_A, "claim-a"))
@@ -455,7 +455,7 @@ def test_status_update_failure_does_not_fail_prepare(env: Env, monkeypatch: pyte
 
 def test_api_error_is_a_claim_error(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(_self: Any, path: str, **query: Any) -> Any:
-        raise ApiError(status=500, reason="Internal Server Error")
+        raise api_error(500, "Internal Server Error")
 
     monkeypatch.setattr(KubeRest, "get", broken)
     results = env.preparer.prepare([ClaimRef(namespace=NS, name="x", uid=UID_A)])

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from api.kube_rest import ApiError, KubeRest
+from api.kube_rest import ApiError, KubeRest, api_error
 from api.names import DRIVER_NAME
 from kubelet_plugin.prepare import container_info, store
 from kubelet_plugin.prepare.checkpoint import SCHEMA_VERSION, Checkpoint, CheckpointStore, ClaimEntry
@@ -368,11 +368,11 @@ class StrictEvents:
         assert resource == "events", path
         meta = body["metadata"]
         if meta.get("namespace", namespace) != namespace:
-            raise ApiError(status=400, reason="BadRequest")
+            raise api_error(400, "BadRequest")
         if not (body.get("involvedObject", {}).get("kind") and body.get("reason") and body.get("message")):
-            raise ApiError(status=422, reason="Invalid")
+            raise api_error(422, "Invalid")
         if meta["name"] in self.events:
-            raise ApiError(status=409, reason="AlreadyExists")
+            raise api_error(409, "AlreadyExists")
         self.events[meta["name"]] = copy.deepcopy(body)
         return {**body, "metadata": {**meta, "uid": str(uuid.uuid4())}}
 
