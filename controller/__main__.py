@@ -19,7 +19,7 @@ from controller.core.settings import parse_settings
 from controller.handlers import operator_settings, register, shared_certificate
 from controller.leadership.election import LeaderElector, LeaseTimings
 from controller.leadership.gate import GatedWriter, Leadership
-from controller.reconciler import Controller
+from controller.loops import Controller
 
 log = logging.getLogger("controller")
 _KOPF_EXTRAS = ("settings", "k8s_skip", "k8s_ref")
@@ -86,8 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     metrics.serve(settings.metrics_port)
     writer = kube.KubeWriter(connection, settings.driver_name)
     leadership = None
-    if settings.leader_elect:
-        controller = Controller(settings, writer)  # the writer is gated below, once the elector exists
+    gated = GatedWriter(writer, None) if settings.leader_elect else None  # its elector is given below
+    controller = Controller(settings, gated or writer)
+    if gated is not None:
         leadership = Leadership(controller, None, writer.rest)
         elector = LeaderElector(
             KubeRest(writer.rest.connection, timeout=settings.retry_period_seconds, attempts=1),
@@ -100,10 +101,7 @@ def main(argv: list[str] | None = None) -> int:
             on_started=leadership.started,
             on_stopped=leadership.stopped,
         )
-        leadership.elector = elector
-        controller.writer = GatedWriter(writer, elector)
-    else:
-        controller = Controller(settings, writer)
+        leadership.elector = gated.elector = elector
     kopf_json.install()  # no object the API server stores can stop a watch or the webhook
     registry = kopf.OperatorRegistry()
     register(registry, settings, controller, leadership)

@@ -26,7 +26,7 @@ from controller.core.model import ClaimView, DeviceClassView, SliceView, claim_v
 from controller.core.settings import COMPONENT, Settings
 from controller.leadership.gate import Leadership
 from controller.ledger.plan import ExistingGpu
-from controller.reconciler import Controller
+from controller.loops import Controller
 
 log = logging.getLogger(__name__)
 RESOURCE_GROUP = "resource.k8s.io"
@@ -187,7 +187,7 @@ def register(
     async def index_node(name: str, uid: str, **_: Any) -> dict[str, str]:
         return {name: uid}  # only which Nodes exist: claims on a deleted one are reported
 
-    # ----- events: only wake the reconciler; it reads the indexes -------------------------------------
+    # ----- events: only wake the managers (controller/loops.py); they read the indexes ------------------
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", registry=registry, id="slice_event")
     async def slice_event(**_: Any) -> None:

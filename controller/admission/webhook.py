@@ -130,7 +130,7 @@ class WebhookServer(kopf.WebhookServer):
     async def _serve_in_thread(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         """kopf's serving (`kopf.WebhookServer.__call__`) on an event loop in a thread of its own; yields its
         client configs here. Admission handlers then run on that loop: they may only read what the main loop
-        publishes by plain attribute assignment (controller.reconciler's admission view)."""
+        publishes by plain attribute assignment (the device catalogue's admission facts, controller/devices/)."""
         main = asyncio.get_running_loop()
         configs: asyncio.Queue[kopf.WebhookClientConfig | BaseException] = asyncio.Queue()
         context = contextvars.copy_context()  # kopf's context variables (its Event posting queue among them)

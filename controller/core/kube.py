@@ -19,7 +19,7 @@ from api.events import event_body, involved_object, post_event
 from api.gpu import GPU_PLURAL, GPU_VERSION
 from api.heartbeat import HEARTBEAT_LABEL, leases_path
 from api.kube_config import KubeConfig
-from api.kube_rest import ApiNotFound, KubeConnection, KubeRest, claim_path
+from api.kube_rest import ApiError, ApiNotFound, KubeConnection, KubeRest, claim_path
 from api.names import API_GROUP
 from controller.core.model import ClaimView
 from controller.core.settings import COMPONENT, FIELD_MANAGER, Settings
@@ -53,6 +53,13 @@ def connection_info(config: KubeConfig) -> kopf.ConnectionInfo:
         private_key_path=config.key_file,
         private_key_data=config.key_data,
     )
+
+
+def describe(err: BaseException) -> str:
+    """A one-line reason for a failed API call: the API server's message when it sent one."""
+    if isinstance(err, ApiError):
+        return f"{err.status} {err.message}"[:500]
+    return f"{type(err).__name__}: {err}"[:500]
 
 
 def gpu_path(name: str, *, status: bool = False) -> str:
@@ -116,7 +123,7 @@ class BoundedRest(KubeRest):
 
 
 class KubeWriter:
-    """The controller's `Writer` (controller/reconciler.py) against the API server."""
+    """The controller's `Writer` (controller/core/context.py) against the API server."""
 
     def __init__(self, connection: KubeConnection, driver: str) -> None:
         self.rest = BoundedRest(connection)

@@ -13,10 +13,11 @@ from typing import Any
 
 from api.events import event_body, involved_object, post_event
 from api.kube_rest import ApiError, KubeRest
+from controller.core.context import Writer
 from controller.core.model import ClaimView
 from controller.core.settings import COMPONENT
 from controller.leadership.election import LeaderElector
-from controller.reconciler import Controller, Writer
+from controller.loops import Controller
 
 REASON_LEADER = "LeaderElected"
 
@@ -29,14 +30,18 @@ class NotLeaderError(ApiError):
 
 
 class GatedWriter:
-    """A `Writer` that sends nothing unless `elector.is_leader()` (checked right before each request)."""
+    """A `Writer` that sends nothing unless `elector.is_leader()` (checked right before each request; nothing is
+    sent before an elector is given)."""
 
-    def __init__(self, writer: Writer, elector: LeaderElector) -> None:
+    def __init__(self, writer: Writer, elector: LeaderElector | None) -> None:
         self.writer = writer
         self.elector = elector
 
+    def _leading(self) -> bool:
+        return self.elector is not None and self.elector.is_leader()
+
     def _check(self) -> None:
-        if not self.elector.is_leader():
+        if not self._leading():
             raise NotLeaderError
 
     def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
@@ -55,7 +60,7 @@ class GatedWriter:
         return self.writer.list_heartbeats(namespace)  # a read: not gated
 
     def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
-        if not self.elector.is_leader():
+        if not self._leading():
             return False  # the next leader posts it (Event names are deterministic: no duplicate)
         return self.writer.post_claim_event(claim, key, reason, message)
 

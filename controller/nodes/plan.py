@@ -1,4 +1,4 @@
-"""Node lifecycle (pure planning; the reconciler reads the inputs and writes the results).
+"""Node lifecycle (pure planning; the status manager and `heartbeats` read the inputs and write the results).
 
 A deleted Node: its ResourceSlices and GPU objects go by owner reference (the Node owns both; the garbage
 collector deletes them, and the controller deletes a GPU object whose device is no longer published), and every

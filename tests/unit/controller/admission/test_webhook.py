@@ -141,7 +141,7 @@ def test_webhooks_are_laid_out_as_kopf_lays_them_out() -> None:
 
     from controller import handlers
     from controller.core.settings import Settings
-    from controller.reconciler import Controller
+    from controller.loops import Controller
 
     registry = kopf.OperatorRegistry()
     handlers.register(registry, Settings(), Controller.__new__(Controller))

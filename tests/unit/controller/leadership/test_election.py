@@ -12,7 +12,7 @@ from api.kube_rest import api_error
 from controller.core.settings import Settings
 from controller.leadership.election import LEASES, LeaderElector, LeaseTimings
 from controller.leadership.gate import GatedWriter, Leadership, NotLeaderError
-from controller.reconciler import Controller
+from controller.loops import Controller
 from tests.unit.controller_factories import FakeWriter, World, claim, eventually, result
 from tests.unit.fake_objects import FakeObjects
 

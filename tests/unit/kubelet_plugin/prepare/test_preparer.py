@@ -16,7 +16,7 @@ from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.enforcement.tiers import GpuTiers, NvmlLimits
 from kubelet_plugin.health.source import DeviceHealth
 from kubelet_plugin.prepare import container_info, store
-from kubelet_plugin.prepare.checkpoint import Checkpoint, ClaimEntry
+from kubelet_plugin.prepare.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry
 from kubelet_plugin.prepare.plan import hami_cache_dir
 from kubelet_plugin.prepare.status import FIELD_MANAGER
 from tests.unit.fake_apiserver import connection, refused_url
@@ -72,7 +72,7 @@ def test_prepare_writes_spec_and_checkpoint(env: Env) -> None:
     assert checkpoint.node_boot_id == "boot-1"
     entry = checkpoint.claims[UID_A]
     assert (entry.namespace, entry.name, entry.state) == (NS, "claim-a", "PrepareCompleted")
-    assert [d.to_prepared() for d in entry.devices] == [device]
+    assert entry.devices == [CheckpointDevice.from_prepared(device, UUID0)]
 
 
 def test_reprepare_is_identical_and_rewrites_deleted_spec(env: Env) -> None:
@@ -416,7 +416,10 @@ def test_reboot_rewrites_specs_and_stamps_boot_id(env: Env) -> None:
     assert not env.spec_file(UID_B).exists()
     # and the restored claim answers as before
     results = env.preparer.prepare([ref(a)])
-    assert [d.to_prepared() for d in checkpoint.claims[UID_A].devices] == list(results[UID_A].devices)
+    before = checkpoint.claims[UID_A].devices
+    assert before == [
+        CheckpointDevice.from_prepared(d, b.uuid) for d, b in zip(results[UID_A].devices, before, strict=True)
+    ]
 
 
 def test_recover_same_boot_does_not_fetch(env: Env) -> None:

@@ -1,4 +1,4 @@
-"""Unit tests of the controller's work loops with an in-memory writer (controller/reconciler.py)."""
+"""Unit tests of the controller's managers through its entry (controller/loops.py) with an in-memory writer."""
 
 import asyncio
 from collections.abc import Callable, Coroutine
@@ -10,18 +10,15 @@ from api.gpu import NODE_LABEL
 from api.kube_rest import api_error
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB
-from controller import reconciler
+from controller.core.kube import describe
 from controller.core.model import DeviceClassView, DeviceRecord, slice_view
 from controller.core.settings import FIELD_MANAGER, Settings
+from controller.devices.catalogue import DeviceCatalogue
+from controller.devices.facts import AdmissionFacts
+from controller.ledger import manager as ledger_manager
 from controller.ledger.plan import MANAGED_BY_LABEL, ExistingGpu, GpuObject, desired_gpu
-from controller.reconciler import (
-    REASON_DEVICE_GONE,
-    REASON_UNSATISFIABLE,
-    AdmissionFacts,
-    Controller,
-    EventPostError,
-    describe,
-)
+from controller.loops import Controller
+from controller.status.events import REASON_DEVICE_GONE, REASON_UNSATISFIABLE
 from tests.unit.controller_factories import NODE, FakeWriter, World, claim, eventually, memory_request, result, slices
 
 
@@ -42,15 +39,15 @@ def run(test: Callable[[Controller, World, FakeWriter], Coroutine[Any, Any, None
 def test_status_is_written_once_and_not_again_when_unchanged() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         key = world.put(claim(results=[result("a", "gpu-1", "10Gi", "s-1")]))
-        await controller.reconcile_claim(key)
+        await controller.status.reconcile(key)
         assert len(writer.claims) == 1
         namespace, name, body = writer.claims[0]
         assert (namespace, name) == key
         # the watch brings back what was written (plus the node plugin's condition): nothing to do
         entries = [{**e, "conditions": [{"type": "Ready", "status": "True"}]} for e in body["status"]["devices"]]
         world.put(claim(results=[result("a", "gpu-1", "10Gi", "s-1")], devices_status=entries))
-        await controller.reconcile_claim(key)
-        await controller.reconcile_claim(("ns", "gone"))
+        await controller.status.reconcile(key)
+        await controller.status.reconcile(("ns", "gone"))
         assert len(writer.claims) == 1
 
     run(test)
@@ -126,11 +123,11 @@ def test_a_pending_claim_no_gpu_can_satisfy_gets_one_event() -> None:
         big = world.put(claim("big", requests=[memory_request("gpu", "100Gi")]))
         fits = world.put(claim("fits", requests=[memory_request("gpu", "80Gi")]))
         for key in (big, fits, big):
-            await controller.reconcile_claim(key)
+            await controller.status.reconcile(key)
         assert [(n, r) for n, r, _ in writer.events] == [("big", REASON_UNSATISFIABLE)]
         assert "largest GPU has 80Gi" in writer.events[0][2] and "100Gi" in writer.events[0][2]
-        controller.claim_deleted("uid-big")
-        await controller.reconcile_claim(big)
+        controller.claim_event(big, "uid-big", deleted=True, indexed=False)
+        await controller.status.reconcile(big)
         assert len(writer.events) == 2, "a new claim of the same name is told again"
 
     run(test)
@@ -140,8 +137,8 @@ def test_no_unsatisfiable_event_without_published_gpus() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         world.slices.clear()
         controller.slices_changed()
-        await controller.reconcile_claim(world.put(claim("big", requests=[memory_request("gpu", "100Gi")])))
-        assert controller.largest_request() is None and not writer.events
+        await controller.status.reconcile(world.put(claim("big", requests=[memory_request("gpu", "100Gi")])))
+        assert controller.admission.largest is None and not writer.events
 
     run(test)
 
@@ -149,7 +146,7 @@ def test_no_unsatisfiable_event_without_published_gpus() -> None:
 def test_ledger_creates_updates_and_deletes_objects() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         world.put(claim(results=[result("a", "gpu-0", "10Gi", "s-1")]))
-        assert await controller.reconcile_ledger()
+        assert await controller.ledger.reconcile()
         names = [f"{NODE}-gpu-0", f"{NODE}-gpu-1"]
         assert sorted(writer.gpus) == sorted([(n, False) for n in names] + [(n, True) for n in names])
         assert writer.gpus.index((names[0], False)) < writer.gpus.index((names[0], True)), "create before status"
@@ -157,7 +154,7 @@ def test_ledger_creates_updates_and_deletes_objects() -> None:
         stale = ExistingGpu(name=f"{NODE}-gpu-9", labels={}, spec={"driver": DRIVER_NAME}, status={})
         world.gpus[stale.name] = [stale]
         writer.gpus.clear()
-        assert await controller.reconcile_ledger()
+        assert await controller.ledger.reconcile()
         assert writer.deleted == [stale.name]
 
     run(test)
@@ -166,8 +163,8 @@ def test_ledger_creates_updates_and_deletes_objects() -> None:
 def test_ledger_reports_failed_writes() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         writer.fail = [api_error(403, "forbidden")]
-        assert not await controller.reconcile_ledger()
-        assert await controller.reconcile_ledger()
+        assert not await controller.ledger.reconcile()
+        assert await controller.ledger.reconcile()
 
     run(test)
 
@@ -178,7 +175,7 @@ def test_ledger_loop_follows_changes() -> None:
         key = world.put(claim(results=[result("a", "gpu-0", "10Gi", "s-1")]))
         controller.claim_changed(key)
         await eventually(lambda: (f"{NODE}-gpu-0", True) in writer.gpus)
-        assert controller.ready.is_set()
+        assert controller.context.ready.is_set()
 
     run(test)
 
@@ -187,7 +184,7 @@ def test_admin_access_is_not_counted_in_the_ledger() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         world.put(claim("mon", results=[{**result("mon", "gpu-0", None, None), "adminAccess": True}]))
         world.put(claim("c1", results=[result("a", "gpu-0", "10Gi", "s-1")]))
-        assert await controller.reconcile_ledger()
+        assert await controller.ledger.reconcile()
         status = writer.gpu_status[f"{NODE}-gpu-0"]
         assert (status["allocatedMemory"], status["freeMemory"], status["shares"]) == ("10Gi", "70Gi", 2)
 
@@ -198,11 +195,10 @@ def test_a_failed_event_post_is_retried_and_remembered_only_once_posted() -> Non
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         big = world.put(claim("big", requests=[memory_request("gpu", "100Gi")]))
         writer.event_results = [False]
-        with pytest.raises(EventPostError):
-            await controller.reconcile_claim(big)
+        assert not await controller.status.reconcile(big), "to be retried"
         assert not writer.events
-        await controller.reconcile_claim(big)
-        await controller.reconcile_claim(big)
+        await controller.status.reconcile(big)
+        await controller.status.reconcile(big)
         assert [r for _, r, _ in writer.events] == [REASON_UNSATISFIABLE]
         assert len(writer.event_attempts) == 2 and writer.event_attempts[0] == writer.event_attempts[1]
         assert writer.event_attempts[0][:2] == ("uid-big", REASON_UNSATISFIABLE), "keyed by claim uid and reason"
@@ -225,16 +221,16 @@ def test_unchanged_slices_do_not_recheck_claims_or_the_ledger() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         key = world.put(claim(results=[result("a", "gpu-0", "1Gi", "s-1")]))
         controller.slices_changed()
-        assert controller.queue.queued() == {key} and controller.ledger_pending()
-        controller.queue.done(await controller.queue.get())
-        assert await controller.ledger_pass()
-        assert not controller.ledger_pending()
+        assert controller.status.queue.queued() == {key} and controller.ledger.marks.pending()
+        controller.status.queue.done(await controller.status.queue.get())
+        assert await controller.ledger.run_pass()
+        assert not controller.ledger.marks.pending()
         for _ in range(3):  # a re-list delivers every slice again
             controller.slices_changed()
-        assert not controller.queue.queued() and not controller.ledger_pending()
+        assert not controller.status.queue.queued() and not controller.ledger.marks.pending()
         world.publish(4, generation=2)
         controller.slices_changed()
-        assert controller.queue.queued() == {key} and controller.ledger_pending()
+        assert controller.status.queue.queued() == {key} and controller.ledger.marks.pending()
 
     run(test)
 
@@ -249,7 +245,7 @@ def _count_recomputes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         computed.append(out.name)
         return out
 
-    monkeypatch.setattr(reconciler, "desired_gpu", counting)
+    monkeypatch.setattr(ledger_manager, "desired_gpu", counting)
     return computed
 
 
@@ -268,13 +264,13 @@ def test_a_claim_change_recomputes_only_the_gpus_its_shares_were_and_are_on(monk
         controller.slices_changed()
         key = world.put(claim(results=[result("a", "gpu-1", "10Gi", "s-1")]))
         controller.claim_changed(key)
-        assert await controller.ledger_pass()  # the first pass after a slice change: every GPU
+        assert await controller.ledger.run_pass()  # the first pass after a slice change: every GPU
         _index_written(world, writer)
         computed = _count_recomputes(monkeypatch)
         writer.gpus.clear()
         world.put(claim(results=[result("a", "gpu-2", "10Gi", "s-1")]))  # reallocated elsewhere
         controller.claim_changed(key)
-        assert await controller.ledger_pass()
+        assert await controller.ledger.run_pass()
         assert sorted(computed) == [f"{NODE}-gpu-1", f"{NODE}-gpu-2"]
         assert sorted(writer.gpus) == [(f"{NODE}-gpu-1", True), (f"{NODE}-gpu-2", True)]
         assert writer.gpu_status[f"{NODE}-gpu-1"]["shares"] == 0 and writer.gpu_status[f"{NODE}-gpu-2"]["shares"] == 1
@@ -287,18 +283,18 @@ def test_the_echo_of_our_own_gpu_write_is_recomputed_alone_and_not_written(monke
         controller.slices_changed()
         key = world.put(claim(results=[result("a", "gpu-0", "10Gi", "s-1")]))
         controller.claim_changed(key)
-        assert await controller.ledger_pass()
+        assert await controller.ledger.run_pass()
         _index_written(world, writer)
         computed = _count_recomputes(monkeypatch)
         writer.gpus.clear()
         controller.gpus_changed(f"{NODE}-gpu-0")  # the watch event of our status write
-        assert await controller.ledger_pass()
+        assert await controller.ledger.run_pass()
         assert computed == [f"{NODE}-gpu-0"] and not writer.gpus
         # someone else edits the ledger: its event brings it back
         edited = world.gpus[f"{NODE}-gpu-0"][0]
         world.gpus[edited.name] = [edited.model_copy(update={"status": {**(edited.status or {}), "shares": 7}})]
         controller.gpus_changed(edited.name)
-        assert await controller.ledger_pass()
+        assert await controller.ledger.run_pass()
         assert writer.gpus == [(edited.name, True)] and writer.gpu_status[edited.name]["shares"] == 1
 
     run(test)
@@ -317,14 +313,14 @@ def test_the_heap_is_compacted_once_the_ledger_is_quiet_after_a_full_pass(monkey
         controller.slices_changed()
         key = world.put(claim(results=[result("a", "gpu-0", "10Gi", "s-1")]))
         controller.claim_changed(key)
-        assert await controller.ledger_pass()  # full, with writes: not quiet yet
+        assert await controller.ledger.run_pass()  # full, with writes: not quiet yet
         assert writer.gpus and not compactions
         _index_written(world, writer)
         controller.gpus_changed(f"{NODE}-gpu-0")  # the echo: nothing to write
-        assert await controller.ledger_pass()
+        assert await controller.ledger.run_pass()
         assert len(compactions) == 1
         controller.gpus_changed(f"{NODE}-gpu-0")
-        assert await controller.ledger_pass()
+        assert await controller.ledger.run_pass()
         assert len(compactions) == 1, "once per full pass, not at every quiet pass"
 
     run(test)
@@ -335,13 +331,13 @@ def test_a_deleted_claim_leaves_its_gpu_and_a_stray_object_of_our_driver_is_dele
         controller.slices_changed()
         key = world.put(claim(results=[result("a", "gpu-0", "10Gi", "s-1")]))
         controller.claim_changed(key)
-        assert await controller.ledger_pass()
+        assert await controller.ledger.run_pass()
         del world.claims[key]
         controller.claim_event(key, "uid-c1", deleted=True, indexed=False)
         stray = ExistingGpu(name="stray", labels={}, spec={"driver": DRIVER_NAME}, status=None)
         world.gpus[stray.name] = [stray]
         controller.gpus_changed(stray.name)
-        assert await controller.ledger_pass()
+        assert await controller.ledger.run_pass()
         assert writer.gpu_status[f"{NODE}-gpu-0"]["shares"] == 0 and writer.deleted == ["stray"]
 
     run(test)
@@ -350,15 +346,15 @@ def test_a_deleted_claim_leaves_its_gpu_and_a_stray_object_of_our_driver_is_dele
 def test_a_failed_ledger_write_keeps_its_gpu_marked_for_the_next_pass() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         controller.slices_changed()
-        assert await controller.ledger_pass()
+        assert await controller.ledger.run_pass()
         _index_written(world, writer)
         key = world.put(claim(results=[result("a", "gpu-0", "10Gi", "s-1")]))
         controller.claim_changed(key)
         writer.fail = [api_error(500, "boom")]
-        assert not await controller.ledger_pass()
-        assert controller.ledger_pending()
-        assert await controller.ledger_pass()
-        assert writer.gpu_status[f"{NODE}-gpu-0"]["shares"] == 1 and not controller.ledger_pending()
+        assert not await controller.ledger.run_pass()
+        assert controller.ledger.marks.pending()
+        assert await controller.ledger.run_pass()
+        assert writer.gpu_status[f"{NODE}-gpu-0"]["shares"] == 1 and not controller.ledger.marks.pending()
 
     run(test)
 
@@ -366,13 +362,13 @@ def test_a_failed_ledger_write_keeps_its_gpu_marked_for_the_next_pass() -> None:
 def test_the_largest_request_is_cached_with_the_devices(monkeypatch: pytest.MonkeyPatch) -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         controller.slices_changed()
-        assert controller.largest_request() == 80 * GiB
+        assert controller.admission.largest == 80 * GiB
 
-        def no_scan(self: Controller) -> dict[Any, Any]:
-            raise AssertionError("largest_request must not scan the devices")
+        def no_scan(self: DeviceCatalogue) -> dict[Any, Any]:
+            raise AssertionError("the largest request must not scan the devices")
 
-        monkeypatch.setattr(Controller, "devices", no_scan)
-        assert controller.largest_request() == 80 * GiB
+        monkeypatch.setattr(DeviceCatalogue, "devices", no_scan)
+        assert controller.admission.largest == 80 * GiB
         monkeypatch.undo()
         world.slices.clear()
         for body in slices(count=1, generation=2, memory_gib=40):
@@ -380,7 +376,7 @@ def test_the_largest_request_is_cached_with_the_devices(monkeypatch: pytest.Monk
             assert view is not None
             world.slices[view.name] = [view]
         controller.slices_changed()
-        assert controller.largest_request() == 40 * GiB
+        assert controller.admission.largest == 40 * GiB
 
     run(test)
 
