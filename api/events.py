@@ -10,7 +10,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from api.kube_rest import ApiConflict, ApiError, ApiNamespaceTerminating, KubeRest
+from api.kube_errors import ApiConflict, ApiError, ApiNamespaceTerminating
+from api.kube_rest import KubeRest
 
 log = logging.getLogger(__name__)
 MESSAGE_LIMIT = 1024

@@ -10,7 +10,8 @@ import uuid
 import kopf
 
 from api.kube_config import ConfigError
-from api.kube_rest import ApiError, KubeConnection, KubeRest
+from api.kube_errors import ApiError
+from api.kube_rest import KubeConnection, KubeRest
 from api.logs import configure_logging
 from controller.admission.certificate import SharedCertificate
 from controller.admission.webhook import is_refusal_echo

@@ -7,7 +7,8 @@ import threading
 from collections.abc import Callable
 
 from api import kube_config
-from api.kube_rest import ApiError, KubeConnection, KubeRest
+from api.kube_errors import ApiError
+from api.kube_rest import KubeConnection, KubeRest
 from api.logs import configure_logging
 from kubelet_plugin.core.coalesce import Coalescer
 from kubelet_plugin.core.events import post_node_event

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from api.kube_rest import ApiConflict, ApiError, ApiNotFound
+from api.kube_errors import ApiConflict, ApiError, ApiNotFound
 
 log = logging.getLogger(__name__)
 VALIDITY = datetime.timedelta(days=365)

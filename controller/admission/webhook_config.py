@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 import kopf
 
-from api.kube_rest import ApiError, ApiForbidden, ApiNotFound, KubeRest
+from api.kube_errors import ApiError, ApiForbidden, ApiNotFound
+from api.kube_rest import KubeRest
 
 log = logging.getLogger(__name__)
 CONFIGS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"

@@ -19,7 +19,8 @@ from api.events import event_body, involved_object, post_event
 from api.gpu import GPU_PLURAL, GPU_VERSION
 from api.heartbeat import HEARTBEAT_LABEL, leases_path
 from api.kube_config import KubeConfig
-from api.kube_rest import ApiError, ApiNotFound, KubeConnection, KubeRest, claim_path
+from api.kube_errors import ApiError, ApiNotFound
+from api.kube_rest import KubeConnection, KubeRest, claim_path
 from api.names import API_GROUP
 from controller.core.model import ClaimView
 from controller.core.settings import COMPONENT, FIELD_MANAGER, Settings

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from api.kube_rest import ApiConflict, ApiError, ApiNotFound
+from api.kube_errors import ApiConflict, ApiError, ApiNotFound
 
 log = logging.getLogger(__name__)
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"

@@ -12,7 +12,8 @@ import datetime
 from typing import Any
 
 from api.events import event_body, involved_object, post_event
-from api.kube_rest import ApiError, KubeRest
+from api.kube_errors import ApiError
+from api.kube_rest import KubeRest
 from controller.core.context import Writer
 from controller.core.model import ClaimView
 from controller.core.settings import COMPONENT

@@ -16,7 +16,7 @@ from collections.abc import Callable, Collection, Iterable
 from typing import Any
 
 from api.gpu import GPU_CRD_NAME
-from api.kube_rest import ApiError, ApiNotFound
+from api.kube_errors import ApiError, ApiNotFound
 from controller.core import metrics, runtime
 from controller.core.context import ClaimKey, Context, Tasks
 from controller.core.kube import describe

@@ -12,7 +12,7 @@ import datetime
 import logging
 import time
 
-from api.kube_rest import ApiNotFound, ApiUidMismatch
+from api.kube_errors import ApiNotFound, ApiUidMismatch
 from controller.core import metrics
 from controller.core.context import ClaimKey, Context, Tasks
 from controller.core.kube import describe

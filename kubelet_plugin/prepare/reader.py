@@ -9,7 +9,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from api.kube_rest import ApiError, ApiNotFound, ApiTimeout, KubeRest, UndecodableResponse, claim_path
+from api.kube_errors import ApiError, ApiNotFound, ApiTimeout, UndecodableResponse
+from api.kube_rest import KubeRest, claim_path
 from kubelet_plugin.core.model import ClaimRef
 from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
 

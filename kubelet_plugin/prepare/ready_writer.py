@@ -12,7 +12,8 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from api.kube_rest import ApiError, ApiTransient, KubeRest, UndecodableResponse
+from api.kube_errors import ApiError, ApiTransient, UndecodableResponse
+from api.kube_rest import KubeRest
 from kubelet_plugin.prepare.status import Tiers, apply_ready, is_ready
 
 log = logging.getLogger(__name__)

@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from api.kube_rest import SLICES, ApiConflict, ApiError, KubeConnection, KubeRest, node_path
+from api.kube_errors import ApiConflict, ApiError
+from api.kube_rest import SLICES, KubeConnection, KubeRest, node_path
 from kubelet_plugin.core.coalesce import Coalescer
 from kubelet_plugin.core.filelock import serialize_lock
 from kubelet_plugin.core.model import GpuInfo

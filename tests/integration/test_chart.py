@@ -26,7 +26,8 @@ from kubernetes.dynamic import DynamicClient
 
 from api.gpu import GpuStatus
 from api.heartbeat import HEARTBEAT_LABEL, heartbeat_of, lease_body, lease_name, leases_path
-from api.kube_rest import APPLY, SLICES, ApiError, KubeConnection, KubeRest, claim_path
+from api.kube_errors import ApiError
+from api.kube_rest import APPLY, SLICES, KubeConnection, KubeRest, claim_path
 from api.options import options
 from controller.admission.certificate import self_signed_certificate
 from controller.admission.verdict import review_claim_spec

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from api.kube_rest import ApiError, api_error
+from api.kube_errors import ApiError, api_error
 
 
 class FakeObjects:

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from api.kube_rest import KubeConnection, KubeRest, api_error, claim_path
+from api.kube_errors import api_error
+from api.kube_rest import KubeConnection, KubeRest, claim_path
 from api.names import DRIVER_NAME
 from api.quantity import MiB
 from kubelet_plugin.core.metrics import PluginMetrics

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from api.kube_rest import (
+from api.kube_errors import (
     ApiAlreadyExists,
     ApiConflict,
     ApiError,
@@ -22,11 +22,10 @@ from api.kube_rest import (
     ApiUidMismatch,
     ApiUnavailable,
     ApiUnreachable,
-    KubeRest,
     UndecodableResponse,
     api_error,
-    decode_json,
 )
+from api.kube_rest import KubeRest, decode_json
 from tests.unit.fake_apiserver import FakeApiServer, connection, serve
 
 #: As deep as kube-apiserver stores opaque parameters: 10 KiB of `[` and `]` inside `{"a": …}`.

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from api.gpu import NODE_LABEL
-from api.kube_rest import api_error
+from api.kube_errors import api_error
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB
 from controller.core.kube import describe

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from api import bounded_json
 from api.gpu_config import MAX_PARAMETERS_DEPTH, GpuConfigError, decode_gpu_config
-from api.kube_rest import ApiError, api_error
+from api.kube_errors import ApiError, api_error
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.admission.verdict import review_claim_spec
 from controller.core.model import MalformedObjectError, claim_view, slice_view

@@ -16,7 +16,7 @@ import kopf
 import pytest
 from cryptography import x509
 
-from api.kube_rest import api_error
+from api.kube_errors import api_error
 from controller.admission.certificate import SharedCertificate, self_signed_certificate
 from controller.admission.webhook import WebhookServer
 from controller.admission.webhook_config import CONFIGS, MERGE, VALIDATED, Registration, webhooks

@@ -3,7 +3,8 @@
 import json
 from typing import Any
 
-from api.kube_rest import KubeRest, api_error
+from api.kube_errors import api_error
+from api.kube_rest import KubeRest
 from controller.core.kube import event_name, post_claim_event
 from controller.core.model import ClaimView
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from api.kube_rest import api_error
+from api.kube_errors import api_error
 from controller.core.settings import Settings
 from controller.leadership.election import LEASES, LeaderElector, LeaseTimings
 from controller.leadership.gate import GatedWriter, Leadership, NotLeaderError

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from api.kube_rest import KubeRest, api_error
+from api.kube_errors import api_error
+from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin.core.model import ClaimRef
 from kubelet_plugin.enforcement.probe import EnforcementDetector

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from api.kube_rest import ApiError, KubeRest, api_error
+from api.kube_errors import ApiError, api_error
+from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin.prepare import container_info, store
 from kubelet_plugin.prepare.checkpoint import SCHEMA_VERSION, Checkpoint, CheckpointStore, ClaimEntry

@@ -3,7 +3,7 @@
 import threading
 from typing import Any
 
-from api.kube_rest import ApiTimeout, UndecodableResponse, api_error
+from api.kube_errors import ApiTimeout, UndecodableResponse, api_error
 from kubelet_plugin.prepare.ready_writer import ReadyWriter
 
 

@@ -5,7 +5,8 @@ import threading
 from typing import Any, cast
 
 from api.heartbeat import HEARTBEAT_LABEL, heartbeat_of, lease_name, leases_path, parse_time
-from api.kube_rest import ApiError, KubeRest, api_error
+from api.kube_errors import ApiError, api_error
+from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin.publishing.heartbeat import FIELD_MANAGER, Heartbeat
 

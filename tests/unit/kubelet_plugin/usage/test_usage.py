@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from api.kube_rest import api_error
+from api.kube_errors import api_error
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.prepare import container_info, store
 from kubelet_plugin.prepare.container_info import ClaimName, DeviceInfo, RequestInfo
