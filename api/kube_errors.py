@@ -1,10 +1,10 @@
 """The errors of an API request, one type per kind of failure, parsed once from the API server's answer.
 
-`api_error` reads the HTTP status, the API server's `Status` body and the `Retry-After` header. Callers decide by type, never
-by the text of a message:
+`api_error` reads the HTTP status, the API server's `Status` body (its `reason` and `details.causes`, never its
+message) and the `Retry-After` header. Callers decide by type, never by the text of a message:
 
-- `ApiNotFound` (404); `ApiConflict` (409), with `ApiAlreadyExists` (a create of a name that exists) and
-  `ApiUidMismatch` (an apply whose `metadata.uid` names an object that was deleted or replaced);
+- `ApiNotFound` (404); `ApiConflict` (409), with `ApiAlreadyExists` (a create of a name that exists);
+  `ApiUidMismatch` (an apply whose `metadata.uid` names an object that was replaced or deleted);
   `ApiForbidden` (403), with `ApiNamespaceTerminating` (a create in a namespace being deleted);
 - `ApiTransient`, the answers that say "not now" (`retry_after`: the wait the server asked, if any):
   `ApiThrottled` (429), `ApiServerError` (5xx) with `ApiUnavailable` (503), and `ApiUnreachable` (no answer:
@@ -19,13 +19,13 @@ Imports nothing of the project: both components' API code and their tests use th
 """
 
 import json
-from typing import Any
+from typing import Any, NamedTuple
 
 
 class ApiError(Exception):
     """A request failed: the API server answered with HTTP `status` (`reason`, and the answer's `body`), or
     (status 0, in `ApiUnreachable`) it did not answer. `message` is what the API server's `Status` says (else
-    `reason`); `status_reason` and `causes` are its machine-readable `reason` and `details.causes[].type`."""
+    `reason`); `status_reason` and `causes` are its machine-readable `reason` and `details.causes`."""
 
     def __init__(
         self,
@@ -35,7 +35,7 @@ class ApiError(Exception):
         *,
         status_reason: str = "",
         message: str = "",
-        causes: tuple[str, ...] = (),
+        causes: tuple["Cause", ...] = (),
         retry_after: float | None = None,
     ) -> None:
         super().__init__(status, reason, body)
@@ -65,10 +65,19 @@ class ApiAlreadyExists(ApiConflict):
     """409 `AlreadyExists`: a create of a name that is taken."""
 
 
-class ApiUidMismatch(ApiConflict):
-    """409 to a server-side apply whose `metadata.uid` is a precondition: the object it names was deleted or
-    replaced by another of the same name. (A forced apply has no field conflicts and the API server retries a
-    stale resourceVersion itself, so that precondition is all a 409 can mean.)"""
+class ApiUidMismatch(ApiError):  # noqa: N818
+    """A server-side apply whose `metadata.uid` is a precondition found another object: one of the same name
+    replaced the one it names (422, the cause on `metadata.uid`: a uid is immutable), or none is left to apply to
+    (409 `uid mismatch`; a status subresource answers 404 instead: `ApiNotFound`). A forced apply has no field
+    conflicts and the API server retries a stale resourceVersion itself, so that precondition is all a 409 to one
+    can mean."""
+
+
+class Cause(NamedTuple):
+    """One of a `Status`'s `details.causes`: its machine-readable reason and the field it is about."""
+
+    reason: str
+    field: str = ""
 
 
 class ApiForbidden(ApiError):  # noqa: N818
@@ -114,6 +123,7 @@ class UndecodableResponse(ApiError):  # noqa: N818  # names the condition
 STATUS_REASON_ALREADY_EXISTS = "AlreadyExists"
 CAUSE_NAMESPACE_TERMINATING = "NamespaceTerminating"
 CAUSE_FIELD_MANAGER_CONFLICT = "FieldManagerConflict"
+UID_FIELD = "metadata.uid"
 _BY_STATUS: dict[int, type[ApiError]] = {
     403: ApiForbidden,
     404: ApiNotFound,
@@ -151,15 +161,21 @@ def api_error(
     if not isinstance(details, dict):
         details = {}
     causes = tuple(
-        str(c.get("reason") or c.get("type") or "") for c in details.get("causes") or [] if isinstance(c, dict)
+        Cause(str(c.get("reason") or c.get("type") or ""), str(c.get("field") or ""))
+        for c in details.get("causes") or []
+        if isinstance(c, dict)
     )
+    reasons = {c.reason for c in causes}
     status_reason = str(parsed.get("reason") or "")
     kind = _BY_STATUS.get(status, ApiServerError if status >= 500 else ApiError)
     if kind is ApiConflict and status_reason == STATUS_REASON_ALREADY_EXISTS:
         kind = ApiAlreadyExists
-    elif kind is ApiConflict and uid_precondition and CAUSE_FIELD_MANAGER_CONFLICT not in causes:
+    elif uid_precondition and (
+        (kind is ApiConflict and CAUSE_FIELD_MANAGER_CONFLICT not in reasons)
+        or (status == 422 and any(c.field == UID_FIELD for c in causes))
+    ):
         kind = ApiUidMismatch
-    elif kind is ApiForbidden and CAUSE_NAMESPACE_TERMINATING in causes:
+    elif kind is ApiForbidden and CAUSE_NAMESPACE_TERMINATING in reasons:
         kind = ApiNamespaceTerminating
     wait = _seconds(retry_after) if retry_after is not None else _seconds(details.get("retryAfterSeconds"))
     return kind(

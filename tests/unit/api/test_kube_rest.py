@@ -220,7 +220,7 @@ def test_each_answer_is_parsed_once_into_the_error_that_names_it(
     assert err.retry_after == {429: 3.0, 503: 2.0}.get(status)
 
 
-def test_a_conflict_on_an_apply_naming_a_uid_is_a_uid_mismatch_and_a_field_conflict_is_not(
+def test_an_apply_naming_a_uid_of_a_replaced_or_deleted_object_is_a_uid_mismatch_and_other_failures_are_not(
     api_server: tuple[FakeApiServer, str],
 ) -> None:
     api, host = api_server
@@ -230,6 +230,22 @@ def test_a_conflict_on_an_apply_naming_a_uid_is_a_uid_mismatch_and_a_field_confl
     for apply in (rest_for(host).apply, rest_for(host).apply_unread):
         with pytest.raises(ApiUidMismatch):
             apply(CLAIM_STATUS, body, "me")
+    invalid = status_body(
+        422,
+        "Invalid",
+        'ResourceClaim.resource.k8s.io "c1" is invalid: metadata.uid: Invalid value: "u1": field is immutable',
+        causes=[{"reason": "FieldValueInvalid", "field": "metadata.uid", "message": "field is immutable"}],
+    )
+    api.answers[CLAIM_STATUS] = (422, invalid, {})
+    with pytest.raises(ApiUidMismatch) as replaced:
+        rest_for(host).apply_unread(CLAIM_STATUS, body, "me")  # replaced by a claim of the same name
+    assert replaced.value.causes == (("FieldValueInvalid", "metadata.uid"),)
+    other_field = status_body(422, "Invalid", "spec: bad", causes=[{"reason": "FieldValueInvalid", "field": "spec"}])
+    api.answers[CLAIM_STATUS] = (422, other_field, {})
+    with pytest.raises(ApiError) as invalid_spec:
+        rest_for(host).apply(CLAIM_STATUS, body, "me")
+    assert type(invalid_spec.value) is ApiError
+    api.answers[CLAIM_STATUS] = (409, status_body(409, "Conflict", gone), {})
     without_uid = {"metadata": {"name": "c1", "namespace": "ns"}, "status": {}}
     with pytest.raises(ApiConflict) as plain:
         rest_for(host).apply(CLAIM_STATUS, without_uid, "me")
@@ -239,9 +255,9 @@ def test_a_conflict_on_an_apply_naming_a_uid_is_a_uid_mismatch_and_a_field_confl
     with pytest.raises(ApiConflict) as field_conflict:
         rest_for(host).apply(CLAIM_STATUS, body, "me", force=False)
     assert type(field_conflict.value) is ApiConflict
-    with pytest.raises(ApiConflict) as replaced:
+    with pytest.raises(ApiConflict) as put:
         rest_for(host).replace(CLAIM_STATUS, body)  # a PUT's 409 may be a stale resourceVersion
-    assert type(replaced.value) is ApiConflict
+    assert type(put.value) is ApiConflict
 
 
 def test_retry_after_takes_the_header_first_and_ignores_what_is_no_number_of_seconds() -> None:
