@@ -78,7 +78,7 @@ class Share(BaseModel):
     admin_access: bool = False
     """The result has `adminAccess: true`: monitoring access that the scheduler does not count against the
     device's capacity. Such a share reserves no memory: the ledger counts it as 0 (and marks it), and the
-    claim status reports `memory: "0"` with `adminAccess: true` (claim_status.share_data)."""
+    claim status reports `memory: "0"` with `adminAccess: true` (`controller.status.plan.share_data`)."""
 
     @property
     def device_key(self) -> DeviceKey:

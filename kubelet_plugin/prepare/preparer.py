@@ -1,8 +1,8 @@
 """NodePrepareResources / NodeUnprepareResources for fracgpu: claims in, CDI specs and a checkpoint out.
 
-The Preparer orchestrates; each step has its own module: read the claims (``claim_reader``), hold the node lock
-(``node_lock``), load and save the checkpoint (``claim_journal``), plan each claim (``claim_spec``, pure, from a
-device-node snapshot, ``devicenodes``), write or remove its files (``claim_store``), report Ready
+The Preparer orchestrates; each step has its own module: read the claims (``reader``), hold the node lock
+(``node_lock``), load and save the checkpoint (``journal``), plan each claim (``plan``, pure, from a
+device-node snapshot, ``devicenodes``), write or remove its files (``store``), report Ready
 (``ready_writer``).
 
 Contract (the kubelet's): every claim in a call gets an answer; a problem with one claim is that claim's

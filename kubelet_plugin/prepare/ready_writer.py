@@ -18,7 +18,7 @@ from kubelet_plugin.prepare.status import Tiers, apply_ready, is_ready
 
 log = logging.getLogger(__name__)
 
-#: Writes Ready=True on one claim (`claim_status.apply_ready` bound to the plugin's client).
+#: Writes Ready=True on one claim (`kubelet_plugin.prepare.status.apply_ready` bound to the plugin's client).
 Write = Callable[[dict[str, Any]], None]
 
 

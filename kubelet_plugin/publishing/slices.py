@@ -31,7 +31,7 @@ def device_entry(
     node can enforce limits with HAMi-core (its library is installed), published as attribute `hamiCore`;
     `enforcement`: the GPU's memory-enforcement tier (``GpuTiers.published``), attribute `memoryEnforcement`, and
     whether it is an MPS GPU, attribute `mps`;
-    `taints`: its `taints` (GPU health, gpu_health.plan_taints), left out when none."""
+    `taints`: its `taints` (GPU health, `kubelet_plugin.health.book.plan_taints`), left out when none."""
     memory = usable_memory(gpu, step, reserve)
     capacity: dict[str, Any] = {"value": format_bytes(memory)}
     if memory >= 2 * step:  # validRange needs min + step <= value

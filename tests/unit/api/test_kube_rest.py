@@ -167,7 +167,7 @@ def status_body(code: int, reason: str, message: str, **details: Any) -> bytes:
 
 
 CLAIM_STATUS = "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c1/status"
-#: What kube-apiserver v1.37 answers, by kind (shapes from k8s.io/apimachinery's errors.New* and its handlers).
+#: What kube-apiserver v1.37 answers, by kind (shapes of k8s.io/apimachinery's NewNotFound, NewConflict, ... and its handlers).
 ANSWERS: list[tuple[str, int, bytes, dict[str, str], type[ApiError]]] = [
     ("not found", 404, status_body(404, "NotFound", 'resourceclaims "c1" not found'), {}, ApiNotFound),
     ("exists", 409, status_body(409, "AlreadyExists", 'events "e" already exists'), {}, ApiAlreadyExists),

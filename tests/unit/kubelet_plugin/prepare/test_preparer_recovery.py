@@ -149,7 +149,7 @@ def test_a_failed_checkpoint_save_fails_the_new_claims_and_removes_their_files(
 
 def test_one_durable_write_per_prepare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checkpoint file and its directory are fsynced once per call, whatever the CDI dir is on (here a
-    persistent one); the spec and info files never (see claim_store: a reboot makes recovery re-write them)."""
+    persistent one); the spec and info files never (see `kubelet_plugin/prepare/store.py`: a reboot makes recovery re-write them)."""
     env = make_env(tmp_path, monkeypatch, cdi_dir=tmp_path / "cdi")
     claim = env.api.add(make_claim(UID_A, "claim-a"))
     calls: list[int] = []
