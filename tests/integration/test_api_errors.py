@@ -23,8 +23,8 @@ from api.kube_errors import (
 )
 from api.kube_rest import KubeConnection, KubeRest, claim_path
 from controller.core.kube import describe
-from e2e.cluster.controlplane import ControlPlane
-from tests.integration import kube
+from harness import kube
+from harness.cluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,7 @@ docstrings still named the modules from before it).
 
 Read in every docstring and `#:` comment of the Python tree:
 
-- a repository path (`controller/status/plan.py`, `e2e/mocknvml/`) must exist;
+- a repository path (`controller/status/plan.py`, `harness/mocknvml/`) must exist;
 - a dotted name from a top-level package (`controller.core.model`, `api.gpu.GPU_PLURAL`) must be a module, and
   past the module a name it defines;
 - `python -m <module>` must name a module that can run;
@@ -27,12 +27,12 @@ import pytest
 from tests.unit.test_docs import chart_values, unresolved_dotted
 
 REPO = Path(__file__).resolve().parents[2]
-TREES = ("api", "controller", "kubelet_plugin", "e2e", "tests")
-TOP = ("api", "controller", "kubelet_plugin", "e2e", "tests")
-_PATH = re.compile(r"(?<![\w/.\-])((?:api|controller|kubelet_plugin|e2e|tests|charts|docs)/[\w./\-]*[\w/])")
+TREES = ("api", "controller", "kubelet_plugin", "harness", "e2e", "tests")
+TOP = TREES
+_PATH = re.compile(r"(?<![\w/.\-])((?:api|controller|kubelet_plugin|harness|e2e|tests|charts|docs)/[\w./\-]*[\w/])")
 _DOTTED = re.compile(r"(?<![\w.\-/])([a-z][a-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+)(?![\w(/\-])")
 _DOUBLE_BACKTICK = re.compile(r"``([a-z][a-z0-9_]+)``")
-PRODUCT = ("api", "controller", "kubelet_plugin", "e2e")
+PRODUCT = ("api", "controller", "kubelet_plugin", "harness", "e2e")
 _PYTHON_M = re.compile(r"python3? -m ([A-Za-z_][A-Za-z0-9_.]*)")
 
 
