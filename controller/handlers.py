@@ -13,21 +13,20 @@ import socket
 from typing import Any
 
 import kopf
-from kubernetes import client
 
 from api.gpu import GPU_PLURAL, GPU_VERSION
 from api.kube_rest import KubeConnection, KubeRest
 from api.names import API_GROUP
 from controller.admission.certificate import SharedCertificate
 from controller.admission.verdict import Review, review_claim_spec
-from controller.admission.webhook import WebhookServer
+from controller.admission.webhook import WebhookServer, refuse
 from controller.admission.webhook_config import CLAIMS, TEMPLATES, Registration
 from controller.core import kube, metrics
 from controller.core.model import ClaimView, DeviceClassView, SliceView, claim_view, device_class_view, slice_view
 from controller.core.settings import COMPONENT, Settings
 from controller.leadership.gate import Leadership
 from controller.ledger.plan import ExistingGpu
-from controller.reconciler import Controller
+from controller.loops import Controller
 
 log = logging.getLogger(__name__)
 RESOURCE_GROUP = "resource.k8s.io"
@@ -45,20 +44,20 @@ def webhook_hosts(settings: Settings) -> tuple[str | None, list[str]]:
     return host, [f"{service[1]}.{service[0]}.svc.cluster.local"] if service else []
 
 
-def shared_certificate(settings: Settings, api: client.ApiClient) -> SharedCertificate | None:
+def shared_certificate(settings: Settings, connection: KubeConnection) -> SharedCertificate | None:
     """The certificate the replicas share (`--webhook-cert-secret`), or None: each process makes its own."""
     if not settings.admission or settings.webhook_cert_secret is None or settings.webhook_cert_dir is not None:
         return None
     namespace, name = settings.webhook_cert_secret.split("/", 1)
     host, extra = webhook_hosts(settings)
     hostnames = [h for h in (host or "127.0.0.1", *extra) if h]
-    return SharedCertificate(KubeRest(KubeConnection.of(api), timeout=10.0, attempts=2), namespace, name, hostnames)
+    return SharedCertificate(KubeRest(connection, timeout=10.0, attempts=2), namespace, name, hostnames)
 
 
 def operator_settings(
-    settings: Settings, api: client.ApiClient, shared: SharedCertificate | None = None
+    settings: Settings, connection: KubeConnection, shared: SharedCertificate | None = None
 ) -> kopf.OperatorSettings:
-    """kopf settings: standalone, quiet Event posting, our webhook server registering itself through `api`.
+    """kopf settings: standalone, quiet Event posting, our webhook server registering itself on `connection`.
 
     kopf does not manage the webhook configuration (`admission.managed` stays None): its manager creates
     the configuration first, which the controller may not; our server patches the chart-made one instead.
@@ -82,7 +81,7 @@ def operator_settings(
             service=(service[0], service[1]) if service else None,
             service_port=settings.webhook_port if service else None,
             registration=Registration(
-                KubeRest(KubeConnection.of(api)),
+                KubeRest(connection),
                 settings.webhook_config_name,
                 fail=settings.webhook_failure_policy == "Fail",
                 check_seconds=settings.webhook_check_seconds,
@@ -120,7 +119,7 @@ def register(
 
     @kopf.on.login(registry=registry, id="login")
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return kube.connection_info(settings)
+        return kube.connection_info(kube.credentials(settings))
 
     @kopf.on.startup(registry=registry, id="startup")
     async def startup(**kwargs: Any) -> None:
@@ -188,7 +187,7 @@ def register(
     async def index_node(name: str, uid: str, **_: Any) -> dict[str, str]:
         return {name: uid}  # only which Nodes exist: claims on a deleted one are reported
 
-    # ----- events: only wake the reconciler; it reads the indexes -------------------------------------
+    # ----- events: only wake the managers (controller/loops.py); they read the indexes ------------------
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", registry=registry, id="slice_event")
     async def slice_event(**_: Any) -> None:
@@ -253,4 +252,4 @@ def _respond(review: Review, warnings: list[str], body: kopf.Body) -> None:
         log.info(
             "admission refused", extra={"object": f"{kind} {meta.get('namespace')}/{name}", "problems": review.message}
         )
-        raise kopf.AdmissionError(review.message, code=422)
+        refuse(review.message)

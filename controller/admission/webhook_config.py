@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 import kopf
 
-from api.kube_rest import ApiError, KubeRest
+from api.kube_errors import ApiError, ApiForbidden, ApiNotFound
+from api.kube_rest import KubeRest
 
 log = logging.getLogger(__name__)
 CONFIGS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
@@ -175,13 +176,13 @@ class Registration:
 
 def _why(err: ApiError, name: str) -> str:
     """What a failed patch of the configuration `name` means, and what to do."""
-    if err.status == 404:
+    if isinstance(err, ApiNotFound):
         return (
             f"the ValidatingWebhookConfiguration {name} does not exist. The Helm chart creates it (empty) and"
             " the controller may only patch it: `helm upgrade` the release to restore it. Until then claims"
             " are not checked at admission (the node plugin still refuses a bad GpuConfig at prepare)."
         )
-    if err.status == 403:
+    if isinstance(err, ApiForbidden):
         return (
             f"the controller may not get or patch the ValidatingWebhookConfiguration {name}: its ClusterRole"
             " must allow both on that name (chart value controller.webhook.configName, controller flag"

@@ -8,12 +8,12 @@ from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any, ParamSpec, TypeVar
 
-from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ConfigDict
 
 from api.bounded_json import short_path, skipped_parts
 from api.gpu import DEVICE_GONE_CONDITION, ENFORCEMENT_CONDITION, tier_of_reason
 from api.names import MEMORY_CAPACITY
+from api.quantity import parse_quantity
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -78,7 +78,7 @@ class Share(BaseModel):
     admin_access: bool = False
     """The result has `adminAccess: true`: monitoring access that the scheduler does not count against the
     device's capacity. Such a share reserves no memory: the ledger counts it as 0 (and marks it), and the
-    claim status reports `memory: "0"` with `adminAccess: true` (claim_status.share_data)."""
+    claim status reports `memory: "0"` with `adminAccess: true` (`controller.status.plan.share_data`)."""
 
     @property
     def device_key(self) -> DeviceKey:

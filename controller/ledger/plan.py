@@ -78,7 +78,7 @@ def desired_ledger(
     reporting: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, GpuObject]:
     """One object per published device with the allocations of every claim on it; `reporting`: node -> its
-    `PluginReporting` condition (node_lifecycle.plan_plugin_reporting)."""
+    `PluginReporting` condition (`controller.nodes.plan.plan_plugin_reporting`)."""
     conditions = reporting or {}
     shares: dict[DeviceKey, list[tuple[ClaimView, Share]]] = {key: [] for key in devices}
     for claim in claims:

@@ -34,16 +34,15 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
 
-from e2e import mocknvml
 from e2e.bench import goref_plugin
 from e2e.bench.stats import summary_ms, table
-from e2e.cluster import binaries
-from e2e.cluster.controlplane import ControlPlane
-from e2e.kubelet_client import KubeletClient
-from e2e.mocknvml.driver_root import install_driver
-from e2e.nodeplugin import DRIVER, NodePluginProcess
+from harness import kube, mocknvml
+from harness.cluster import binaries
+from harness.cluster.controlplane import ControlPlane
+from harness.kubelet_client import KubeletClient
+from harness.mocknvml.driver_root import install_driver
+from harness.nodeplugin import DRIVER, NodePluginProcess
 from kubelet_plugin.mps import layout as mps
-from tests.integration import kube
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:

@@ -84,16 +84,6 @@ class CheckpointDevice(_Model):
             uuid=uuid,
         )
 
-    def to_prepared(self) -> PreparedDevice:
-        """The device as NodePrepareResources returns it (for an idempotent repeat)."""
-        return PreparedDevice(
-            request_names=tuple(self.request_names),
-            pool_name=self.pool_name,
-            device_name=self.device_name,
-            cdi_device_ids=tuple(self.cdi_device_ids),
-            share_id=self.share_id,
-        )
-
 
 class ClaimEntry(_Model):
     """One claim known to the plugin."""

@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from api.kube_rest import SLICES, ApiError, KubeConnection, KubeRest, node_path
+from api.kube_errors import ApiConflict, ApiError
+from api.kube_rest import SLICES, KubeConnection, KubeRest, node_path
 from kubelet_plugin.core.coalesce import Coalescer
 from kubelet_plugin.core.filelock import serialize_lock
 from kubelet_plugin.core.model import GpuInfo
@@ -147,7 +148,7 @@ class SlicePublisher:
                     log.warning(
                         "ResourceSlice sync failed; retrying", extra={"status": err.status, "reason": err.reason}
                     )
-                    stop.wait(0.2 if err.status == 409 else 2)  # 409: raced with another writer
+                    stop.wait(0.2 if isinstance(err, ApiConflict) else 2)  # raced with another writer
                 except Exception:
                     log.exception("ResourceSlice sync failed; retrying")
                     stop.wait(2)

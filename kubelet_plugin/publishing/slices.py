@@ -41,7 +41,7 @@ def device_entry(
     whether it is an MPS GPU, attribute `mps`, with capacity `mpsClients`: the clients its MPS server takes, of
     which each allocation consumes one unless it asks for more (one per CUDA process), so the scheduler never
     places a share the server would refuse with CUDA_ERROR_MPS_MAX_CLIENTS_REACHED;
-    `taints`: its `taints` (GPU health, gpu_health.plan_taints), left out when none."""
+    `taints`: its `taints` (GPU health, `kubelet_plugin.health.book.plan_taints`), left out when none."""
     memory = usable_memory(gpu, step, reserve)
     capacity: dict[str, Any] = {"value": format_bytes(memory)}
     if memory >= 2 * step:  # validRange needs min + step <= value

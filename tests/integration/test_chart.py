@@ -26,20 +26,21 @@ from kubernetes.dynamic import DynamicClient
 
 from api.gpu import GpuStatus
 from api.heartbeat import HEARTBEAT_LABEL, heartbeat_of, lease_body, lease_name, leases_path
-from api.kube_rest import APPLY, SLICES, ApiError, KubeConnection, KubeRest, claim_path
+from api.kube_errors import ApiError
+from api.kube_rest import APPLY, SLICES, KubeConnection, KubeRest, claim_path
 from api.options import options
 from controller.admission.certificate import self_signed_certificate
 from controller.admission.verdict import review_claim_spec
 from controller.admission.webhook_config import Registration
 from controller.core.rbac import cluster_role_rules, heartbeat_role_rules, namespace_role_rules
-from e2e.cluster import binaries
-from e2e.cluster.controlplane import ControlPlane
-from e2e.nodeplugin import PLUGIN_RUNTIME_ENV
+from harness import kube
+from harness.cluster import binaries
+from harness.cluster.controlplane import ControlPlane
+from harness.nodeplugin import PLUGIN_RUNTIME_ENV
 from kubelet_plugin.mps_supervisor.supervisor import MpsSettings
 from kubelet_plugin.prepare.status import apply_ready
 from kubelet_plugin.publishing.heartbeat import Heartbeat
 from kubelet_plugin.publishing.slices import build_slices
-from tests.integration import kube
 
 pytestmark = pytest.mark.integration
 

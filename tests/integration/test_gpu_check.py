@@ -1,4 +1,4 @@
-"""The real-GPU check (e2e/gpu/check.sh) run as the device machine runs it, against the simulated driver.
+"""The real-GPU check (harness/gpu/check.sh) run as the device machine runs it, against the simulated driver.
 
 The bundle is built as ``make gpu-check-bundle`` builds it (wheels for this interpreter only: they come from the
 wheel cache after the first run), then check.sh unpacks it, makes a fresh venv from its wheels and runs our
@@ -27,17 +27,17 @@ import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from e2e import lock
-from e2e.gpu import bundle as gpu_bundle
-from e2e.mocknvml import PROFILES, make_driver_root, read_profile
-from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, make_faithful_driver_root
+from harness import lock
+from harness.gpu import bundle as gpu_bundle
+from harness.mocknvml import PROFILES, make_driver_root, read_profile
+from harness.mocknvml.driver_root import LIBDIR, DriverInstall, make_faithful_driver_root
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mknod'd device nodes and runc"),
 ]
 
-CHECK = Path(gpu_bundle.REPO) / "e2e" / "gpu" / "check.sh"
+CHECK = Path(gpu_bundle.REPO) / "harness" / "gpu" / "check.sh"
 PROFILE = PROFILES / "sim80gi-x2.profile"
 GPU0, GPU1 = (read_profile(PROFILE)[f"gpu.{i}.uuid"] for i in (0, 1))
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"

@@ -1,4 +1,4 @@
-"""The mock CUDA MPS (e2e/mocknvml/mock_mps_control.c) with the mock libcuda as its client, and the mock NVML's
+"""The mock CUDA MPS (harness/mocknvml/mock_mps_control.c) with the mock libcuda as its client, and the mock NVML's
 compute mode: what the driver's `mps` tier relies on, without a GPU.
 
 Integration tier: the tests that switch UIDs (legacy and multi-user servers) and set the compute mode need
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from e2e import mocknvml
+from harness import mocknvml
 
 pytestmark = pytest.mark.integration
 PROFILE = mocknvml.PROFILES / "gpu80x2.profile"

@@ -1,5 +1,5 @@
 """The MPS supervisor (python -m kubelet_plugin.mps_supervisor) and the node plugin's side of the mps tier against
-the mock driver's real binaries: the control daemon and server (e2e/mocknvml/mock_mps_control.c), NVML's compute mode
+the mock driver's real binaries: the control daemon and server (harness/mocknvml/mock_mps_control.c), NVML's compute mode
 and libcuda as an MPS client, run by the CUDA probe. Root: the supervisor mounts each GPU's /dev/shm tmpfs and runs
 the daemon in a mount namespace of its own.
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import pytest
 
-from e2e import mocknvml
-from e2e.mocknvml import PROFILES, read_profile
+from harness import mocknvml
+from harness.mocknvml import PROFILES, read_profile
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.mps import layout as mps
 from kubelet_plugin.mps.control import Limits, MpsControl, MpsControlError
