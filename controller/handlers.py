@@ -10,29 +10,35 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from typing import Any
 
+import jsonpatch
 import kopf
 
 from api.gpu import GPU_PLURAL, GPU_VERSION
 from api.kube_rest import KubeConnection, KubeRest
+from api.mps_trust import TrustDomain, trust_domain
 from api.names import API_GROUP
 from controller.admission.certificate import SharedCertificate
 from controller.admission.verdict import Review, review_claim_spec
 from controller.admission.webhook import WebhookServer, refuse
-from controller.admission.webhook_config import CLAIMS, TEMPLATES, Registration
+from controller.admission.webhook_config import CLAIMS, MUTATED_CLAIMS, TEMPLATES, Registration
 from controller.core import kube, metrics
 from controller.core.model import ClaimView, DeviceClassView, SliceView, claim_view, device_class_view, slice_view
 from controller.core.settings import COMPONENT, Settings
 from controller.leadership.gate import Leadership
 from controller.ledger.plan import ExistingGpu
 from controller.loops import Controller
+from controller.mps.plan import foreign_tolerations, tolerations_patch
 
 log = logging.getLogger(__name__)
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 INDEX_IDS = ("fracgpu_slices", "fracgpu_claims", "fracgpu_gpus", "fracgpu_classes", "fracgpu_nodes")
 """The ids of the indexes, in the order `Controller.bind` takes them (kopf passes each as a keyword argument)."""
+NAMESPACES_INDEX = "fracgpu_namespaces"
+"""Namespace name -> labels: only with MPS trust scope namespaceLabel (the only reader of namespace labels)."""
 
 
 def webhook_hosts(settings: Settings) -> tuple[str | None, list[str]]:
@@ -85,6 +91,7 @@ def operator_settings(
                 settings.webhook_config_name,
                 fail=settings.webhook_failure_policy == "Fail",
                 check_seconds=settings.webhook_check_seconds,
+                mutated=(MUTATED_CLAIMS,) if settings.mps else (),
             ),
             shared=shared,
             shared_check_seconds=settings.webhook_cert_check_seconds,
@@ -92,12 +99,19 @@ def operator_settings(
     return out
 
 
-def _review(controller: Controller, spec: Any, prefix: str) -> Review:
+def _review(controller: Controller, spec: Any, prefix: str, namespace: str | None) -> Review:
     """Review a claim spec against what the controller published for admission (called on the webhook's
-    thread: it reads `controller.admission.verdict` only)."""
+    thread: it reads `controller.admission.verdict` only), and its tolerations against the claim's MPS trust
+    domain (with --mps)."""
     s = controller.settings
     facts = controller.admission
-    return review_claim_spec(
+    if s.mps and namespace and isinstance(spec, Mapping):
+        refused, warned = foreign_tolerations(spec, _domain(controller, namespace))
+        if refused:
+            return Review(problems=tuple(refused), warnings=tuple(warned))
+    else:
+        warned = []
+    review = review_claim_spec(
         spec,
         prefix,
         driver=s.driver_name,
@@ -108,6 +122,14 @@ def _review(controller: Controller, spec: Any, prefix: str) -> Review:
         nvml_offered=facts.nvml,
         mps_offered=facts.mps,
     )
+    return Review(problems=review.problems, warnings=(*review.warnings, *warned)) if warned else review
+
+
+def _domain(controller: Controller, namespace: str) -> TrustDomain:
+    """The MPS trust domain of a claim in `namespace` (the namespaces' labels as the main loop indexed them)."""
+    s = controller.settings
+    labels = controller.context.namespace_labels(namespace) if s.mps_trust_scope == "namespaceLabel" else None
+    return trust_domain(s.mps_trust_scope, s.mps_trust_label, namespace, labels)
 
 
 def register(
@@ -124,7 +146,7 @@ def register(
     @kopf.on.startup(registry=registry, id="startup")
     async def startup(**kwargs: Any) -> None:
         # kopf passes every index as a keyword argument named after its id (still empty at startup)
-        controller.bind(*(kwargs[i] for i in INDEX_IDS))
+        controller.bind(*(kwargs[i] for i in INDEX_IDS), namespaces=kwargs.get(NAMESPACES_INDEX))
         if leadership is None or leadership.elector is None:
             await controller.start()
         else:
@@ -187,6 +209,13 @@ def register(
     async def index_node(name: str, uid: str, **_: Any) -> dict[str, str]:
         return {name: uid}  # only which Nodes exist: claims on a deleted one are reported
 
+    if settings.mps and settings.mps_trust_scope == "namespaceLabel":
+        label = settings.mps_trust_label
+
+        @kopf.index("v1", "namespaces", registry=registry, id=NAMESPACES_INDEX)
+        async def index_namespace(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
+            return {name: {label: labels[label]} if label in labels else {}}  # the one label that matters
+
     # ----- events: only wake the managers (controller/loops.py); they read the indexes ------------------
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", registry=registry, id="slice_event")
@@ -226,8 +255,8 @@ def register(
         id=CLAIMS.id,
         operations=list(CLAIMS.operations),  # CREATE: the spec is immutable
     )
-    async def validate_claim(body: kopf.Body, warnings: list[str], **_: Any) -> None:
-        _respond(_review(controller, body.get("spec"), "spec"), warnings, body)
+    async def validate_claim(body: kopf.Body, warnings: list[str], namespace: str | None, **_: Any) -> None:
+        _respond(_review(controller, body.get("spec"), "spec", namespace), warnings, body)
 
     @kopf.on.validate(
         TEMPLATES.group,
@@ -237,8 +266,27 @@ def register(
         id=TEMPLATES.id,
         operations=list(TEMPLATES.operations),
     )
-    async def validate_template(body: kopf.Body, warnings: list[str], **_: Any) -> None:
-        _respond(_review(controller, (body.get("spec") or {}).get("spec"), "spec.spec"), warnings, body)
+    async def validate_template(body: kopf.Body, warnings: list[str], namespace: str | None, **_: Any) -> None:
+        _respond(_review(controller, (body.get("spec") or {}).get("spec"), "spec.spec", namespace), warnings, body)
+
+    if settings.mps:
+
+        @kopf.on.mutate(
+            MUTATED_CLAIMS.group,
+            MUTATED_CLAIMS.version,
+            MUTATED_CLAIMS.plural,
+            registry=registry,
+            id=MUTATED_CLAIMS.id,
+            operations=list(MUTATED_CLAIMS.operations),
+        )
+        async def tolerate_own_domain(body: kopf.Body, patch: kopf.Patch, namespace: str | None, **_: Any) -> None:
+            spec = body.get("spec")
+            if not namespace or not isinstance(spec, Mapping):
+                return
+            ops = tolerations_patch(spec, settings.device_classes, _domain(controller, namespace))
+            if ops:
+                metrics.ADMISSION.labels("ResourceClaim", "tolerated").inc()
+                patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
 
 
 def _respond(review: Review, warnings: list[str], body: kopf.Body) -> None:

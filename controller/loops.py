@@ -4,7 +4,8 @@ shared by one manager per concern, started and stopped together, with kopf's eve
 - `devices.DeviceCatalogue`: the published devices and the admission facts;
 - `status.StatusManager`: the claim-status writers and the Events about claims;
 - `ledger.LedgerManager` over `ledger.LedgerMarks`: the `GPU` ledger;
-- `nodes.NodeReporting`: the node plugins' heartbeats.
+- `nodes.NodeReporting`: the node plugins' heartbeats;
+- `mps.MpsDomains`: the MPS GPUs' trust domains (decisions the status writers write, DeviceTaintRules).
 
 kopf's handlers (controller/handlers.py) only call the `*_changed`/`*_event` methods here; every decision is made
 by a manager from the indexes, never from what this process did before, so a restart converges to the same state.
@@ -20,6 +21,7 @@ from controller.core.settings import Settings
 from controller.devices.catalogue import DeviceCatalogue
 from controller.devices.facts import AdmissionFacts
 from controller.ledger.manager import LedgerManager, LedgerMarks
+from controller.mps.manager import MpsDomains
 from controller.nodes.heartbeats import NodeReporting
 from controller.status.manager import StatusManager
 
@@ -33,8 +35,11 @@ class Controller:
         self.catalogue = DeviceCatalogue(self.context)
         marks = LedgerMarks(self.catalogue)
         self.nodes = NodeReporting(self.context, self.catalogue, on_changed=marks.nodes)
-        self.ledger = LedgerManager(self.context, self.catalogue, marks, reporting=self.nodes.reporting)
-        self.status = StatusManager(self.context, self.catalogue)
+        self.mps = MpsDomains(self.context, self.catalogue)
+        self.ledger = LedgerManager(
+            self.context, self.catalogue, marks, reporting=self.nodes.reporting, trust_domain=self.mps.owner_id
+        )
+        self.status = StatusManager(self.context, self.catalogue, self.mps)
         self._tasks = Tasks()  # the resync and the event loop's lag probe
         self._stopped = False
 
@@ -44,12 +49,20 @@ class Controller:
         return self.catalogue.admission
 
     def bind(
-        self, slices: Index, claims: Index, gpus: Index, classes: Index | None = None, nodes: Index | None = None
+        self,
+        slices: Index,
+        claims: Index,
+        gpus: Index,
+        classes: Index | None = None,
+        nodes: Index | None = None,
+        *,
+        namespaces: Index | None = None,
     ) -> None:
         """Attach kopf's live indexes (passed to startup handlers before they are populated)."""
-        self.context.bind(Indexes(slices, claims, gpus, classes if classes is not None else {}, nodes))
+        self.context.bind(Indexes(slices, claims, gpus, classes if classes is not None else {}, nodes, namespaces))
         self.catalogue.reset()
         self.ledger.reset()
+        self.mps.reset()
 
     async def start(self) -> None:
         """Start every manager. A start after `stop` (leadership regained, controller/leadership/gate.py) is a
@@ -62,12 +75,15 @@ class Controller:
         self.status.start()
         self.ledger.start()
         self.nodes.start()
+        self.mps.start()
         self._tasks.spawn(self._resync_loop(), "resync")
         self._tasks.spawn(metrics.loop_lag(), "loop-lag")
 
     async def stop(self) -> None:
         """Stop every manager; in-flight API calls finish in their threads."""
-        await asyncio.gather(self._tasks.cancel(), self.status.stop(), self.ledger.stop(), self.nodes.stop())
+        await asyncio.gather(
+            self._tasks.cancel(), self.status.stop(), self.ledger.stop(), self.nodes.stop(), self.mps.stop()
+        )
         self.context.close()
         self._stopped = True
 
@@ -76,6 +92,7 @@ class Controller:
             await asyncio.sleep(self.settings.resync_seconds)
             self.status.enqueue_all()
             self.ledger.marks.all()
+            self.mps.resync()
 
     # ----- kopf's events (event loop) -------------------------------------------------------------------
 
@@ -88,6 +105,7 @@ class Controller:
         if deleted or (not indexed and self.ledger.knows(key)):
             self.context.ready.set()
             self.ledger.claim_gone(key)
+            self.mps.claim_changed(key)
             self.status.events.forget(uid, posted=deleted)
         elif indexed:
             self.claim_changed(key)
@@ -96,12 +114,14 @@ class Controller:
         """A claim of ours was added or modified (its index entry is already updated)."""
         self.context.ready.set()
         self.ledger.claim_changed(key)
+        self.mps.claim_changed(key)
         self.status.enqueue(key)
 
     def slices_changed(self) -> None:
         """A slice of our driver changed: when the published devices differ, every claim and GPU is re-checked."""
         self.context.ready.set()
         if self.catalogue.refresh():
+            self.mps.devices_changed()
             self.status.enqueue_all()
             self.ledger.marks.all()
 

@@ -37,6 +37,15 @@ class Writer(Protocol):
         """The node plugins' heartbeat Leases of our driver in `namespace` (api/heartbeat.py). Raises on API errors."""
         ...
 
+    def list_taint_rules(self) -> list[dict[str, Any]]:
+        """The DeviceTaintRules of MPS trust domains (`controller.mps.plan.RULE_LABEL`). Raises on API errors."""
+        ...
+
+    def apply_taint_rule(self, body: dict[str, Any]) -> None: ...
+    def delete_taint_rule(self, name: str) -> None:
+        """Delete a DeviceTaintRule; already gone is fine."""
+        ...
+
 
 class Indexes(NamedTuple):
     """kopf's live indexes (handlers.INDEX_IDS, in this order)."""
@@ -47,6 +56,8 @@ class Indexes(NamedTuple):
     classes: Index
     nodes: Index | None = None
     """Node name -> uid; None: Nodes are not watched."""
+    namespaces: Index | None = None
+    """Namespace name -> its labels; None: Namespaces are not watched (only MPS trust scope namespaceLabel does)."""
 
 
 class Tasks:
@@ -132,6 +143,13 @@ class Context:
         """Our DeviceClass as the cluster has it; None when it is not (or not yet) seen."""
         view: DeviceClassView | None = first(self.indexes.classes, self.settings.device_class)
         return view
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
+        """The labels of `namespace`; None when Namespaces are not watched or it is not (yet) seen."""
+        if self.indexes.namespaces is None:
+            return None
+        labels: Mapping[str, str] | None = first(self.indexes.namespaces, namespace)
+        return labels
 
     def node_names(self) -> Collection[str] | None:
         """The Nodes that exist; None while they are not known (not watched, or kopf's indexes not yet populated)."""

@@ -21,6 +21,8 @@ from api.heartbeat import HEARTBEAT_LABEL, leases_path
 from api.kube_config import KubeConfig
 from api.kube_errors import ApiError, ApiNotFound
 from api.kube_rest import KubeConnection, KubeRest, claim_path
+from api.mps_trust import RULE_LABEL
+from api.mps_trust import TAINT_RULES_PATH as TAINT_RULES
 from api.names import API_GROUP
 from controller.core.model import ClaimView
 from controller.core.settings import COMPONENT, FIELD_MANAGER, Settings
@@ -146,3 +148,14 @@ class KubeWriter:
         selector = f"{HEARTBEAT_LABEL}={self.driver}"
         items: list[dict[str, Any]] = self.rest.get(leases_path(namespace), labelSelector=selector)["items"]
         return items
+
+    def list_taint_rules(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.rest.get(TAINT_RULES, labelSelector=f"{RULE_LABEL}=true")["items"]
+        return items
+
+    def apply_taint_rule(self, body: dict[str, Any]) -> None:
+        self.rest.apply_unread(f"{TAINT_RULES}/{body['metadata']['name']}", body, FIELD_MANAGER)
+
+    def delete_taint_rule(self, name: str) -> None:
+        with contextlib.suppress(ApiNotFound):
+            self.rest.delete(f"{TAINT_RULES}/{name}")

@@ -60,6 +60,17 @@ class GatedWriter:
     def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:
         return self.writer.list_heartbeats(namespace)  # a read: not gated
 
+    def list_taint_rules(self) -> list[dict[str, Any]]:
+        return self.writer.list_taint_rules()  # a read: not gated
+
+    def apply_taint_rule(self, body: dict[str, Any]) -> None:
+        self._check()
+        self.writer.apply_taint_rule(body)
+
+    def delete_taint_rule(self, name: str) -> None:
+        self._check()
+        self.writer.delete_taint_rule(name)
+
     def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
         if not self._leading():
             return False  # the next leader posts it (Event names are deterministic: no duplicate)

@@ -87,13 +87,20 @@ class LedgerManager:
     """The inverse index of claims on devices, and the ledger loop over the marks."""
 
     def __init__(
-        self, context: Context, catalogue: DeviceCatalogue, marks: LedgerMarks, reporting: Callable[[], Reporting]
+        self,
+        context: Context,
+        catalogue: DeviceCatalogue,
+        marks: LedgerMarks,
+        reporting: Callable[[], Reporting],
+        trust_domain: Callable[[DeviceKey], str | None] = lambda _: None,
     ) -> None:
-        """`reporting`: each node's `PluginReporting` condition for one pass (`NodeReporting.reporting`)."""
+        """`reporting`: each node's `PluginReporting` condition for one pass (`NodeReporting.reporting`);
+        `trust_domain`: the trust domain an MPS GPU serves (`MpsDomains.owner_id`)."""
         self._context = context
         self._catalogue = catalogue
         self.marks = marks
         self._reporting = reporting
+        self._trust_domain = trust_domain
         # claims that were in the index at their last event -> the devices their shares were on then
         self._seen: dict[ClaimKey, frozenset[DeviceKey]] = {}
         self._on_device: dict[DeviceKey, set[ClaimKey]] = {}  # the inverse of _seen
@@ -179,7 +186,9 @@ class LedgerManager:
                 for share in view.shares:
                     self._on_device.setdefault(share.device_key, set()).add(view.key)
             by_node = {n: c for n in self._catalogue.nodes() if (c := reporting(n)) is not None}
-            return desired_ledger(devices, self._context.claims(), driver, FIELD_MANAGER, by_node)
+            return desired_ledger(
+                devices, self._context.claims(), driver, FIELD_MANAGER, by_node, trust_domain=self._trust_domain
+            )
         out: dict[str, GpuObject] = {}
         for name in names:
             key = self._catalogue.device_of(name)
@@ -187,7 +196,10 @@ class LedgerManager:
                 continue
             views = [v for c in self._on_device.get(key, ()) if (v := self._context.claim(c)) is not None]
             device = devices[key]
-            out[name] = desired_gpu(device, shares_on(key, views), driver, FIELD_MANAGER, reporting(device.node))
+            shares = shares_on(key, views)
+            out[name] = desired_gpu(
+                device, shares, driver, FIELD_MANAGER, reporting(device.node), mps_trust_domain=self._trust_domain(key)
+            )
         return out
 
     async def reconcile(self, names: Collection[str] | None = None) -> bool:

@@ -6,7 +6,7 @@ can recompute only the GPUs whose claims changed; `desired_ledger` computes them
 """
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -76,17 +76,21 @@ def desired_ledger(
     driver: str,
     manager: str,
     reporting: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    trust_domain: Callable[[DeviceKey], str | None] | None = None,
 ) -> dict[str, GpuObject]:
     """One object per published device with the allocations of every claim on it; `reporting`: node -> its
-    `PluginReporting` condition (`controller.nodes.plan.plan_plugin_reporting`)."""
+    `PluginReporting` condition (`controller.nodes.plan.plan_plugin_reporting`); `trust_domain`: the trust domain
+    an MPS GPU serves."""
     conditions = reporting or {}
     shares: dict[DeviceKey, list[tuple[ClaimView, Share]]] = {key: [] for key in devices}
     for claim in claims:
         for share in claim.shares:
             if share.device_key in shares:
                 shares[share.device_key].append((claim, share))
+    domain = trust_domain or (lambda _: None)
     objects = (
-        desired_gpu(device, shares[key], driver, manager, conditions.get(device.node))
+        desired_gpu(device, shares[key], driver, manager, conditions.get(device.node), mps_trust_domain=domain(key))
         for key, device in devices.items()
     )
     return {o.name: o for o in objects}
@@ -103,9 +107,12 @@ def desired_gpu(
     driver: str,
     manager: str,
     reporting: Mapping[str, Any] | None = None,
+    *,
+    mps_trust_domain: str | None = None,
 ) -> GpuObject:
     """The object of one published device carrying `shares` (each with its claim; any order), owned by the Node
-    that owns the device's slice; `reporting`: its node's `PluginReporting` condition, if watched."""
+    that owns the device's slice; `reporting`: its node's `PluginReporting` condition, if watched;
+    `mps_trust_domain`: the trust domain an MPS GPU serves (`controller.mps`)."""
     claims_on = []
     allocated = 0
     for claim, share in sorted(
@@ -138,6 +145,7 @@ def desired_gpu(
         shares=len(claims_on),
         claims=claims_on,
         share_enforcement=share_enforcement(claims_on),
+        mps_trust_domain=mps_trust_domain,
         conditions=[GpuCondition.model_validate(reporting)] if reporting is not None else None,
     )
     name = gpu_object_name(device.node, device.device)

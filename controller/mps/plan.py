@@ -22,14 +22,12 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from api.mps_trust import LABEL_TAINT_KEY, NAMESPACE_TAINT_KEY, TrustDomain
+from api.mps_trust import LABEL_TAINT_KEY, NAMESPACE_TAINT_KEY, RULE_LABEL, TrustDomain
 
 ShareState = Literal["waiting", "admitted", "refused", "holding"]
 """waiting: its result carries the binding condition and neither condition is set yet; admitted / refused: the
 controller decided; holding: allocated without the binding condition (an older slice, or a cluster without
 binding conditions): it holds the GPU whatever is decided."""
-RULE_LABEL = "gpu.fracgpu.dev/mps-trust-domain-rule"
-"""Label of the DeviceTaintRules the controller owns (its list selects on it; nothing else carries it)."""
 TAINT_KEYS = (NAMESPACE_TAINT_KEY, LABEL_TAINT_KEY)
 
 

@@ -88,7 +88,8 @@ def plan_node_gone(
             {"driver": driver, "pool": share.pool, "device": share.device}
             | ({"shareID": share.share_id} if share.share_id else {}),
         )
-        entry["conditions"] = [existing if existing is not None else gone_condition(share, node, now)]
+        others = [c for c in entry.get("conditions") or [] if c.get("type") != DEVICE_GONE_CONDITION]
+        entry["conditions"] = [*others, existing if existing is not None else gone_condition(share, node, now)]
     return NodeGonePlan(entries=tuple(by_key.values()), changed=changed, node=node, shares=claim.shares)
 
 

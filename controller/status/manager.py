@@ -1,6 +1,7 @@
 """The claim-status manager: claims wait in a `WorkQueue` for `--workers` concurrent writers; each plans the claim's
-`status.devices` entries (`plan_status`, with `plan_node_gone` for a deleted node) from the indexes, applies them
-when they differ, and posts the Events the claim needs (`ClaimEvents`).
+`status.devices` entries (`plan_status`, with `plan_node_gone` for a deleted node, and what MPS GPUs add from
+`controller.mps`: the trust domain and the binding condition decided) from the indexes, applies them when they
+differ, and posts the Events the claim needs (`ClaimEvents`, and `MpsTrustDomainConflict` for a refused share).
 
 A failed write or Event post is retried with the queue's backoff, up to `MAX_ATTEMPTS` times; a claim that is gone
 or was replaced (`ApiNotFound`, `ApiUidMismatch`) is not. 64 writers by default: at the API server's latency under
@@ -18,6 +19,7 @@ from controller.core.context import ClaimKey, Context, Tasks
 from controller.core.kube import describe
 from controller.core.workqueue import QueueShutDownError, WorkQueue
 from controller.devices.catalogue import DeviceCatalogue
+from controller.mps.manager import CONFLICT_REASON, MpsDomains, refusals
 from controller.nodes.plan import plan_node_gone
 from controller.status.events import ClaimEvents
 from controller.status.plan import apply_body, plan_status
@@ -29,9 +31,10 @@ MAX_ATTEMPTS = 8
 class StatusManager:
     """The queue of claims and the writers that reconcile their status and Events."""
 
-    def __init__(self, context: Context, catalogue: DeviceCatalogue) -> None:
+    def __init__(self, context: Context, catalogue: DeviceCatalogue, mps: MpsDomains) -> None:
         self._context = context
         self._catalogue = catalogue
+        self._mps = mps
         self.events = ClaimEvents(context, catalogue, self._recheck)
         self.queue = self._new_queue()
         """Claims waiting for a status writer."""
@@ -111,8 +114,9 @@ class StatusManager:
         metrics.RECONCILES.inc()
         told = await self.events.skipped_parts(claim)  # before the write: the API server may refuse that one
         driver = self._context.driver
-        plan = plan_status(claim, self._catalogue.devices().get, driver)
         now = datetime.datetime.now(datetime.UTC)
+        mps = self._mps.entries(claim, now)
+        plan = plan_status(claim, self._catalogue.devices().get, driver, mps)
         gone = plan_node_gone(claim, self._context.node_names(), plan.entries, driver, now)
         if plan.changed or gone.changed:
             started = time.monotonic()
@@ -125,4 +129,9 @@ class StatusManager:
             metrics.STATUS_WRITES.labels("ok").inc()
             metrics.STATUS_WRITE_SECONDS.observe(time.monotonic() - started)
         missing = tuple(s for s in plan.missing if s not in gone.shares)
-        return await self.events.post(claim, missing, gone) and told
+        posted = await self.events.post(claim, missing, gone) and told
+        post = self._context.writer.post_claim_event
+        for (pool, device, share), message in refusals(mps):
+            about = (CONFLICT_REASON, pool, device, share)
+            posted = await self._context.run(post, claim, about, CONFLICT_REASON, message) and posted
+        return posted

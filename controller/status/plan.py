@@ -1,19 +1,30 @@
 """What the controller writes into a claim's `status.devices` (pure functions).
 
 For each allocation result of our driver there is one entry keyed by (driver, pool, device, shareID)
-whose `data` tells which physical GPU it is. The controller owns only `data` (server-side apply, field
-manager `fracgpu-controller`); the node plugin owns the `Ready` condition of the same entries, and
-other drivers' entries are never part of the apply body, so never touched.
+whose `data` tells which physical GPU it is. The controller owns `data` and its own conditions (server-side apply,
+field manager `fracgpu-controller`): on an MPS GPU the trust-domain condition the scheduler waits on
+(`controller.mps`), and `AllocatedDeviceGone` (`controller.nodes.plan`); the node plugin owns the `Ready` and
+`MemoryEnforcement` conditions of the same entries, and other drivers' entries are never part of the apply body, so
+never touched.
 """
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
 from api.gpu import AllocatedGpuData, gpu_object_name
 from api.quantity import format_bytes
 from controller.core.model import ClaimView, DeviceKey, DeviceRecord, Share
+
+
+class MpsPart(Protocol):
+    """What an MPS GPU adds to a share's entry (`controller.mps.manager.MpsEntry`)."""
+
+    @property
+    def domain(self) -> str: ...
+    @property
+    def condition(self) -> dict[str, Any] | None: ...
 
 
 class StatusPlan(BaseModel):
@@ -29,9 +40,12 @@ class StatusPlan(BaseModel):
     """True when some entry's `data` differs from what the claim holds: a write is needed."""
 
 
-def share_data(share: Share, device: DeviceRecord, enforcement: str | None = None) -> dict[str, object]:
+def share_data(
+    share: Share, device: DeviceRecord, enforcement: str | None = None, mps_domain: str | None = None
+) -> dict[str, object]:
     """The `data` of the entry of `share`, allocated from `device` (admin access: memory "0", adminAccess);
-    `enforcement`: the tier the node plugin reported for it (its `MemoryEnforcement` condition)."""
+    `enforcement`: the tier the node plugin reported for it (its `MemoryEnforcement` condition); `mps_domain`: on
+    an MPS GPU, the claim's trust domain."""
     granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
     return AllocatedGpuData(
         gpu=gpu_object_name(device.node, device.device),
@@ -45,11 +59,18 @@ def share_data(share: Share, device: DeviceRecord, enforcement: str | None = Non
         memory_total=format_bytes(device.memory_total),
         admin_access=True if share.admin_access else None,
         enforcement=enforcement,
+        mps_trust_domain=mps_domain,
     ).to_data()
 
 
-def plan_status(claim: ClaimView, lookup: Callable[[DeviceKey], DeviceRecord | None], driver: str) -> StatusPlan:
-    """Desired entries for every result of `driver` in `claim`.
+def plan_status(
+    claim: ClaimView,
+    lookup: Callable[[DeviceKey], DeviceRecord | None],
+    driver: str,
+    mps: Mapping[tuple[str, str, str], MpsPart] | None = None,
+) -> StatusPlan:
+    """Desired entries for every result of `driver` in `claim`; `mps`: by entry key, what an MPS GPU adds (the
+    claim's trust domain into `data`, the binding condition decided).
 
     A result whose device is no longer published keeps the data it already has (so the apply does not
     drop it); without prior data it gets no entry and is reported in `missing`.
@@ -60,18 +81,25 @@ def plan_status(claim: ClaimView, lookup: Callable[[DeviceKey], DeviceRecord | N
     for share in claim.shares:
         existing = claim.status_data.get(share.entry_key)
         device = lookup(share.device_key)
+        part = (mps or {}).get(share.entry_key)
         if device is None:
             missing.append(share)
             data = existing
         else:
-            data = share_data(share, device, claim.status_enforcement.get(share.entry_key))
+            enforcement = claim.status_enforcement.get(share.entry_key)
+            data = share_data(share, device, enforcement, part.domain if part is not None else None)
             changed = changed or data != existing
-        if data is None:
+        condition = part.condition if part is not None else None
+        if data is None and condition is None:
             continue
         entry: dict[str, Any] = {"driver": driver, "pool": share.pool, "device": share.device}
         if share.share_id:
             entry["shareID"] = share.share_id
-        entry["data"] = data
+        if data is not None:
+            entry["data"] = data
+        if condition is not None:
+            entry["conditions"] = [condition]
+            changed = changed or claim.status_mps.get(share.entry_key) != condition
         entries.append(entry)
     return StatusPlan(entries=tuple(entries), missing=tuple(missing), changed=changed)
 

@@ -77,6 +77,7 @@ class SlicePublisher:
             hami_core=s.hami_core_library.is_file(),
             enforcement={name: tiers.published for name, tiers in self._enforcement.tiers().items()},
             taints=self._taints(),
+            mps_binding=s.mps_trust_scope != "cluster",
         )
         for body in slices:
             body["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: _spec_hash(body)}

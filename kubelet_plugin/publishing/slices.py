@@ -3,6 +3,7 @@
 from collections.abc import Mapping
 from typing import Any
 
+from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION
 from api.names import MEMORY_CAPACITY, MPS_CLIENTS_CAPACITY
 from api.quantity import format_bytes
 from kubelet_plugin.core.model import GpuInfo
@@ -34,13 +35,17 @@ def device_entry(
     enforcement: Tier = "none",
     *,
     taints: list[dict[str, str]] | None = None,
+    mps_binding: bool = False,
 ) -> dict[str, Any]:
     """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes; `hami_core`: the
     node can enforce limits with HAMi-core (its library is installed), published as attribute `hamiCore`;
     `enforcement`: the GPU's memory-enforcement tier (``GpuTiers.published``), attribute `memoryEnforcement`, and
     whether it is an MPS GPU, attribute `mps`, with capacity `mpsClients`: the clients its MPS server takes, of
     which each allocation consumes one unless it asks for more (one per CUDA process), so the scheduler never
-    places a share the server would refuse with CUDA_ERROR_MPS_MAX_CLIENTS_REACHED;
+    places a share the server would refuse with CUDA_ERROR_MPS_MAX_CLIENTS_REACHED; with `mps_binding` (MPS trust
+    domains kept apart, any scope but cluster) also the binding condition the scheduler waits on before it binds a pod
+    there, which the controller sets once it has found the claim's trust domain alone on the GPU (or the failure
+    condition, when another domain holds it: the scheduler then places the claim again);
     `taints`: its `taints` (GPU health, `kubelet_plugin.health.book.plan_taints`), left out when none."""
     memory = usable_memory(gpu, step, reserve)
     capacity: dict[str, Any] = {"value": format_bytes(memory)}
@@ -75,6 +80,9 @@ def device_entry(
             "value": clients,
             "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": clients, "step": "1"}},
         }
+        if mps_binding:
+            entry["bindingConditions"] = [ADMITTED_CONDITION]
+            entry["bindingFailureConditions"] = [CONFLICT_CONDITION]
     if taints:
         entry["taints"] = taints
     return entry
@@ -103,6 +111,7 @@ def build_slices(
     hami_core: bool = False,
     enforcement: Mapping[str, Tier] | None = None,
     taints: Mapping[str, list[dict[str, str]]] | None = None,
+    mps_binding: bool = False,
 ) -> list[dict[str, Any]]:
     """All slices of the node's pool (pool = node name), at most 128 devices each (64 once any device has
     taints), at least one slice. `enforcement`: device name -> the strongest tier that GPU offers (absent:
@@ -110,7 +119,15 @@ def build_slices(
     tiers = enforcement or {}
     tainted = taints or {}
     devices = [
-        device_entry(g, step, reserve, hami_core, tiers.get(g.device_name, "none"), taints=tainted.get(g.device_name))
+        device_entry(
+            g,
+            step,
+            reserve,
+            hami_core,
+            tiers.get(g.device_name, "none"),
+            taints=tainted.get(g.device_name),
+            mps_binding=mps_binding,
+        )
         for g in sorted(gpus, key=lambda g: g.index)
     ]
     size = MAX_TAINTED_DEVICES_PER_SLICE if any(tainted.values()) else MAX_DEVICES_PER_SLICE

@@ -39,6 +39,7 @@ def test_crd_shape() -> None:
         "SHARES",
         "ENFORCEMENT",
         "REPORTING",
+        "TRUST-DOMAIN",
         "AGE",
     ]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]

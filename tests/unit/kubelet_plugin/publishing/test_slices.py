@@ -237,3 +237,13 @@ def test_an_mps_gpu_publishes_the_clients_its_server_takes_each_share_consuming_
 
 def test_a_gpu_without_mps_publishes_no_client_slots() -> None:
     assert MPS_CLIENTS_CAPACITY not in device_entry(gpu(), STEP, 0, enforcement="none")["capacity"]
+
+
+def test_an_mps_gpu_of_separated_trust_domains_carries_the_binding_conditions() -> None:
+    entry = device_entry(gpu(), STEP, 0, enforcement="mps", mps_binding=True)
+    assert (entry["bindingConditions"], entry["bindingFailureConditions"]) == (
+        ["MpsTrustDomainAdmitted"],
+        ["MpsTrustDomainConflict"],
+    )
+    assert "bindingConditions" not in device_entry(gpu(), STEP, 0, enforcement="mps"), "scope cluster: no wait"
+    assert "bindingConditions" not in device_entry(gpu(), STEP, 0, enforcement="nvml", mps_binding=True)
