@@ -18,6 +18,7 @@ from typing import Any
 
 from api.kube_errors import ApiError
 from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION, TrustDomain, trust_domain
+from api.quantity import to_bytes
 from controller.core.context import ClaimKey, Context, Tasks
 from controller.core.kube import describe
 from controller.core.model import ClaimView, DeviceKey, Share
@@ -25,6 +26,7 @@ from controller.devices.catalogue import DeviceCatalogue
 from controller.mps.plan import (
     DeviceVerdict,
     MpsShare,
+    Room,
     ShareState,
     admitted_message,
     conflict_message,
@@ -32,10 +34,12 @@ from controller.mps.plan import (
     plan_device,
     rule_differs,
     rule_name,
+    waiting_message,
 )
 
 log = logging.getLogger(__name__)
 CONFLICT_REASON = "MpsTrustDomainConflict"
+WAITING_REASON = "MpsTrustDomainWaiting"
 ShareKey = tuple[str, str, str | None]
 """(claim uid, device, share ID)."""
 
@@ -209,6 +213,27 @@ class MpsDomains:
                 continue
             message = refused or admitted_message(owner, share.pool, share.device)
             out[share.entry_key] = MpsEntry(domain.id, _condition(kind, message, now), refused)
+        return out
+
+    def waiting(self, claim: ClaimView) -> list[tuple[str, str]]:
+        """(request, message) for each request of a pending `claim` that waits only because the GPUs with room
+        for it are MPS GPUs of other trust domains (free memory as the ledger has it)."""
+        if not self.enabled or claim.allocated or not claim.memory_requests:
+            return []
+        rooms = []
+        for key in self._catalogue.devices():
+            name = self._catalogue.object_name(key)
+            existing = self._context.gpu(name) if name else None
+            free = (existing.status or {}).get("freeMemory") if existing is not None else None
+            if free is not None:
+                mps = self.is_mps(key)
+                rooms.append(Room(key[0], key[1], to_bytes(free), mps, self.owner(key) if mps else None))
+        domain = self.domain_of(claim)
+        out = []
+        for alternatives in claim.memory_requests:
+            smallest = min(alternatives, key=lambda m: m.memory)
+            if (message := waiting_message(domain, smallest.memory, rooms)) is not None:
+                out.append((smallest.request, message))
         return out
 
     def owner(self, device: DeviceKey) -> TrustDomain | None:

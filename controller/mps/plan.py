@@ -199,3 +199,30 @@ def foreign_tolerations(spec: Mapping[str, Any], domain: TrustDomain) -> tuple[l
                         "tries again: name the taints it must tolerate instead"
                     )
     return refused, warned
+
+
+@dataclass(frozen=True)
+class Room:
+    """One published GPU as a pending claim sees it: its free memory and, for an MPS GPU, the domain it serves."""
+
+    pool: str
+    device: str
+    free: int
+    mps: bool
+    owner: TrustDomain | None = None
+
+
+def waiting_message(domain: TrustDomain, memory: int, rooms: Iterable[Room]) -> str | None:
+    """Why a pending claim of `domain` asking for `memory` bytes waits, when only MPS GPUs of other trust domains
+    have that much free (pure); None when some GPU it may use has room, or none has."""
+    listed = list(rooms)
+    usable = [r for r in listed if r.free >= memory and (not r.mps or r.owner in (None, domain))]
+    held = [r for r in listed if r.free >= memory and r.mps and r.owner not in (None, domain)]
+    if usable or not held:
+        return None
+    where = ", ".join(f"{r.device} of node {r.pool} ({r.owner.describe() if r.owner else ''})" for r in held)
+    return (
+        f"this claim of {domain.describe()} waits: the GPUs with room for it are MPS GPUs that serve other trust "
+        f"domains ({where}), and claims of two trust domains never share an MPS daemon. It is placed once a GPU it "
+        "may use has room (a free MPS GPU, one of its own domain, or any other GPU)"
+    )

@@ -19,7 +19,7 @@ from controller.core.context import ClaimKey, Context, Tasks
 from controller.core.kube import describe
 from controller.core.workqueue import QueueShutDownError, WorkQueue
 from controller.devices.catalogue import DeviceCatalogue
-from controller.mps.manager import CONFLICT_REASON, MpsDomains, refusals
+from controller.mps.manager import CONFLICT_REASON, WAITING_REASON, MpsDomains, refusals
 from controller.nodes.plan import plan_node_gone
 from controller.status.events import ClaimEvents
 from controller.status.plan import apply_body, plan_status
@@ -131,7 +131,11 @@ class StatusManager:
         missing = tuple(s for s in plan.missing if s not in gone.shares)
         posted = await self.events.post(claim, missing, gone) and told
         post = self._context.writer.post_claim_event
-        for (pool, device, share), message in refusals(mps):
-            about = (CONFLICT_REASON, pool, device, share)
-            posted = await self._context.run(post, claim, about, CONFLICT_REASON, message) and posted
+        notices: list[tuple[tuple[str, ...], str, str]] = [
+            ((CONFLICT_REASON, pool, device, share), CONFLICT_REASON, message)
+            for (pool, device, share), message in refusals(mps)
+        ]
+        notices += [((WAITING_REASON, r, m), WAITING_REASON, m) for r, m in self._mps.waiting(claim)]
+        for about, reason, message in notices:
+            posted = await self._context.run(post, claim, about, reason, message) and posted
         return posted

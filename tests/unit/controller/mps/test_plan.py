@@ -108,3 +108,17 @@ def test_a_toleration_of_another_domains_taint_is_refused_and_one_of_every_taint
     ]
     assert len(warned) == 1 and "tolerates every taint" in warned[0]
     assert foreign_tolerations(claim_spec({"name": "g", "exactly": {"tolerations": [A.toleration()]}}), A) == ([], [])
+
+
+def test_a_pending_claim_is_told_when_only_other_domains_mps_gpus_have_room() -> None:
+    from controller.mps.plan import Room, waiting_message
+
+    gib = 1 << 30
+    held = Room("node-a", "gpu-0", 60 * gib, mps=True, owner=A)
+    message = waiting_message(B, 10 * gib, [held, Room("node-a", "gpu-1", 5 * gib, mps=False)])
+    assert message is not None and "serve other trust domains (gpu-0 of node node-a (namespace team-a))" in message
+    assert "this claim of namespace team-b waits" in message
+    assert waiting_message(A, 10 * gib, [held]) is None, "its own domain's GPU has room"
+    assert waiting_message(B, 10 * gib, [held, Room("node-a", "gpu-2", 20 * gib, mps=True)]) is None, "a free MPS GPU"
+    assert waiting_message(B, 10 * gib, [held, Room("node-a", "gpu-3", 20 * gib, mps=False)]) is None
+    assert waiting_message(B, 90 * gib, [held]) is None, "nothing has room: not a matter of domains"
