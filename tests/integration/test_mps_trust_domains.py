@@ -86,6 +86,9 @@ def wait(proc: kube.ControllerProcess, probe: Any, timeout: float, what: str) ->
 
 
 def mps_node(api_client: client.ApiClient, dyn: DynamicClient, count: int) -> str:
+    # the only GPUs of the driver: earlier tests' leftover slices would be room elsewhere, and a claim that has
+    # room elsewhere is not told that it waits for a trust domain
+    client.ResourceV1Api(api_client).delete_collection_resource_slice(field_selector=f"spec.driver={DRIVER_NAME}")
     node = kube.create_fake_node(api_client, kube.unique("mpsnode"))
     name: str = node["metadata"]["name"]
     kube.publish_gpus(dyn, node, DRIVER_NAME, kube.simulated_gpus(name, count), enforcement="mps", mps_binding=True)
