@@ -23,6 +23,7 @@ from urllib.parse import urlencode, urlsplit
 
 import urllib3
 
+from api.bounded_json import nesting_depth
 from api.kube_config import KubeConfig, from_client_configuration
 from api.kube_errors import (
     ApiError,
@@ -51,12 +52,22 @@ def _names_uid(body: Any) -> bool:
     return isinstance(body, dict) and bool((body.get("metadata") or {}).get("uid"))
 
 
+MAX_DECODED_DEPTH = 500
+"""Deepest nesting `decode_json` hands to the JSON decoder. Deeper documents are refused before decoding: the
+decoder recurses once per level, and at a thousand levels a finalizer that the garbage collector runs meanwhile
+fails with `RecursionError` too (an unraisable exception, anywhere in the process)."""
+
+
 def decode_json(data: bytes, status: int = 200) -> Any:
     """`data` decoded as JSON; raises `UndecodableResponse` saying what is wrong, and nothing else."""
     try:
+        if data.count(b"[") + data.count(b"{") > MAX_DECODED_DEPTH and (
+            nesting_depth(data.decode()) > MAX_DECODED_DEPTH
+        ):
+            raise RecursionError
         return json.loads(data)
     except RecursionError:
-        problem = "it is nested deeper than the JSON decoder's limit of about 1000 levels"
+        problem = f"it is nested deeper than the JSON decoder's limit of {MAX_DECODED_DEPTH} levels"
     except UnicodeDecodeError as err:
         problem = f"it is not valid UTF-8 ({err.reason} at byte {err.start})"
     except json.JSONDecodeError as err:

@@ -86,9 +86,10 @@ def compute_mode(installation: Installation) -> int:
 
 @pytest.fixture(scope="module")
 def mps_gpu0(installation: Installation) -> Iterator[None]:
-    """The release with GPU 0 an MPS GPU; MPS off again afterwards, whatever happened."""
+    """The release with both GPUs MPS GPUs (GPU 0 takes the first namespace's pods); MPS off again afterwards,
+    whatever happened."""
     try:
-        _upgrade(installation, "0")
+        _upgrade(installation, "all")
         wait_for("GPU 0's daemon running", lambda: status(installation)["state"] == "running")
         yield
     finally:
@@ -268,3 +269,109 @@ def test_a_killed_daemon_is_reported_restarted_and_a_stopped_one_refuses_new_sha
     assert compute_mode(installation) == 3
     assert wait_for("recovered", lambda: node_events("MpsDaemonRecovered"))
     w.wait_running(cluster, ns, ["waiting"], timeout=240)
+
+
+TENANT_SCRIPT = """
+echo "SHM $(grep ' /dev/shm ' /proc/self/mounts)"
+echo "PIPE $(grep ' /run/fracgpu-mps/pipe ' /proc/self/mounts)"
+echo "CUDA_VISIBLE_DEVICES ${CUDA_VISIBLE_DEVICES-}"
+echo "secret of $(hostname)" > /dev/shm/secret-$(hostname)
+echo "SHMLS $(ls /dev/shm | tr '\\n' ' ')"
+echo "UNLINK $(rm -f /run/fracgpu-mps/pipe/control 2>&1 || true)"
+echo "CREATE $(touch /run/fracgpu-mps/pipe/impostor 2>&1 || true)"
+echo "PROBE $(cuda-probe 1024 2>&1 | tr '\\n' ' ')"
+echo END
+sleep 100000
+"""
+
+
+def mps_gpu_of(installation: Installation, namespace: str, pod: str) -> tuple[str, str]:
+    """(device, UUID) of the MPS GPU the pod's claim got."""
+    claim = w.claim_of(installation.cluster, namespace, pod)
+    (result,) = claim["status"]["allocation"]["devices"]["results"]
+    device = str(result["device"])
+    return device, read_profile(PROFILE)[f"gpu.{device.removeprefix('gpu-')}.uuid"]
+
+
+def gpu_status(installation: Installation, uuid: str) -> dict[str, Any]:
+    found: dict[str, Any] = json.loads((mps_root(installation) / uuid / "status.json").read_text())
+    return found
+
+
+def control_of(installation: Installation, uuid: str, *commands: str) -> list[str]:
+    env = {"CUDA_MPS_PIPE_DIRECTORY": str(mps_root(installation) / uuid / "pipe"), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(
+        [str(installation.driver.mps_control)], input="".join(f"{c}\n" for c in commands), env=env,
+        capture_output=True, text=True, timeout=10, check=True,
+    )  # fmt: skip
+    return done.stdout.split()
+
+
+def test_two_namespaces_are_two_trust_domains_that_cannot_reach_each_other(
+    installation: Installation, mps_gpu0: None, ns: str
+) -> None:
+    """Pods of two namespaces on the node's two MPS GPUs (kept apart by the scheduler, the controller's binding
+    conditions and taints). From a root container of the first: its pipe directory is read-only (the control socket
+    can be neither removed nor replaced), its /dev/shm is a tmpfs of its own, and the control commands it sends
+    (`set_default_*`, then `quit`) reach its own domain's daemon only; the other domain's daemon, limits and /dev/shm
+    stay as they were. The change within the first domain is read back, set back, and reported (MpsLimitsChanged)."""
+    cluster = installation.cluster
+    with w.fresh_namespace(cluster) as other:
+        for namespace, name in ((ns, "tenant-a"), (other, "tenant-b")):
+            w.apply(cluster, namespace, mps_template("mps-10", "10Gi", 30))
+            body = w.pod(name, {"gpu": "mps-10"}, {"app": ["gpu"]}, image=installation.workload_image,
+                         script=TENANT_SCRIPT)  # fmt: skip
+            w.apply(cluster, namespace, body)
+        w.wait_running(cluster, ns, ["tenant-a"])
+        w.wait_running(cluster, other, ["tenant-b"])
+        seen_a, seen_b = w.cuda_report(cluster, ns, "tenant-a", 60), w.cuda_report(cluster, other, "tenant-b", 60)
+        (device_a, uuid_a), (device_b, uuid_b) = (
+            mps_gpu_of(installation, ns, "tenant-a"),
+            mps_gpu_of(installation, other, "tenant-b"),
+        )
+        assert device_a != device_b, "two namespaces on one MPS GPU's daemon"
+        assert gpu_status(installation, uuid_a)["trustDomain"] == f"namespace/{ns}"
+        assert gpu_status(installation, uuid_b)["trustDomain"] == f"namespace/{other}"
+        for seen, uuid in ((seen_a, uuid_a), (seen_b, uuid_b)):
+            (shm,) = seen["SHM"]
+            assert shm.split()[2] == "tmpfs" and {"nosuid", "nodev", "noexec"} <= set(shm.split()[3].split(",")), shm
+            (pipe,) = seen["PIPE"]
+            assert "ro" in pipe.split()[3].split(","), f"the pipe directory is writable: {pipe}"
+            assert seen["CUDA_VISIBLE_DEVICES"] == [uuid]
+            assert "Read-only file system" in seen["UNLINK"][0] and "Read-only file system" in seen["CREATE"][0]
+            assert json.loads(seen["PROBE"][0])["alloc"]["result"] == "CUDA_SUCCESS", seen["PROBE"]
+        assert "secret-tenant-a" not in seen_b["SHMLS"][0] and "secret-tenant-b" not in seen_a["SHMLS"][0]
+        assert (mps_root(installation) / uuid_a / "pipe" / "control").is_socket(), "a's socket is still the daemon's"
+
+        before_b = gpu_status(installation, uuid_b)
+        limits_b = control_of(installation, uuid_b, "get_default_device_pinned_mem_limit 0",
+                              "get_default_active_thread_percentage")  # fmt: skip
+        assert limits_b == ["10240M", "30.0"]
+        raise_them = (
+            "printf 'set_default_device_pinned_mem_limit 0 81920M\\nset_default_active_thread_percentage 100\\n'"
+        )
+        cluster.kubectl("exec", "-n", ns, "tenant-a", "--", "sh", "-c", f"{raise_them} | nvidia-cuda-mps-control")
+
+        def repaired() -> bool:
+            events = w.get(cluster, "events", "-n", ns, "--field-selector=reason=MpsLimitsChanged")["items"]
+            limits = control_of(installation, uuid_a, "get_default_device_pinned_mem_limit 0",
+                                "get_default_active_thread_percentage")  # fmt: skip
+            return bool(events) and limits == ["10240M", "30.0"]
+
+        wait_for("a's changed limits set back and reported on its claim", repaired, 60)
+        restarts_a = gpu_status(installation, uuid_a)["restarts"]
+        cluster.kubectl("exec", "-n", ns, "tenant-a", "--", "sh", "-c", "echo quit | nvidia-cuda-mps-control")
+
+        def restarted() -> bool:
+            now = gpu_status(installation, uuid_a)
+            return bool(now["restarts"] > restarts_a and now["state"] == "running")
+
+        wait_for("a's daemon restarted", restarted)
+        after_b = gpu_status(installation, uuid_b)
+        assert (after_b["pid"], after_b["restarts"]) == (before_b["pid"], before_b["restarts"]), (
+            "b's daemon was touched"
+        )
+        assert control_of(installation, uuid_b, "get_default_device_pinned_mem_limit 0",
+                          "get_default_active_thread_percentage") == limits_b  # fmt: skip
+        again = cluster.kubectl("exec", "-n", other, "tenant-b", "--", "cuda-probe", "1024").stdout
+        assert json.loads(again.splitlines()[0])["alloc"]["result"] == "CUDA_SUCCESS", "b lost its MPS server"

@@ -139,9 +139,10 @@ def read_status(mps_root: Path, uuid: str, now: float | None = None) -> tuple[Da
         return None, f"its MPS status file {path} cannot be read: {err}"
     if not is_fresh(status, now):
         age = (time.time() if now is None else now) - status.updated
+        last_said = f"its MPS control daemon is {status.state}: {status.reason}; " if status.reason else ""
         return status, (
-            f"its MPS supervisor last wrote {path} {age:.0f} s ago (every {status.refresh_seconds:g} s when alive): "
-            "the fracgpu-mps pod on this node is not running"
+            f"{last_said}its MPS supervisor last wrote {path} {age:.0f} s ago (every {status.refresh_seconds:g} s "
+            "when alive): the fracgpu-mps pod on this node is not running"
         )
     if status.state == "switching":
         return status, f"its MPS control daemon is being replaced for another trust domain: {status.reason}"
