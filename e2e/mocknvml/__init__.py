@@ -63,7 +63,10 @@ def build_nvml_variant(outdir: Path, *cflags: str) -> Path:
     """Compile only the mock libnvidia-ml.so.1 into `outdir` with extra C flags (e.g.
     `-DMOCK_NO_RUNNING_PROCESSES`: a driver without the per-process calls); return `outdir`."""
     outdir.mkdir(parents=True, exist_ok=True)
-    sources = [str(HERE / "mock_nvml.c"), str(HERE / "mock_nvml_events.c"), str(HERE / "mock_profile.c")]
+    sources = [
+        str(HERE / name)
+        for name in ("mock_nvml.c", "mock_nvml_events.c", "mock_nvml_mig.c", "mock_mig.c", "mock_profile.c")
+    ]
     argv = ["cc", "-O2", "-Wall", "-Wextra", "-Werror", *cflags, "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1"]
     subprocess.run(
         [*argv, "-o", str(outdir / "libnvidia-ml.so.1"), *sources, "-lpthread"], check=True, capture_output=True
