@@ -7,6 +7,8 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.mig import MigState
+
 NodeMode = Literal["auto", "none", "hami-core", "nvml"]
 """The node's enforcement floor (``--enforcement``): ``auto`` = each GPU's strongest tier, or a tier."""
 NODE_MODES: tuple[NodeMode, ...] = get_args(NodeMode)
@@ -33,6 +35,32 @@ class GpuInfo(BaseModel):
     def device_name(self) -> str:
         """Name of this GPU's device in the ResourceSlice."""
         return f"gpu-{self.index}"
+
+
+class MigProfile(BaseModel):
+    """One GPU-instance profile a MIG GPU offers, as NVML reports it (``nvmlDeviceGetGpuInstanceProfileInfoV``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(description="e.g. '1g.10gb' (NVML's name without 'MIG ')")
+    profile_id: int = Field(ge=0, description="the profile ID nvmlDeviceCreateGpuInstanceWithPlacement takes")
+    compute_slices: int = Field(gt=0)
+    memory_slices: int = Field(gt=0, description="the size of each placement")
+    memory_mib: int = Field(gt=0, description="the partition's memory (memorySizeMB)")
+    multiprocessors: int = Field(ge=0)
+    placements: tuple[int, ...] = Field(description="the possible placement starts, ascending")
+
+
+class MigGpu(BaseModel):
+    """What a GPU named in ``--mig-gpus`` offers for MIG: its state and, while MIG mode is on, its profiles."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: MigState
+    detail: str = Field("", description="what NVML said, when it failed")
+    memory_slices: int = Field(0, ge=0, description="the GPU's memory slices (8 on A100/H100/H200)")
+    compute_slices: int = Field(0, ge=0, description="the GPU's compute slices (7)")
+    profiles: tuple[MigProfile, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

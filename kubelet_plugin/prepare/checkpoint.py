@@ -54,6 +54,32 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, frozen=True, populate_by_name=True)
 
 
+class MigRecord(_Model):
+    """A MIG partition the plugin created for a device: its GPU instance and compute instance (what unprepare
+    destroys and recovery checks), and the MIG device they make."""
+
+    parent_uuid: str = Field(alias="parentUUID", description="the physical GPU")
+    gpu_instance: int = Field(alias="gpuInstance", description="GPU instance id")
+    compute_instance: int = Field(alias="computeInstance", description="compute instance id in it")
+    profile: str = Field(description="GPU-instance profile, e.g. 1g.10gb")
+    profile_id: int = Field(alias="profileID", description="its NVML profile ID")
+    placement_start: int = Field(alias="placementStart")
+    memory_slices: int = Field(alias="memorySlices", description="the placement's size")
+    uuid: str = Field(description="the MIG device's UUID (MIG-...)")
+    memory_mib: int = Field(alias="memoryMiB", description="the partition's memory as the driver reports it")
+    multiprocessors: int = Field(default=0, description="the compute instance's streaming multiprocessors")
+
+    def same_instances(self, other: MigRecord) -> bool:
+        """Whether both name the same GPU and compute instance on the same GPU at the same placement."""
+        return (self.parent_uuid, self.gpu_instance, self.compute_instance, self.placement_start, self.profile_id) == (
+            other.parent_uuid,
+            other.gpu_instance,
+            other.compute_instance,
+            other.placement_start,
+            other.profile_id,
+        )
+
+
 class CheckpointDevice(_Model):
     """One prepared device, with what NodePrepareResources returned for it."""
 
@@ -63,10 +89,13 @@ class CheckpointDevice(_Model):
     cdi_device_ids: list[str] = Field(alias="cdiDeviceIDs")
     share_id: str | None = Field(default=None, alias="shareID")
     uuid: str | None = Field(default=None, description="the physical GPU the device was when prepared")
+    mig: MigRecord | None = Field(default=None, description="the MIG partition created for it (a MIG device)")
 
     @classmethod
-    def from_prepared(cls, device: PreparedDevice, uuid: str | None = None) -> CheckpointDevice:
-        """Record a device as returned to the kubelet, and which physical GPU it was."""
+    def from_prepared(
+        cls, device: PreparedDevice, uuid: str | None = None, mig: MigRecord | None = None
+    ) -> CheckpointDevice:
+        """Record a device as returned to the kubelet, which physical GPU it was and its MIG partition."""
         return cls(
             request_names=list(device.request_names),
             pool_name=device.pool_name,
@@ -74,6 +103,7 @@ class CheckpointDevice(_Model):
             cdi_device_ids=list(device.cdi_device_ids),
             share_id=device.share_id,
             uuid=uuid,
+            mig=mig,
         )
 
     def to_prepared(self) -> PreparedDevice:
@@ -115,6 +145,10 @@ class Checkpoint(_Model):
         """A checkpoint with no claims."""
         return cls(node_boot_id=node_boot_id)
 
+    def mig_records(self) -> list[tuple[str, MigRecord]]:
+        """(claim UID, partition) of every MIG partition the checkpoint's claims own."""
+        return [(uid, d.mig) for uid, e in self.claims.items() for d in e.devices if d.mig is not None]
+
     def with_claim(self, claim_uid: str, entry: ClaimEntry) -> Checkpoint:
         """A copy with ``claim_uid`` set to ``entry`` (added or replaced)."""
         return self.model_copy(update={"claims": {**self.claims, claim_uid: entry}})
@@ -131,6 +165,10 @@ class Checkpoint(_Model):
         """Wire form (camelCase) in the current schema, stable key order of claims; unknown fields kept."""
         data = self.model_dump(by_alias=True, mode="json")
         data["claims"] = dict(sorted(data["claims"].items()))
+        for entry in data["claims"].values():
+            for device in entry.get("devices") or []:
+                if device.get("mig", ...) is None:
+                    del device["mig"]  # only a MIG device has one: other entries stay as older plugins wrote them
         return json.dumps(data, separators=(",", ":")) + "\n"  # compact: the C encoder, not the indenting one
 
 
