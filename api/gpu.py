@@ -174,7 +174,13 @@ with it; the claim must be recreated)."""
 ENFORCEMENT_CONDITION: Final = "MemoryEnforcement"
 """Condition the node plugin sets on each of its `status.devices` entries: the memory-enforcement tier it put
 into the CDI spec (status True unless the tier is `none`), by reason."""
-ENFORCEMENT_REASONS: Final[dict[str, str]] = {"none": "None", "hami-core": "HamiCore", "mps": "Mps", "nvml": "Nvml"}
+ENFORCEMENT_REASONS: Final[dict[str, str]] = {
+    "none": "None",
+    "hami-core": "HamiCore",
+    "mps": "Mps",
+    "nvml": "Nvml",
+    "mig": "Mig",
+}
 """Tier -> condition reason (reasons must be CamelCase)."""
 
 

@@ -63,6 +63,25 @@ class MigGpu(BaseModel):
     profiles: tuple[MigProfile, ...] = ()
 
 
+class MigRecord(BaseModel):
+    """A MIG partition the plugin created for a device: its GPU instance and compute instance (what unprepare
+    destroys and recovery checks), and the MIG device they make. Stored in the checkpoint (camelCase; fields of a
+    newer plugin are kept, as the checkpoint's own models keep them)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True, populate_by_name=True)
+
+    parent_uuid: str = Field(alias="parentUUID", description="the physical GPU")
+    gpu_instance: int = Field(alias="gpuInstance", description="GPU instance id")
+    compute_instance: int = Field(alias="computeInstance", description="compute instance id in it")
+    profile: str = Field(description="GPU-instance profile, e.g. 1g.10gb")
+    profile_id: int = Field(alias="profileID", description="its NVML profile ID")
+    placement_start: int = Field(alias="placementStart")
+    memory_slices: int = Field(alias="memorySlices", description="the placement's size")
+    uuid: str = Field(description="the MIG device's UUID (MIG-...)")
+    memory_mib: int = Field(alias="memoryMiB", description="the partition's memory as the driver reports it")
+    multiprocessors: int = Field(default=0, description="the compute instance's streaming multiprocessors")
+
+
 @dataclass(frozen=True, slots=True)
 class ClaimRef:
     """A claim as the kubelet names it in NodePrepareResources / NodeUnprepareResources (plain data: built per

@@ -30,7 +30,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from kubelet_plugin.core.filelock import atomic_write
-from kubelet_plugin.core.model import PreparedDevice
+from kubelet_plugin.core.model import MigRecord, PreparedDevice
 
 SCHEMA_VERSION = 1
 OLDEST_SCHEMA_VERSION = 1
@@ -52,32 +52,6 @@ def boot_id(path: Path = BOOT_ID_PATH) -> str:
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="allow", strict=True, frozen=True, populate_by_name=True)
-
-
-class MigRecord(_Model):
-    """A MIG partition the plugin created for a device: its GPU instance and compute instance (what unprepare
-    destroys and recovery checks), and the MIG device they make."""
-
-    parent_uuid: str = Field(alias="parentUUID", description="the physical GPU")
-    gpu_instance: int = Field(alias="gpuInstance", description="GPU instance id")
-    compute_instance: int = Field(alias="computeInstance", description="compute instance id in it")
-    profile: str = Field(description="GPU-instance profile, e.g. 1g.10gb")
-    profile_id: int = Field(alias="profileID", description="its NVML profile ID")
-    placement_start: int = Field(alias="placementStart")
-    memory_slices: int = Field(alias="memorySlices", description="the placement's size")
-    uuid: str = Field(description="the MIG device's UUID (MIG-...)")
-    memory_mib: int = Field(alias="memoryMiB", description="the partition's memory as the driver reports it")
-    multiprocessors: int = Field(default=0, description="the compute instance's streaming multiprocessors")
-
-    def same_instances(self, other: MigRecord) -> bool:
-        """Whether both name the same GPU and compute instance on the same GPU at the same placement."""
-        return (self.parent_uuid, self.gpu_instance, self.compute_instance, self.placement_start, self.profile_id) == (
-            other.parent_uuid,
-            other.gpu_instance,
-            other.compute_instance,
-            other.placement_start,
-            other.profile_id,
-        )
 
 
 class CheckpointDevice(_Model):

@@ -22,8 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 import pynvml
 
-from kubelet_plugin.core.model import GpuInfo, MigProfile
-from kubelet_plugin.prepare.checkpoint import MigRecord
+from kubelet_plugin.core.model import GpuInfo, MigProfile, MigRecord
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -54,7 +53,7 @@ class MigError(Exception):
 
     @property
     def in_use(self) -> bool:
-        return self.code == pynvml.NVML_ERROR_IN_USE
+        return bool(self.code == pynvml.NVML_ERROR_IN_USE)
 
 
 @dataclass(frozen=True)
