@@ -79,8 +79,8 @@ class MigManager(Protocol):
         ...
 
     def destroy(self, record: MigRecord) -> None:
-        """Destroy the partition's CI, then its GI; a partition already gone is fine. An instance that is now
-        another one (another placement or profile) is left alone."""
+        """Destroy the partition's CI, then its GI; a partition already gone is fine. Instances that are now
+        another partition (another placement, profile or MIG UUID) are left alone."""
         ...
 
     def instances(self, gpus: list[GpuInfo]) -> list[LiveInstance]:
@@ -258,6 +258,13 @@ class NvmlMig:
             found = self._find(record)
             if found is None:
                 return
+            handle = _call("GPU handle", pynvml.nvmlDeviceGetHandleByUUID, record.parent_uuid)
+            try:
+                uuid, _ = self._mig_device(handle, record.gpu_instance, record.compute_instance, record.uuid)
+            except MigError:
+                uuid = None
+            if uuid != record.uuid:
+                return  # the recorded partition is gone; these instances are another one (made again since)
             gi, ci = found
             _call(
                 f"destroying the compute instance of MIG partition {record.uuid}", pynvml.nvmlComputeInstanceDestroy, ci
