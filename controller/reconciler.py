@@ -26,6 +26,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 from api.gpu import GPU_CRD_NAME, PLUGIN_REPORTING_CONDITION, gpu_object_name
 from api.gpu_config import MAX_PARAMETERS_DEPTH
 from api.kube_rest import ApiError
+from api.mig import TYPE_MIG
 from controller.core import metrics, runtime
 from controller.core.model import ClaimView, DeviceClassView, DeviceKey, DeviceRecord, Share, SliceView, current_devices
 from controller.core.settings import FIELD_MANAGER, Settings
@@ -35,6 +36,7 @@ from controller.ledger.plan import (
     GpuObject,
     desired_gpu,
     desired_ledger,
+    family,
     identity_body,
     plan_ledger,
     shares_on,
@@ -337,8 +339,8 @@ class Controller:
             self._hami_core = any(d.hami_core for d in devices.values())
             self._nvml = any(d.memory_enforcement == "nvml" for d in devices.values())
             self._mps = any(d.memory_enforcement == "mps" for d in devices.values())
-            self._names = {key: gpu_object_name(d.node, d.device) for key, d in devices.items()}
-            self._name_keys = {name: key for key, name in self._names.items()}
+            self._names = {key: gpu_object_name(d.node, d.ledger_device) for key, d in devices.items()}
+            self._name_keys = {name: key for key, name in self._names.items() if devices[key].kind != TYPE_MIG}
             self._publish_admission()
         return devices
 
@@ -499,7 +501,8 @@ class Controller:
 
     async def _unsatisfiable_events(self, claim: ClaimView) -> bool:
         ok = True
-        for found in plan_unsatisfiable(claim, self.devices().values(), self.device_class(), self.driver):
+        classes = {n: v for n in self.settings.claim_classes if (v := _first(self._classes, n)) is not None}
+        for found in plan_unsatisfiable(claim, self.devices().values(), classes, self.driver):
             key = (REASON_UNSATISFIABLE, found.request, found.message)  # a changed reason is told again
             ok = await self._post_once(claim, key, REASON_UNSATISFIABLE, found.message) and ok
         return ok
@@ -568,9 +571,13 @@ class Controller:
             key = self._name_keys.get(name)
             if key is None or key not in devices:
                 continue
-            views = [v for c in self._on_device.get(key, ()) if (v := _first(self._claims, c)) is not None]
+            keys = family(key, devices)  # the GPU and, for a MIG GPU, its partitions
+            claim_keys = {c for k in keys for c in self._on_device.get(k, ())}
+            views = [v for c in claim_keys if (v := _first(self._claims, c)) is not None]
             reporting = self._reporting_of(devices[key].node, known)
-            out[name] = desired_gpu(devices[key], shares_on(key, views), self.driver, FIELD_MANAGER, reporting)
+            partitions = {k: devices[k] for k in keys[1:]}
+            shares = shares_on(key, views, partitions)
+            out[name] = desired_gpu(devices[key], shares, self.driver, FIELD_MANAGER, reporting, partitions=partitions)
         return out
 
     async def reconcile_ledger(self, names: Collection[str] | None = None) -> bool:

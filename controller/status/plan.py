@@ -12,7 +12,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from api.gpu import AllocatedGpuData, gpu_object_name
-from api.quantity import format_bytes
+from api.mig import TYPE_MIG
+from api.quantity import MiB, format_bytes
 from controller.core.model import ClaimView, DeviceKey, DeviceRecord, Share
 
 
@@ -29,12 +30,17 @@ class StatusPlan(BaseModel):
     """True when some entry's `data` differs from what the claim holds: a write is needed."""
 
 
-def share_data(share: Share, device: DeviceRecord, enforcement: str | None = None) -> dict[str, object]:
+def share_data(
+    share: Share, device: DeviceRecord, enforcement: str | None = None, mig_uuid: str | None = None
+) -> dict[str, object]:
     """The `data` of the entry of `share`, allocated from `device` (admin access: memory "0", adminAccess);
-    `enforcement`: the tier the node plugin reported for it (its `MemoryEnforcement` condition)."""
+    `enforcement`: the tier the node plugin reported for it (its `MemoryEnforcement` condition); a MIG partition
+    also names its profile, placement and memory and `mig_uuid`, what the plugin reported it made (its
+    `MigPartition` condition); `gpu` is then its GPU's object."""
     granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
+    partition = device.kind == TYPE_MIG
     return AllocatedGpuData(
-        gpu=gpu_object_name(device.node, device.device),
+        gpu=gpu_object_name(device.node, device.ledger_device),
         node=device.node,
         device=device.device,
         index=device.index,
@@ -45,6 +51,12 @@ def share_data(share: Share, device: DeviceRecord, enforcement: str | None = Non
         memory_total=format_bytes(device.memory_total),
         admin_access=True if share.admin_access else None,
         enforcement=enforcement,
+        profile=device.profile if partition else None,
+        placement=device.placement if partition else None,
+        partition_memory=format_bytes(device.partition_memory_mib * MiB)
+        if partition and device.partition_memory_mib
+        else None,
+        mig_uuid=mig_uuid if partition else None,
     ).to_data()
 
 
@@ -64,7 +76,9 @@ def plan_status(claim: ClaimView, lookup: Callable[[DeviceKey], DeviceRecord | N
             missing.append(share)
             data = existing
         else:
-            data = share_data(share, device, claim.status_enforcement.get(share.entry_key))
+            data = share_data(
+                share, device, claim.status_enforcement.get(share.entry_key), claim.status_mig.get(share.entry_key)
+            )
             changed = changed or data != existing
         if data is None:
             continue

@@ -244,8 +244,8 @@ def _count_recomputes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     computed: list[str] = []
     real = desired_gpu
 
-    def counting(device: DeviceRecord, *args: Any) -> GpuObject:
-        out = real(device, *args)
+    def counting(device: DeviceRecord, *args: Any, **kwargs: Any) -> GpuObject:
+        out = real(device, *args, **kwargs)
         computed.append(out.name)
         return out
 

@@ -142,7 +142,7 @@ def test_mixed_requests_in_any_order_fit_one_gpu() -> None:
 
 @pytest.mark.parametrize("state", ["disabled", "pending-enable", "unsupported", "error"])
 def test_a_mig_gpu_without_mig_publishes_only_itself_and_why(state: str) -> None:
-    built = slices({"gpu-1": MigGpu(state=state)})  # type: ignore[arg-type]
+    built = slices({"gpu-1": MigGpu(state=state)})
     parent = next(d for d in devices(built) if d["name"] == "gpu-1")
     assert attr(parent, names.STATE_ATTRIBUTE) == state
     assert not any("sharedCounters" in s["spec"] for s in built)
