@@ -26,9 +26,7 @@ MIG_CLASS = DeviceClassView(
 )
 GPU_CLASS = DeviceClassView(
     name=DRIVER_NAME,
-    selectors=(
-        f'!("type" in device.attributes["{DRIVER_NAME}"]) || device.attributes["{DRIVER_NAME}"].type == "gpu"',
-    ),
+    selectors=(f'!("type" in device.attributes["{DRIVER_NAME}"]) || device.attributes["{DRIVER_NAME}"].type == "gpu"',),
 )
 
 
