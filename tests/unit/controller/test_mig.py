@@ -31,7 +31,7 @@ GPU_CLASS = DeviceClassView(
 
 
 def devices(state: str = "enabled") -> dict[Any, Any]:
-    facts = H100_MIG if state == "enabled" else MigGpu(state=state)  # type: ignore[arg-type]
+    facts = H100_MIG if state == "enabled" else MigGpu(state=state)
     built = build_slices(NODE, NODE_UID, DRIVER_NAME, [gpu(0), gpu(1)], step=STEP, reserve=0, generation=1,
                          mig={"gpu-1": facts})  # fmt: skip
     views = [v for s in built if (v := slice_view(s, DRIVER_NAME)) is not None]
