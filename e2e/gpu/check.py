@@ -21,15 +21,20 @@ writes. Steps, each printed with what it saw:
 5. MPS on GPU 0 (``e2e/gpu/mps_step.py``; ``--no-mps`` skips it): the driver's MPS control daemon, two MPS
    shares (10Gi at 30 %, 20Gi at 50 %) planned by fracgpu, the ceiling set as the plugin sets it, and each
    share's container allocating 20 % over and under its grant, with what each client sees;
-6. the verdict: PASS when both see exactly the granted GPU and ``NVIDIA_VISIBLE_DEVICES=void``, at the nvml
-   tier the allocation over the grant is refused and the one under it allowed, and each MPS client's over its
-   grant is refused and under it allowed; without nvml the verdict says why and that the memory cap was not
-   checked (no failure).
+6. MIG (``e2e/gpu/mig_step.py``; ``--no-mig`` skips it): each GPU's MIG mode; on the first GPU whose mode is on,
+   the smallest partition fracgpu publishes, made as prepare makes it (GPU instance at its placement, then the
+   compute instance), in a container that must see exactly that MIG device, then destroyed; skipped (no failure)
+   where no GPU has MIG mode on: the check never switches it;
+7. the verdict: PASS when both see exactly the granted GPU and ``NVIDIA_VISIBLE_DEVICES=void``, at the nvml
+   tier the allocation over the grant is refused and the one under it allowed, each MPS client's over its
+   grant is refused and under it allowed, and the MIG container sees only its partition; without nvml the
+   verdict says why and that the memory cap was not checked (no failure).
 
 Exit status 0 on PASS, 1 on FAIL (the reasons are printed), 2 for bad usage.
 """
 
 import argparse
+import os
 import sys
 import time
 import uuid
@@ -40,7 +45,7 @@ from typing import Any
 
 from api.names import DRIVER_NAME, MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
-from e2e.gpu import container, mps_step, report
+from e2e.gpu import container, mig_step, mps_step, report
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector, probe_nvml_limits, static_facts
@@ -84,6 +89,7 @@ def step(name: str) -> Iterator[None]:
         OSError,
         mps_step.MpsStepError,
         MpsControlError,
+        mig_step.MigStepError,
     ) as err:
         raise CheckError(f"{name}: {err}") from err
     say(f"-- {name} done in {time.monotonic() - start:.1f} s")
@@ -164,7 +170,9 @@ def tier_line(device: str, tiers: GpuTiers) -> str:
     return f"enforcement {device}: available {', '.join(tiers.available)}{missing}"
 
 
-def run(work: Path, driver_root: Path, memory: str, *, with_mps: bool = True) -> tuple[list[str], str]:
+def run(
+    work: Path, driver_root: Path, memory: str, *, with_mps: bool = True, with_mig: bool = True
+) -> tuple[list[str], str]:
     """Run the steps; the reasons the check fails (empty: PASS) and the memory-cap note for the verdict. Raises
     CheckError when a step cannot finish."""
     bin_dir, rootfs = work / "bin", work / "rootfs"
@@ -223,7 +231,13 @@ def run(work: Path, driver_root: Path, memory: str, *, with_mps: bool = True) ->
         "" if nvml else report.not_checked(tiers[gpu.device_name].missing.get("nvml", f"the share's tier is {tier}"))
     )
     smi = next((m.container_path for m in edits.mounts if Path(m.container_path).name == "nvidia-smi"), None)
-    runtime = container.Runtime(bin_dir / "nvidia-container-runtime", bin_dir / "runc", work)
+    simulated = os.environ.get(container.STATE_ENV)  # the mock driver's state (tests only), see container.py
+    runtime = container.Runtime(
+        bin_dir / "nvidia-container-runtime",
+        bin_dir / "runc",
+        work,
+        simulated_state=Path(simulated) if simulated else None,
+    )
     with step("container (nvidia-container-runtime cdi mode + runc)"):
         caps = report.cap_sizes(granted.memory_mib) if nvml else ()
         script = report.container_script(BUSYBOX, smi, PROBE, caps)
@@ -266,6 +280,12 @@ def run(work: Path, driver_root: Path, memory: str, *, with_mps: bool = True) ->
                 settings, gpus, edits=edits, nodes=nodes, runtime=runtime, rootfs=rootfs,
                 script=lambda caps: report.container_script(BUSYBOX, smi, PROBE, caps), say=say,
             )  # fmt: skip
+    if with_mig:
+        with step("MIG"):
+            found += mig_step.run(
+                settings, gpus, edits=edits, nodes=nodes, tiers=tiers, runtime=runtime, rootfs=rootfs,
+                script=lambda: report.container_script(BUSYBOX, smi, PROBE), say=say,
+            )  # fmt: skip
     return found, cap_note
 
 
@@ -299,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--driver-root", type=Path, default=Path("/"), help="where the NVIDIA driver is installed")
     p.add_argument("--memory", default="10Gi", help="the share's memory (a Kubernetes quantity)")
     p.add_argument("--no-mps", action="store_true", help="skip the MPS step")
+    p.add_argument("--no-mig", action="store_true", help="skip the MIG step")
     args = p.parse_args(argv)
     try:
         if to_bytes(args.memory) <= 0:
@@ -310,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         p.error(f"not an unpacked bundle: {', '.join(missing)} missing (e2e/gpu/check.sh unpacks it)")
     try:
-        reasons, cap_note = run(work, args.driver_root.resolve(), args.memory, with_mps=not args.no_mps)
+        reasons, cap_note = run(
+            work, args.driver_root.resolve(), args.memory, with_mps=not args.no_mps, with_mig=not args.no_mig
+        )
     except CheckError as err:
         reasons, cap_note = [str(err)], ""
     say(report.verdict(reasons, cap_note))
