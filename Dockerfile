@@ -4,12 +4,12 @@
 #   rev=$(git rev-parse --short HEAD)
 #   docker build --build-arg VERSION=0.1.0 --build-arg REVISION=$rev -t fracgpu:0.1.0-$rev .
 #
-# Our own tests assemble the same layout without Docker: `python -m e2e.image.build` (see e2e/image/).
+# Our own tests assemble the same layout without Docker: `python -m harness.image.build` (see harness/image/).
 ARG PYTHON_IMAGE=python:3.11-slim
 # Same Debian release as the Python image: nvidia-ctk and nvidia-cdi-hook link glibc (cgo), and the hook runs
 # on the host, so it must not need a newer glibc than mainstream nodes have.
 ARG GO_IMAGE=golang:1.26-bookworm
-# Keep in step with e2e/cluster/versions.env (NVIDIA_CTK_VERSION), which the Docker-less build uses.
+# Keep in step with harness/cluster/versions.env (NVIDIA_CTK_VERSION), which the Docker-less build uses.
 ARG NVIDIA_CTK_VERSION=v1.20.2
 
 # NVIDIA Container Toolkit commands for the node plugin's driver edits (--driver-edits=toolkit): nvidia-ctk

@@ -14,7 +14,7 @@ help: ## list targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | sed 's/:.*## /\t/' | expand -t 16
 
 # constraints.txt pins every runtime and dev dependency (and pip) for CPython 3.11-3.13 on linux x86-64; the
-# image (Dockerfile, e2e/image/build.py) and the real-GPU bundle install the same pins. `make lock` rewrites it.
+# image (Dockerfile, harness/image/build.py) and the real-GPU bundle install the same pins. `make lock` rewrites it.
 CONSTRAINTS := constraints.txt
 LOCK_PYTHONS := 3.12 3.13
 LOCK_PLATFORMS := manylinux_2_28_x86_64 manylinux_2_17_x86_64 manylinux2014_x86_64 manylinux_2_5_x86_64 manylinux1_x86_64
@@ -37,7 +37,7 @@ lock: ## re-pin constraints.txt after a pyproject.toml change (LOCK_ARGS=--upgra
 	    --implementation cp --python-version $$v $(addprefix --platform ,$(LOCK_PLATFORMS)) \
 	    -c $(CONSTRAINTS) '.[dev]' || exit 1; \
 	done
-	$(PY) -m pytest -p no:cacheprovider -q tests/unit/e2e/test_lock.py
+	$(PY) -m pytest -p no:cacheprovider -q tests/unit/harness/test_lock.py
 
 lint: venv ## ruff lint and format check; the import contracts between packages (lint-imports)
 	$(VENV)/bin/ruff check .
@@ -51,10 +51,10 @@ unit: venv ## unit and protocol tests (fast, no cluster)
 	$(PYTEST) tests/unit
 
 binaries: ## build the pinned upstream components from their Go modules (cached in $FRACGPU_CACHE)
-	bash e2e/cluster/build-binaries.sh
+	bash harness/cluster/build-binaries.sh
 
 mock-nvml: ## build the mock libnvidia-ml.so.1 (simulated GPUs) into build/mocknvml
-	bash e2e/mocknvml/build.sh build/mocknvml
+	bash harness/mocknvml/build.sh build/mocknvml
 
 proto: venv ## regenerate the gRPC/protobuf code from kubelet_plugin/serving/proto/*.proto
 	$(PY) -m kubelet_plugin.serving.proto.generate
@@ -68,10 +68,10 @@ e2e: venv binaries ## end to end: single-node cluster (kubelet, containerd, CDI)
 test: lint typecheck unit integration e2e ## everything CI runs: lint, types and every test tier
 
 cluster-up: venv binaries ## start a local control plane (no node) in .cluster/ (prints its KUBECONFIG)
-	$(PY) -m e2e.cluster up --state-dir .cluster
+	$(PY) -m harness.cluster up --state-dir .cluster
 
 cluster-down: venv ## stop the local control plane and remove .cluster/
-	$(PY) -m e2e.cluster down --state-dir .cluster
+	$(PY) -m harness.cluster down --state-dir .cluster
 
 demo: venv binaries ## local cluster with 2 simulated GPUs, fracgpu installed by Helm, fractional pods; keeps running
 	$(PY) -m e2e.demo up --state-dir .demo
@@ -80,7 +80,7 @@ demo-down: venv ## stop the demo cluster and remove .demo/
 	$(PY) -m e2e.demo down --state-dir .demo
 
 image: venv ## container image as an OCI archive, without Docker (build/image/fracgpu-<tag>.oci.tar)
-	$(PY) -m e2e.image.build --out build/image
+	$(PY) -m harness.image.build --out build/image
 
 bench: venv binaries ## benchmarks against a real control plane (plugin bench also go-builds e2e/bench/goref into the cache); writes build/bench/
 	$(PY) -m e2e.bench.plugin_bench
@@ -94,10 +94,10 @@ crds: venv ## regenerate api/crds/*.yaml from the pydantic models in api/ (and t
 	cp api/crds/*.yaml charts/fracgpu/crds/
 
 gpu-check-bundle: venv ## what the real-GPU check carries (toolkit, static runc, rootfs, wheels) into build/gpu-check
-	$(PY) -m e2e.gpu.bundle --out build/gpu-check
+	$(PY) -m harness.gpu.bundle --out build/gpu-check
 
 gpu-check: ## run the real-GPU check here (root, NVIDIA driver and GPU; the bundle built): see docs/gpu-check.md
-	e2e/gpu/check.sh
+	harness/gpu/check.sh
 
 clean: ## remove the virtualenv and build outputs (the binary cache stays)
 	rm -rf $(VENV) build dist *.egg-info

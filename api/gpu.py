@@ -123,6 +123,12 @@ class GpuStatus(_Wire):
         alias="shareEnforcement",
         description="tiers applied to the shares, strongest first, as tier=count (unreported: not yet prepared)",
     )
+    mps_trust_domain: str | None = Field(
+        None,
+        alias="mpsTrustDomain",
+        description="an MPS GPU with claims: the trust domain its daemon serves (namespace/<ns>, label/<key>=<value> "
+        "or cluster); only that domain's claims are placed there",
+    )
     usage: GpuUsageStatus | None = Field(
         None, description="memory in use, written by the node plugin when it samples usage (--usage-interval)"
     )
@@ -150,6 +156,7 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
     {"name": "Enforcement", "type": "string", "jsonPath": ".status.enforcement"},
     {"name": "Reporting", "type": "string", "jsonPath": '.status.conditions[?(@.type=="PluginReporting")].status'},
     {"name": "MIG", "type": "string", "jsonPath": ".status.mig.summary"},
+    {"name": "Trust-Domain", "type": "string", "jsonPath": ".status.mpsTrustDomain"},
     {"name": "Index", "type": "integer", "jsonPath": ".status.index", "priority": 1},
     {"name": "UUID", "type": "string", "jsonPath": ".status.uuid", "priority": 1},
     {"name": "Share-Enforcement", "type": "string", "jsonPath": ".status.shareEnforcement", "priority": 1},
@@ -189,6 +196,11 @@ class AllocatedGpuData(_Wire):
     )
     mig_uuid: str | None = Field(
         None, alias="migUUID", description="a MIG partition: the MIG UUID the node plugin created (absent until then)"
+    )
+    mps_trust_domain: str | None = Field(
+        None,
+        alias="mpsTrustDomain",
+        description="on an MPS GPU: the claim's MPS trust domain (api/mps_trust.py id), which the GPU's daemon serves",
     )
 
     def to_data(self) -> dict[str, object]:

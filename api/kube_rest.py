@@ -1,4 +1,4 @@
-"""Plain-JSON Kubernetes requests on urllib3: the node plugin's whole API client.
+"""Plain-JSON Kubernetes requests on urllib3: the API client of both components (kopf watches on its own).
 
 The kubernetes package's client imports about a thousand generated model modules (~32 MiB of memory in a
 process that needs none of them); the node plugin sends a handful of JSON requests by API path, so this is
@@ -8,12 +8,8 @@ all it uses. Objects are dicts exactly as the API server sends them (no model dr
 (thread-safe; shared by every `KubeRest` on it). `KubeRest` sends requests on it with its own per-attempt
 timeout and retries.
 
-Errors: every request raises only `ApiError` — with the HTTP status when the API server answered with
-an error, `ApiUnreachable` (status 0) when it cannot be reached, its subclass `ApiTimeout` when it did not
-answer in time, and `UndecodableResponse` when it answered with a body this client cannot decode.
-kube-apiserver stores, and serves byte for byte, opaque parameters (10 KiB at most) that Python's `json`
-cannot decode: arrays nested 5117 levels deep (objects 1706), past the decoder's recursion limit of about
-1000 levels, and strings that are not valid UTF-8.
+Errors: every request raises only `ApiError` (`api.kube_errors`), of the subclass that names what happened,
+parsed once from the answer by `api_error`; `UndecodableResponse` when an answer cannot be decoded.
 """
 
 import json
@@ -28,40 +24,31 @@ from urllib.parse import urlencode, urlsplit
 import urllib3
 
 from api.kube_config import KubeConfig, from_client_configuration
+from api.kube_errors import (
+    ApiError,
+    ApiTimeout,
+    ApiUnreachable,
+    UndecodableResponse,
+    api_error,
+)
 
 JSON = "application/json"
 APPLY = "application/apply-patch+yaml"
 
 
-class ApiError(Exception):
-    """A request failed: the API server answered with HTTP `status` (`reason`, and the answer's `body`), or
-    (status 0, in the subclasses below) it did not answer."""
-
-    def __init__(self, status: int = 0, reason: str = "", body: str = "") -> None:
-        super().__init__(status, reason, body)
-        self.status = status
-        self.reason = reason
-        self.body = body
-
-    def __str__(self) -> str:
-        if not self.status:
-            return self.reason
-        return f"{self.status} {self.reason}" + (f": {self.body}" if self.body else "")
+def _answer_error(resp: urllib3.BaseHTTPResponse, data: bytes, *, uid_precondition: bool = False) -> ApiError:
+    return api_error(
+        resp.status,
+        resp.reason or "",
+        data.decode(errors="replace"),
+        resp.headers.get("Retry-After"),
+        uid_precondition=uid_precondition,
+    )
 
 
-class ApiUnreachable(ApiError):  # noqa: N818  # names the condition, as ApiTimeout does
-    """No answer from the API server: connection refused or reset, TLS failure (status 0)."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(status=0, reason=reason)
-
-
-class ApiTimeout(ApiUnreachable):
-    """The API server did not answer within the request's time budget (status 0)."""
-
-
-class UndecodableResponse(ApiError):  # noqa: N818  # names the condition
-    """The API server answered (`status` is its HTTP status) with a body this client cannot decode."""
+def _names_uid(body: Any) -> bool:
+    """Whether an apply body names `metadata.uid` (a precondition the API server checks)."""
+    return isinstance(body, dict) and bool((body.get("metadata") or {}).get("uid"))
 
 
 def decode_json(data: bytes, status: int = 200) -> Any:
@@ -158,8 +145,17 @@ class KubeConnection:
 
 def retries(attempts: int) -> urllib3.Retry:
     """`attempts` tries in all: a retry only after a connection error or a timeout (answers, even 5xx, are
-    final; a timed-out POST or PATCH is not sent again, as urllib3 retries reads of idempotent methods only)."""
-    return urllib3.Retry(total=attempts - 1, redirect=0, status=0, backoff_factor=0, raise_on_redirect=False)
+    final; a timed-out POST or PATCH is not sent again, as urllib3 retries reads of idempotent methods only).
+    An answer with `Retry-After` is final too: it reaches the caller as `ApiThrottled` / `ApiUnavailable`
+    (urllib3 would otherwise count it against `status=0` and report the server unreachable)."""
+    return urllib3.Retry(
+        total=attempts - 1,
+        redirect=0,
+        status=0,
+        backoff_factor=0,
+        raise_on_redirect=False,
+        respect_retry_after_header=False,
+    )
 
 
 class KubeRest:
@@ -228,14 +224,29 @@ class KubeRest:
         *,
         body: Any = None,
         content_type: str = JSON,
+        uid_precondition: bool = False,
     ) -> dict[str, Any]:
         """One request (`body`: JSON-encoded unless already a str); the decoded JSON object. Raises only
-        ApiError: with the HTTP status on HTTP errors, `ApiUnreachable` / `ApiTimeout`, and
-        `UndecodableResponse` (see the module doc)."""
+        ApiError, of the subclass that names the failure (see the module doc); `uid_precondition` as `api_error`."""
+        resp = self.send(method, path, query, body=body, content_type=content_type, uid_precondition=uid_precondition)
+        return self.decode(resp.data, resp.status)
+
+    def send(
+        self,
+        method: str,
+        path: str,
+        query: dict[str, Any] | None = None,
+        *,
+        body: Any = None,
+        content_type: str = JSON,
+        uid_precondition: bool = False,
+    ) -> urllib3.BaseHTTPResponse:
+        """One request whose successful answer is returned undecoded (for writes that only need to know they
+        succeeded); raises as `request`."""
         resp = self._call(method, path, query, body=body, content_type=content_type)
         if not 200 <= resp.status < 300:
-            raise ApiError(status=resp.status, reason=resp.reason or "", body=resp.data.decode(errors="replace"))
-        return self.decode(resp.data, resp.status)
+            raise _answer_error(resp, resp.data, uid_precondition=uid_precondition)
+        return resp
 
     def get(self, path: str, **query: Any) -> dict[str, Any]:
         return self.request("GET", path, query)
@@ -250,9 +261,18 @@ class KubeRest:
         return self.request("DELETE", path)
 
     def apply(self, path: str, body: dict[str, Any], field_manager: str, force: bool = True) -> dict[str, Any]:
-        """Server-side apply of `body` as `field_manager`."""
+        """Server-side apply of `body` as `field_manager`; a `metadata.uid` in `body` is a precondition
+        (`ApiUidMismatch`)."""
         query = {"fieldManager": field_manager, "force": "true" if force else None}
-        return self.request("PATCH", path, query, body=json.dumps(body), content_type=APPLY)
+        return self.request(
+            "PATCH", path, query, body=json.dumps(body), content_type=APPLY, uid_precondition=_names_uid(body)
+        )
+
+    def apply_unread(self, path: str, body: dict[str, Any], field_manager: str) -> None:
+        """Server-side apply (forced) whose answer is not decoded: the writes that only need to know they
+        succeeded skip decoding the whole object the API server sends back. Raises as `apply`."""
+        query = {"fieldManager": field_manager, "force": "true"}
+        self.send("PATCH", path, query, body=json.dumps(body), content_type=APPLY, uid_precondition=_names_uid(body))
 
     def watch(self, path: str, timeout_seconds: int, **query: Any) -> Generator[dict[str, Any]]:
         """Watch events (`{"type", "object"}`) of a collection until the server closes after `timeout_seconds`.
@@ -266,7 +286,7 @@ class KubeRest:
         try:
             if resp.status != 200:
                 data, complete = resp.read(), True
-                raise ApiError(status=resp.status, reason=resp.reason or "", body=data.decode(errors="replace"))
+                raise _answer_error(resp, data)
             for chunk in resp.stream(None, decode_content=False):
                 buffer += chunk
                 while b"\n" in buffer:

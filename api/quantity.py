@@ -15,8 +15,9 @@ _EXPONENTS = {"n": -3, "u": -2, "m": -1, "K": 1, "k": 1, "M": 2, "G": 3, "T": 4,
 _BINARY_PREFIXES = "KMGTPE"  # Ki … Ei; "ki", "mi", "ni", "ui" are not suffixes
 
 
-def parse_quantity(quantity: str | int | float | Decimal) -> Decimal:
-    """The value of a quantity such as `10Gi`, `1.5G`, `500m` or `1e3`; ValueError on anything else."""
+def parse_quantity(quantity: object) -> Decimal:
+    """The value of a quantity such as `10Gi`, `1.5G`, `500m` or `1e3` (a number as it is; anything else as
+    its `str`); ValueError on anything else."""
     if isinstance(quantity, int | float | Decimal):
         return Decimal(quantity)
     text = str(quantity)

@@ -8,17 +8,19 @@ import threading
 import uuid
 
 import kopf
-from kubernetes.config import ConfigException
 
-from api.kube_rest import ApiError, KubeRest
+from api.kube_config import ConfigError
+from api.kube_errors import ApiError
+from api.kube_rest import KubeConnection, KubeRest
 from api.logs import configure_logging
 from controller.admission.certificate import SharedCertificate
+from controller.admission.webhook import is_refusal_echo
 from controller.core import kopf_json, kube, metrics
 from controller.core.settings import parse_settings
 from controller.handlers import operator_settings, register, shared_certificate
 from controller.leadership.election import LeaderElector, LeaseTimings
 from controller.leadership.gate import GatedWriter, Leadership
-from controller.reconciler import Controller
+from controller.loops import Controller
 
 log = logging.getLogger("controller")
 _KOPF_EXTRAS = ("settings", "k8s_skip", "k8s_ref")
@@ -26,12 +28,12 @@ _KOPF_EXTRAS = ("settings", "k8s_skip", "k8s_ref")
 
 class KopfRecordFilter(logging.Filter):
     """Trim kopf's per-object log records: drop its settings dump; drop its echo of refused admissions
-    (the controller logs those itself, and a refused claim is not a controller error)."""
+    (the controller logs those itself, and a refused claim is not a controller error; `is_refusal_echo`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.name.startswith("kopf"):
             return True
-        if record.getMessage().startswith("Webhook ") and "failed permanently" in record.getMessage():
+        if is_refusal_echo(record):
             return False
         ref = getattr(record, "k8s_ref", None)
         for attr in _KOPF_EXTRAS:
@@ -75,18 +77,19 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kopf").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
-        api = kube.api_client(settings)
-    except (ConfigException, OSError) as err:
+        connection = KubeConnection(kube.credentials(settings))
+    except (ConfigError, ApiError) as err:
         log.error("cannot load cluster credentials: %s", err)
         return 2
-    shared = shared_certificate(settings, api)
+    shared = shared_certificate(settings, connection)
     if shared is not None and not _obtain(shared):
         return 0  # stopped while waiting for the certificate
     metrics.serve(settings.metrics_port)
-    writer = kube.KubeWriter(api, settings.driver_name)
+    writer = kube.KubeWriter(connection, settings.driver_name)
     leadership = None
-    if settings.leader_elect:
-        controller = Controller(settings, writer)  # the writer is gated below, once the elector exists
+    gated = GatedWriter(writer, None) if settings.leader_elect else None  # its elector is given below
+    controller = Controller(settings, gated or writer)
+    if gated is not None:
         leadership = Leadership(controller, None, writer.rest)
         elector = LeaderElector(
             KubeRest(writer.rest.connection, timeout=settings.retry_period_seconds, attempts=1),
@@ -99,10 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             on_started=leadership.started,
             on_stopped=leadership.stopped,
         )
-        leadership.elector = elector
-        controller.writer = GatedWriter(writer, elector)
-    else:
-        controller = Controller(settings, writer)
+        leadership.elector = gated.elector = elector
     kopf_json.install()  # no object the API server stores can stop a watch or the webhook
     registry = kopf.OperatorRegistry()
     register(registry, settings, controller, leadership)
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     asyncio.run(
         kopf.operator(
             registry=registry,
-            settings=operator_settings(settings, api, shared),
+            settings=operator_settings(settings, connection, shared),
             clusterwide=True,
             standalone=True,
             liveness_endpoint=settings.liveness_endpoint,

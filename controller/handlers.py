@@ -10,30 +10,35 @@ import asyncio
 import logging
 import os
 import socket
+from collections.abc import Mapping
 from typing import Any
 
+import jsonpatch
 import kopf
-from kubernetes import client
 
 from api.gpu import GPU_PLURAL, GPU_VERSION
 from api.kube_rest import KubeConnection, KubeRest
+from api.mps_trust import TrustDomain, trust_domain
 from api.names import API_GROUP
 from controller.admission.certificate import SharedCertificate
 from controller.admission.verdict import Review, review_claim_spec
-from controller.admission.webhook import WebhookServer
-from controller.admission.webhook_config import CLAIMS, TEMPLATES, Registration
+from controller.admission.webhook import WebhookServer, refuse
+from controller.admission.webhook_config import CLAIMS, MUTATED_CLAIMS, TEMPLATES, Registration
 from controller.core import kube, metrics
 from controller.core.model import ClaimView, DeviceClassView, SliceView, claim_view, device_class_view, slice_view
 from controller.core.settings import COMPONENT, Settings
 from controller.leadership.gate import Leadership
 from controller.ledger.plan import ExistingGpu
-from controller.reconciler import Controller
+from controller.loops import Controller
+from controller.mps.plan import foreign_tolerations, tolerations_patch
 
 log = logging.getLogger(__name__)
 RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 INDEX_IDS = ("fracgpu_slices", "fracgpu_claims", "fracgpu_gpus", "fracgpu_classes", "fracgpu_nodes")
 """The ids of the indexes, in the order `Controller.bind` takes them (kopf passes each as a keyword argument)."""
+NAMESPACES_INDEX = "fracgpu_namespaces"
+"""Namespace name -> labels: only with MPS trust scope namespaceLabel (the only reader of namespace labels)."""
 
 
 def webhook_hosts(settings: Settings) -> tuple[str | None, list[str]]:
@@ -45,20 +50,20 @@ def webhook_hosts(settings: Settings) -> tuple[str | None, list[str]]:
     return host, [f"{service[1]}.{service[0]}.svc.cluster.local"] if service else []
 
 
-def shared_certificate(settings: Settings, api: client.ApiClient) -> SharedCertificate | None:
+def shared_certificate(settings: Settings, connection: KubeConnection) -> SharedCertificate | None:
     """The certificate the replicas share (`--webhook-cert-secret`), or None: each process makes its own."""
     if not settings.admission or settings.webhook_cert_secret is None or settings.webhook_cert_dir is not None:
         return None
     namespace, name = settings.webhook_cert_secret.split("/", 1)
     host, extra = webhook_hosts(settings)
     hostnames = [h for h in (host or "127.0.0.1", *extra) if h]
-    return SharedCertificate(KubeRest(KubeConnection.of(api), timeout=10.0, attempts=2), namespace, name, hostnames)
+    return SharedCertificate(KubeRest(connection, timeout=10.0, attempts=2), namespace, name, hostnames)
 
 
 def operator_settings(
-    settings: Settings, api: client.ApiClient, shared: SharedCertificate | None = None
+    settings: Settings, connection: KubeConnection, shared: SharedCertificate | None = None
 ) -> kopf.OperatorSettings:
-    """kopf settings: standalone, quiet Event posting, our webhook server registering itself through `api`.
+    """kopf settings: standalone, quiet Event posting, our webhook server registering itself on `connection`.
 
     kopf does not manage the webhook configuration (`admission.managed` stays None): its manager creates
     the configuration first, which the controller may not; our server patches the chart-made one instead.
@@ -82,10 +87,11 @@ def operator_settings(
             service=(service[0], service[1]) if service else None,
             service_port=settings.webhook_port if service else None,
             registration=Registration(
-                KubeRest(KubeConnection.of(api)),
+                KubeRest(connection),
                 settings.webhook_config_name,
                 fail=settings.webhook_failure_policy == "Fail",
                 check_seconds=settings.webhook_check_seconds,
+                mutated=(MUTATED_CLAIMS,) if settings.mps else (),
             ),
             shared=shared,
             shared_check_seconds=settings.webhook_cert_check_seconds,
@@ -93,12 +99,19 @@ def operator_settings(
     return out
 
 
-def _review(controller: Controller, spec: Any, prefix: str) -> Review:
+def _review(controller: Controller, spec: Any, prefix: str, namespace: str | None) -> Review:
     """Review a claim spec against what the controller published for admission (called on the webhook's
-    thread: it reads `controller.admission.verdict` only)."""
+    thread: it reads `controller.admission.verdict` only), and its tolerations against the claim's MPS trust
+    domain (with --mps)."""
     s = controller.settings
     facts = controller.admission
-    return review_claim_spec(
+    if s.mps and namespace and isinstance(spec, Mapping):
+        refused, warned = foreign_tolerations(spec, _domain(controller, namespace))
+        if refused:
+            return Review(problems=tuple(refused), warnings=tuple(warned))
+    else:
+        warned = []
+    review = review_claim_spec(
         spec,
         prefix,
         driver=s.driver_name,
@@ -109,6 +122,14 @@ def _review(controller: Controller, spec: Any, prefix: str) -> Review:
         nvml_offered=facts.nvml,
         mps_offered=facts.mps,
     )
+    return Review(problems=review.problems, warnings=(*review.warnings, *warned)) if warned else review
+
+
+def _domain(controller: Controller, namespace: str) -> TrustDomain:
+    """The MPS trust domain of a claim in `namespace` (the namespaces' labels as the main loop indexed them)."""
+    s = controller.settings
+    labels = controller.context.namespace_labels(namespace) if s.mps_trust_scope == "namespaceLabel" else None
+    return trust_domain(s.mps_trust_scope, s.mps_trust_label, namespace, labels)
 
 
 def register(
@@ -120,12 +141,12 @@ def register(
 
     @kopf.on.login(registry=registry, id="login")
     def login(**_: Any) -> kopf.ConnectionInfo:
-        return kube.connection_info(settings)
+        return kube.connection_info(kube.credentials(settings))
 
     @kopf.on.startup(registry=registry, id="startup")
     async def startup(**kwargs: Any) -> None:
         # kopf passes every index as a keyword argument named after its id (still empty at startup)
-        controller.bind(*(kwargs[i] for i in INDEX_IDS))
+        controller.bind(*(kwargs[i] for i in INDEX_IDS), namespaces=kwargs.get(NAMESPACES_INDEX))
         if leadership is None or leadership.elector is None:
             await controller.start()
         else:
@@ -188,7 +209,14 @@ def register(
     async def index_node(name: str, uid: str, **_: Any) -> dict[str, str]:
         return {name: uid}  # only which Nodes exist: claims on a deleted one are reported
 
-    # ----- events: only wake the reconciler; it reads the indexes -------------------------------------
+    if settings.mps and settings.mps_trust_scope == "namespaceLabel":
+        label = settings.mps_trust_label
+
+        @kopf.index("v1", "namespaces", registry=registry, id=NAMESPACES_INDEX)
+        async def index_namespace(name: str, labels: kopf.Labels, **_: Any) -> dict[str, dict[str, str]]:
+            return {name: {label: labels[label]} if label in labels else {}}  # the one label that matters
+
+    # ----- events: only wake the managers (controller/loops.py); they read the indexes ------------------
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "resourceslices", registry=registry, id="slice_event")
     async def slice_event(**_: Any) -> None:
@@ -227,8 +255,8 @@ def register(
         id=CLAIMS.id,
         operations=list(CLAIMS.operations),  # CREATE: the spec is immutable
     )
-    async def validate_claim(body: kopf.Body, warnings: list[str], **_: Any) -> None:
-        _respond(_review(controller, body.get("spec"), "spec"), warnings, body)
+    async def validate_claim(body: kopf.Body, warnings: list[str], namespace: str | None, **_: Any) -> None:
+        _respond(_review(controller, body.get("spec"), "spec", namespace), warnings, body)
 
     @kopf.on.validate(
         TEMPLATES.group,
@@ -238,8 +266,27 @@ def register(
         id=TEMPLATES.id,
         operations=list(TEMPLATES.operations),
     )
-    async def validate_template(body: kopf.Body, warnings: list[str], **_: Any) -> None:
-        _respond(_review(controller, (body.get("spec") or {}).get("spec"), "spec.spec"), warnings, body)
+    async def validate_template(body: kopf.Body, warnings: list[str], namespace: str | None, **_: Any) -> None:
+        _respond(_review(controller, (body.get("spec") or {}).get("spec"), "spec.spec", namespace), warnings, body)
+
+    if settings.mps:
+
+        @kopf.on.mutate(
+            MUTATED_CLAIMS.group,
+            MUTATED_CLAIMS.version,
+            MUTATED_CLAIMS.plural,
+            registry=registry,
+            id=MUTATED_CLAIMS.id,
+            operations=list(MUTATED_CLAIMS.operations),
+        )
+        async def tolerate_own_domain(body: kopf.Body, patch: kopf.Patch, namespace: str | None, **_: Any) -> None:
+            spec = body.get("spec")
+            if not namespace or not isinstance(spec, Mapping):
+                return
+            ops = tolerations_patch(spec, settings.device_classes, _domain(controller, namespace))
+            if ops:
+                metrics.ADMISSION.labels("ResourceClaim", "tolerated").inc()
+                patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
 
 
 def _respond(review: Review, warnings: list[str], body: kopf.Body) -> None:
@@ -253,4 +300,4 @@ def _respond(review: Review, warnings: list[str], body: kopf.Body) -> None:
         log.info(
             "admission refused", extra={"object": f"{kind} {meta.get('namespace')}/{name}", "problems": review.message}
         )
-        raise kopf.AdmissionError(review.message, code=422)
+        refuse(review.message)

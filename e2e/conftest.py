@@ -6,8 +6,8 @@ from collections.abc import Iterator
 import pytest
 
 from e2e import workloads as w
-from e2e.cluster.node import SingleNodeCluster
 from e2e.install import Installation, install, state_dir, tear_down
+from harness.cluster.node import SingleNodeCluster
 
 
 @pytest.fixture(scope="session")

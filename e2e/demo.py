@@ -12,9 +12,9 @@ import time
 from pathlib import Path
 
 from e2e import workloads as w
-from e2e.cluster import binaries
-from e2e.cluster.node import SingleNodeCluster, down
 from e2e.install import install, remove_dev_char_links
+from harness.cluster import binaries
+from harness.cluster.node import SingleNodeCluster, down
 
 NAMESPACE = "demo"
 

@@ -27,8 +27,8 @@ from api.gpu import GPU_PLURAL, GPU_VERSION
 from api.names import API_GROUP, DEVICE_CLASS_NAME, DRIVER_NAME
 from e2e import workloads as w
 from e2e.install import NAMESPACE, RELEASE
+from harness import kube
 from kubelet_plugin.usage.cgroups import CgroupUnreadableError, pod_of_pid
-from tests.integration import kube
 
 LEASE = f"{RELEASE}-controller"  # the chart's controller full name, for the release name the harness installs
 CONTROLLER_PODS = "app.kubernetes.io/component=controller"

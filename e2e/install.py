@@ -23,15 +23,15 @@ from typing import Any
 
 import yaml
 
-from e2e import mocknvml
-from e2e.cluster import binaries, nvidia_runtime
-from e2e.cluster.mountns import NODE_ROOT
-from e2e.cluster.multinode import MultiNodeCluster
-from e2e.cluster.node import SingleNodeCluster
-from e2e.image.build import build_image
-from e2e.image.glibc import build_glibc_workload
-from e2e.mocknvml.driver_root import DriverInstall, make_faithful_driver_root
 from e2e.workloads import Cluster
+from harness import mocknvml
+from harness.cluster import binaries, nvidia_runtime
+from harness.cluster.mountns import NODE_ROOT
+from harness.cluster.multinode import MultiNodeCluster
+from harness.cluster.node import SingleNodeCluster
+from harness.image.build import build_image
+from harness.image.glibc import build_glibc_workload
+from harness.mocknvml.driver_root import DriverInstall, make_faithful_driver_root
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "fracgpu"
@@ -64,7 +64,7 @@ class Installation:
     @property
     def health_control(self) -> Path:
         """The host file the plugin's mock NVML reads GPU health from: append `<GPU UUID> xid <n> [<action>]`,
-        `<GPU UUID> lost` or `<GPU UUID> reset` lines (e2e/mocknvml/mock_nvml_events.c)."""
+        `<GPU UUID> lost` or `<GPU UUID> reset` lines (harness/mocknvml/mock_nvml_events.c)."""
         return self.nvml_dir / HEALTH_CONTROL
 
     def helm(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from e2e import workloads as w
-from e2e.cluster import binaries
 from e2e.install import NAMESPACE
+from harness.cluster import binaries
 
 PLUGIN_SELECTOR = "app.kubernetes.io/component=kubelet-plugin"
 NOT_REGISTERED = "is not registered"

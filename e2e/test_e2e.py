@@ -10,8 +10,8 @@ import pytest
 
 from api.quantity import MiB, to_bytes
 from e2e import workloads as w
-from e2e.cluster.node import RUNC
 from e2e.install import NAMESPACE, Installation
+from harness.cluster.node import RUNC
 
 pytestmark = pytest.mark.e2e
 

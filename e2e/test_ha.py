@@ -14,7 +14,7 @@ import time
 
 from e2e import ha
 from e2e.install import NAMESPACE, Installation
-from tests.integration import kube
+from harness import kube
 
 CLAIMS = 100
 

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from e2e import workloads as w
-from e2e.image import lib64
 from e2e.install import Installation
-from e2e.mocknvml.driver_root import LIBDIR
-from e2e.oci_devices import LIST_DEVICES, bundle_config, mismatches, parse_listing
+from harness.image import lib64
+from harness.mocknvml.driver_root import LIBDIR
+from harness.oci_devices import LIST_DEVICES, bundle_config, mismatches, parse_listing
 
 pytestmark = pytest.mark.e2e
 

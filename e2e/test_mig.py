@@ -3,7 +3,7 @@ through NVML, then `mig.gpus=1`), pods asking `mig.gpu.fracgpu.dev` for memory g
 when their claim is prepared, and each container sees that partition only.
 
 What is real: the chart, the scheduler (partitionable devices), the controller, the kubelet calling the plugin,
-containerd applying the claim specs, NVIDIA's toolkit's driver edits. What is not: the driver (e2e/mocknvml: its
+containerd applying the claim specs, NVIDIA's toolkit's driver edits. What is not: the driver (harness/mocknvml: its
 MIG state is a directory, the "kernel", which the test pods mount read-only, as every process reaches the real
 kernel's through /dev/nvidiactl; what a container sees still follows from the capability nodes it was given).
 """
@@ -21,15 +21,15 @@ from typing import Any
 
 import pytest
 
-from e2e import mocknvml
 from e2e import workloads as w
 from e2e.install import CHART, NAMESPACE, PROFILE, RELEASE, Installation
+from harness import mocknvml
 
 pytestmark = pytest.mark.e2e
 MIG_CLASS = "mig.gpu.fracgpu.dev"
 GPU1 = mocknvml.read_profile(PROFILE)["gpu.1.uuid"]
 PLUGIN = "app.kubernetes.io/component=kubelet-plugin"
-# profile -> (memory MiB, SMs) of an H100 80GB's partitions (e2e/mocknvml/mock_mig.c)
+# profile -> (memory MiB, SMs) of an H100 80GB's partitions (harness/mocknvml/mock_mig.c)
 PARTITIONS = {"1g.10gb": (9984, 16), "2g.20gb": (20096, 32), "3g.40gb": (40448, 60)}
 MIG_REPORT = w.REPORT.replace(
     'echo "UID $(id -u)"',

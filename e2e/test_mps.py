@@ -5,7 +5,7 @@ made from their claim specs.
 What is real: the chart, the supervisor (kubelet_plugin/mps) setting the compute mode through NVML and running
 the daemon binary from the driver root, the node plugin reading its status, setting the GPU's ceiling through the
 driver's control client and writing CDI specs, containerd applying them, the kubelet and the scheduler. What is
-not: the driver (e2e/mocknvml: the daemon, the server and libcuda enforce the limits themselves).
+not: the driver (harness/mocknvml: the daemon, the server and libcuda enforce the limits themselves).
 """
 
 import json
@@ -21,7 +21,7 @@ import pytest
 
 from e2e import workloads as w
 from e2e.install import CHART, NAMESPACE, PROFILE, RELEASE, Installation
-from e2e.mocknvml import read_profile
+from harness.mocknvml import read_profile
 
 MPS_CLASS = "mps.gpu.fracgpu.dev"
 UUID = read_profile(PROFILE)["gpu.0.uuid"]

@@ -21,9 +21,9 @@ from typing import Any, TypeVar
 import pytest
 
 from e2e import workloads as w
-from e2e.cluster.multinode import A100X1, H100X2, ClusterNode, MultiNodeCluster, NodeProfile
 from e2e.install import NAMESPACE, ClusterInstallation, install_cluster, state_dir, tear_down
-from e2e.mocknvml import read_profile
+from harness.cluster.multinode import A100X1, H100X2, ClusterNode, MultiNodeCluster, NodeProfile
+from harness.mocknvml import read_profile
 
 T = TypeVar("T")
 H100_NODE, A100_NODE = "fracgpu-h100", "fracgpu-a100"

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from e2e import mocknvml
 from e2e import workloads as w
-from e2e.cluster.node import RUNC
-from e2e.cluster.nvidia_runtime import DEFAULT_KIND
-from e2e.image import oci, rootfs
-from e2e.image.glibc import build_glibc_workload
 from e2e.install import CHART, NAMESPACE, PROFILE, RELEASE, Installation
+from harness import mocknvml
+from harness.cluster.node import RUNC
+from harness.cluster.nvidia_runtime import DEFAULT_KIND
+from harness.image import oci, rootfs
+from harness.image.glibc import build_glibc_workload
 
 pytestmark = pytest.mark.e2e
 

@@ -23,9 +23,6 @@ from typing import Any
 import pytest
 
 from e2e import workloads as w
-from e2e.cluster import binaries
-from e2e.cluster.multinode import A100X1, H100X2, ClusterNode, MultiNodeCluster, NodeProfile
-from e2e.image.build import build_image
 from e2e.install import (
     CHART,
     NAMESPACE,
@@ -39,6 +36,9 @@ from e2e.install import (
 )
 from e2e.rollout import PLUGIN_SELECTOR
 from e2e.upgrade import release
+from harness.cluster import binaries
+from harness.cluster.multinode import A100X1, H100X2, ClusterNode, MultiNodeCluster, NodeProfile
+from harness.image.build import build_image
 
 H100_NODE, A100_NODE = "fracgpu-h100", "fracgpu-a100"
 DRIVER = w.DEVICE_CLASS

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from e2e.image.small import BUSYBOX_IMAGE
+from harness.image.small import BUSYBOX_IMAGE
 
 
 class Cluster(Protocol):

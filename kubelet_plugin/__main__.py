@@ -7,7 +7,8 @@ import threading
 from collections.abc import Callable
 
 from api import kube_config
-from api.kube_rest import ApiError, KubeConnection, KubeRest
+from api.kube_errors import ApiError
+from api.kube_rest import KubeConnection, KubeRest
 from api.logs import configure_logging
 from api.mig import state_message
 from kubelet_plugin.core.coalesce import Coalescer
@@ -59,7 +60,7 @@ def make_driver_edits(
 def start_usage_sampler(
     settings: Settings, api: KubeConnection, gpus: list[GpuInfo], metrics: PluginMetrics, stop: threading.Event
 ) -> None:
-    """With ``--usage-interval`` > 0, sample GPU memory use in a thread of its own (see usage_sampler)."""
+    """With ``--usage-interval`` > 0, sample GPU memory use in a thread of its own (see `kubelet_plugin/usage/sampler.py`)."""
     if not settings.usage_interval_seconds:
         return
     # imported only when on: the sampler's modules cost 0.6 MiB of RSS in a plugin that does not sample
@@ -247,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         post=event_poster(KubeRest.bounded(api, settings.api_timeout_seconds), settings.node_name,
                           settings.checkpoint_path),
         interval=settings.health_probe_interval_seconds, on_up=preparer.refresh_mps_ceiling,
+        repair=preparer.repair_mps_limits,
     )  # fmt: skip
     threading.Thread(target=mps_health.run, args=(stop,), name="mps-health", daemon=True).start()
     publisher = SlicePublisher(

@@ -30,7 +30,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from api.kube_rest import ApiError
+from api.kube_errors import ApiConflict, ApiError, ApiNotFound
 
 log = logging.getLogger(__name__)
 VALIDITY = datetime.timedelta(days=365)
@@ -238,16 +238,12 @@ class SharedCertificate:
         for _ in range(ATTEMPTS):
             try:
                 secret = self.rest.get(self.path)
-            except ApiError as err:
-                if err.status != 404:
-                    raise
+            except ApiNotFound:
                 pair = self._generate(None)
                 try:
                     self.rest.create(f"/api/v1/namespaces/{self.namespace}/secrets", self._body(pair))
-                except ApiError as err:
-                    if err.status == 409:  # AlreadyExists: another replica was first; read its certificate
-                        continue
-                    raise
+                except ApiConflict:  # AlreadyExists: another replica was first; read its certificate
+                    continue
                 log.info("created the shared webhook certificate", extra={"secret": f"{self.namespace}/{self.name}"})
                 return pair
             found = Pair.of_secret(secret)
@@ -261,10 +257,8 @@ class SharedCertificate:
             pair = self._generate(found)
             try:  # the resourceVersion in the metadata makes this a compare-and-swap
                 self.rest.replace(self.path, self._body(pair, secret.get("metadata")))
-            except ApiError as err:
-                if err.status == 409:  # Conflict: another replica renewed it first; read its certificate
-                    continue
-                raise
+            except ApiConflict:  # another replica renewed it first; read its certificate
+                continue
             log.info(
                 "renewed the shared webhook certificate", extra={"secret": f"{self.namespace}/{self.name}", "why": why}
             )

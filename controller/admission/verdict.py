@@ -16,13 +16,12 @@ from collections.abc import Callable, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ConfigDict
 
 from api.config_merge import ConfigEntry, EntryError, MergeError, config_for
 from api.gpu_config import GpuConfigError, decode_gpu_config
 from api.names import MEMORY_CAPACITY
-from api.quantity import format_bytes
+from api.quantity import format_bytes, parse_quantity
 
 log = logging.getLogger(__name__)
 

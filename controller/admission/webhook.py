@@ -5,15 +5,22 @@ here (kopf's uses `certbuilder`), a Service reference instead of a URL, the regi
 config (CA bundle included) in the chart-made webhook configuration (`controller.admission.webhook_config`), and its
 own thread: the server and kopf's admission handling run on an event loop of their own, so that a busy main
 loop (watch events, indexes, the ledger) does not queue admission reviews behind it.
+
+A refusal (`refuse`) is logged by the controller itself; kopf logs every handler's permanent error, and
+`kopf.AdmissionError` is one, at ERROR on `kopf.objects`, formatted into the message, and has neither a setting
+for that level nor a hook between a handler's outcome and that line. So a refusal marks the review being served
+(a context variable of the task that serves it, reset for each request) and `is_refusal_echo` tells the log
+filter which record is kopf's echo of it.
 """
 
 import asyncio
 import contextlib
 import contextvars
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Collection
-from typing import Any
+from typing import Any, NoReturn
 
 import aiohttp.web
 import kopf
@@ -22,6 +29,20 @@ from api import bounded_json
 from controller.admission.certificate import SharedCertificate, self_signed_certificate
 from controller.admission.webhook_config import Registration
 from controller.core import kopf_json, metrics
+
+_REFUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("fracgpu_admission_refused", default=False)
+"""Set by `refuse` in the task serving one admission review; reset by `WebhookServer._serve` for the next."""
+
+
+def refuse(message: str) -> NoReturn:
+    """Refuse the admission review being served (HTTP 422 to the user, with `message`)."""
+    _REFUSED.set(True)
+    raise kopf.AdmissionError(message, code=422)
+
+
+def is_refusal_echo(record: logging.LogRecord) -> bool:
+    """Whether `record` is kopf's ERROR line about a refusal made by `refuse` in the review being served."""
+    return _REFUSED.get() and record.name == "kopf.objects" and record.levelno == logging.ERROR
 
 
 class _Utf8Request:
@@ -92,6 +113,7 @@ class WebhookServer(kopf.WebhookServer):
         a claim of any driver would get an error answer instead of a review. Timed into
         `metrics.ADMISSION_SECONDS` (the webhook's own latency, apart from the API server's round trip)."""
         started = time.monotonic()
+        refused = _REFUSED.set(False)  # aiohttp serves a connection's requests in one task: each starts clean
         body = await request.read()
         try:
             text = body.decode("utf-8")
@@ -102,12 +124,13 @@ class WebhookServer(kopf.WebhookServer):
             served: aiohttp.web.Response = await kopf.WebhookServer._serve(fn, _Utf8Request(request, text))  # type: ignore[arg-type]
         finally:
             metrics.ADMISSION_SECONDS.observe(time.monotonic() - started)
+            _REFUSED.reset(refused)
         return served
 
     async def _serve_in_thread(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         """kopf's serving (`kopf.WebhookServer.__call__`) on an event loop in a thread of its own; yields its
         client configs here. Admission handlers then run on that loop: they may only read what the main loop
-        publishes by plain attribute assignment (controller.reconciler's admission view)."""
+        publishes by plain attribute assignment (the device catalogue's admission facts, controller/devices/)."""
         main = asyncio.get_running_loop()
         configs: asyncio.Queue[kopf.WebhookClientConfig | BaseException] = asyncio.Queue()
         context = contextvars.copy_context()  # kopf's context variables (its Event posting queue among them)

@@ -1,4 +1,5 @@
-"""The controller's ValidatingWebhookConfiguration: the chart creates it empty, the controller patches it.
+"""The controller's ValidatingWebhookConfiguration (and, with MPS GPUs, its MutatingWebhookConfiguration of the same
+name): the chart creates them empty, the controller patches them.
 
 RBAC cannot scope `create` to a name, so the controller may not create webhook configurations at all, and
 kopf's own configuration manager (which always tries to create first) stays off. Instead the controller
@@ -21,11 +22,14 @@ from typing import Any, Literal
 
 import kopf
 
-from api.kube_rest import ApiError, KubeRest
+from api.kube_errors import ApiError, ApiForbidden, ApiNotFound
+from api.kube_rest import KubeRest
 
 log = logging.getLogger(__name__)
 CONFIGS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
+MUTATING_CONFIGS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 MERGE = "application/merge-patch+json"
+Kind = Literal["validating", "mutating"]
 
 
 @dataclass(frozen=True)
@@ -37,16 +41,19 @@ class Validated:
     version: str
     plural: str
     operations: tuple[Literal["CREATE", "UPDATE", "DELETE", "CONNECT"], ...] = ("CREATE",)
+    kind: Kind = "validating"
 
 
 CLAIMS = Validated("resourceclaims", "resource.k8s.io", "v1", "resourceclaims")
 TEMPLATES = Validated("resourceclaimtemplates", "resource.k8s.io", "v1", "resourceclaimtemplates")
 VALIDATED = (CLAIMS, TEMPLATES)
+MUTATED_CLAIMS = Validated("mutate-resourceclaims", "resource.k8s.io", "v1", "resourceclaims", kind="mutating")
+"""Claims get their MPS trust domain's toleration at creation (`controller.mps.plan.tolerations_patch`)."""
 
 
-def config_path(name: str) -> str:
-    """API path of the ValidatingWebhookConfiguration `name`."""
-    return f"{CONFIGS}/{name}"
+def config_path(name: str, kind: Kind = "validating") -> str:
+    """API path of the Validating (or Mutating) WebhookConfiguration `name`."""
+    return f"{CONFIGS if kind == 'validating' else MUTATING_CONFIGS}/{name}"
 
 
 def webhooks(
@@ -66,26 +73,29 @@ def webhooks(
             target["url"] = f"{target['url'].rstrip('/')}/{segment}"
         if "service" in target:
             target["service"]["path"] = f"{target['service'].get('path', '')}/{segment}"
-        out.append(
-            {
-                "name": f"{v.id}.{config_name}",
-                "sideEffects": "None",
-                "failurePolicy": "Fail" if fail else "Ignore",
-                "matchPolicy": "Equivalent",  # also the requests of older served versions (converted to v1)
-                "rules": [
-                    {
-                        "apiGroups": [v.group],
-                        "apiVersions": [v.version],
-                        "resources": [v.plural],
-                        "operations": list(v.operations),
-                        "scope": "*",
-                    }
-                ],
-                "clientConfig": target,
-                "timeoutSeconds": 30,
-                "admissionReviewVersions": ["v1", "v1beta1"],
-            }
-        )
+        hook: dict[str, Any] = {
+            "name": f"{v.id}.{config_name}",
+            "sideEffects": "None",
+            # a mutation only adds what keeps a claim off other domains' GPUs, which the scheduler's binding
+            # conditions and the node plugin enforce anyway: a controller outage never blocks claims there
+            "failurePolicy": "Fail" if fail and v.kind == "validating" else "Ignore",
+            "matchPolicy": "Equivalent",  # also the requests of older served versions (converted to v1)
+            "rules": [
+                {
+                    "apiGroups": [v.group],
+                    "apiVersions": [v.version],
+                    "resources": [v.plural],
+                    "operations": list(v.operations),
+                    "scope": "*",
+                }
+            ],
+            "clientConfig": target,
+            "timeoutSeconds": 30,
+            "admissionReviewVersions": ["v1", "v1beta1"],
+        }
+        if v.kind == "mutating":
+            hook["reinvocationPolicy"] = "Never"
+        out.append(hook)
     return out
 
 
@@ -100,22 +110,37 @@ class Registration:
         fail: bool,
         retry: tuple[float, float] = (2.0, 60.0),
         check_seconds: float = 10.0,
+        mutated: tuple[Validated, ...] = (),
     ) -> None:
         self.rest = rest
         self.name = name
         self.fail = fail
+        self.resources = (*VALIDATED, *mutated)
         self.retry = retry  # first and longest wait between attempts, seconds
         self.check_seconds = check_seconds  # between reads of the configuration once registered
         self.registered = False
 
-    def _patch(self, hooks: list[dict[str, Any]]) -> None:
-        self.rest.request("PATCH", config_path(self.name), body={"webhooks": hooks}, content_type=MERGE)
+    def _kinds(self) -> list[Kind]:
+        return sorted({v.kind for v in self.resources}, reverse=True)  # validating first
+
+    def _hooks(self, client_config: kopf.WebhookClientConfig) -> dict[Kind, list[dict[str, Any]]]:
+        return {
+            kind: webhooks(
+                self.name, client_config, fail=self.fail, validated=tuple(v for v in self.resources if v.kind == kind)
+            )
+            for kind in self._kinds()
+        }
+
+    def _patch(self, hooks: dict[Kind, list[dict[str, Any]]]) -> None:
+        for kind in self._kinds():
+            body = {"webhooks": hooks.get(kind, [])}
+            self.rest.request("PATCH", config_path(self.name, kind), body=body, content_type=MERGE)
 
     async def register(self, client_config: kopf.WebhookClientConfig) -> None:
         """Patch the webhooks calling `client_config` in; retry (logging why) until it works."""
-        await self._register(webhooks(self.name, client_config, fail=self.fail))
+        await self._register(self._hooks(client_config))
 
-    async def _register(self, hooks: list[dict[str, Any]]) -> None:
+    async def _register(self, hooks: dict[Kind, list[dict[str, Any]]]) -> None:
         delay, longest = self.retry
         while True:
             try:
@@ -132,16 +157,19 @@ class Registration:
             await asyncio.sleep(delay)
             delay = min(delay * 2, longest)
 
-    def _missing(self, hooks: list[dict[str, Any]]) -> list[str]:
-        """Names of `hooks` the live configuration lacks (raises ApiError)."""
-        live = self.rest.request("GET", config_path(self.name))
-        present = {h.get("name") for h in live.get("webhooks") or []}
-        return [h["name"] for h in hooks if h["name"] not in present]
+    def _missing(self, hooks: dict[Kind, list[dict[str, Any]]]) -> list[str]:
+        """Names of `hooks` the live configurations lack (raises ApiError)."""
+        missing = []
+        for kind, wanted in hooks.items():
+            live = self.rest.request("GET", config_path(self.name, kind))
+            present = {h.get("name") for h in live.get("webhooks") or []}
+            missing += [h["name"] for h in wanted if h["name"] not in present]
+        return missing
 
     async def keep(self, client_config: kopf.WebhookClientConfig) -> None:
         """Register (as `register`), then every `check_seconds` patch the webhooks back in when any is
         missing from the configuration; runs until cancelled, logging what fails."""
-        hooks = webhooks(self.name, client_config, fail=self.fail)
+        hooks = self._hooks(client_config)
         await self._register(hooks)
         while True:
             await asyncio.sleep(self.check_seconds)
@@ -162,7 +190,7 @@ class Registration:
     async def unregister(self) -> None:
         """Empty the webhooks again (so that no request goes to a stopped controller); never raises."""
         try:
-            await asyncio.to_thread(self._patch, [])
+            await asyncio.to_thread(self._patch, {})
         except ApiError as err:
             log.warning(
                 "cannot unregister the admission webhooks",
@@ -175,13 +203,13 @@ class Registration:
 
 def _why(err: ApiError, name: str) -> str:
     """What a failed patch of the configuration `name` means, and what to do."""
-    if err.status == 404:
+    if isinstance(err, ApiNotFound):
         return (
             f"the ValidatingWebhookConfiguration {name} does not exist. The Helm chart creates it (empty) and"
             " the controller may only patch it: `helm upgrade` the release to restore it. Until then claims"
             " are not checked at admission (the node plugin still refuses a bad GpuConfig at prepare)."
         )
-    if err.status == 403:
+    if isinstance(err, ApiForbidden):
         return (
             f"the controller may not get or patch the ValidatingWebhookConfiguration {name}: its ClusterRole"
             " must allow both on that name (chart value controller.webhook.configName, controller flag"

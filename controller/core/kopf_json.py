@@ -1,11 +1,11 @@
 """kopf decodes with `api.bounded_json`: no object the API server stores can stop a watch or the webhook.
 
 kopf parses API answers with the standard `json` module in three places (kopf 1.45): the watch stream
-(`kopf._cogs.clients.api.stream`: `json.loads` per line), lists and other GETs (`api.get`:
+(`kopf._cogs.clients.api.stream`: `json.loads` per line), lists and other GETs (`kopf_api.get`:
 `response.json()`) and admission requests (`kopf._kits.webhooks.WebhookServer._serve`: `json.loads`).
 A claim nested a few thousand levels deep makes each raise `RecursionError`: the watch dies, the operator
 exits, and does so again after every restart. `install()` replaces the `json` name of those two kopf
-modules, and `api.get`, with versions that decode through `api.bounded_json` (subtrees deeper than
+modules, and `kopf_api.get`, with versions that decode through `api.bounded_json` (subtrees deeper than
 `MAX_DEPTH` and unconvertible integers become `Skipped` markers; the rest, metadata included, is kept);
 bytes that are not UTF-8 (stored and served as sent) are read as U+FFFD, in the watch stream too (kopf's
 `iter_jsonlines` is wrapped: kopf decodes each line as UTF-8 itself). Every such object is reported: a warning

@@ -5,61 +5,64 @@ claim status and GPU objects, GPU deletion, and Events on claims. Plain JSON thr
 (the generated per-method client layer costs tens of MiB of memory).
 """
 
-import datetime
+import contextlib
+import dataclasses
 import hashlib
-import json
-import logging
 import os
 import socket
 from typing import Any
 
 import kopf
-from kubernetes import client, config
 
-from api import bounded_json
+from api import bounded_json, kube_config
+from api.events import event_body, involved_object, post_event
 from api.gpu import GPU_PLURAL, GPU_VERSION
 from api.heartbeat import HEARTBEAT_LABEL, leases_path
-from api.kube_rest import APPLY, ApiError, KubeConnection, KubeRest, claim_path
+from api.kube_config import KubeConfig
+from api.kube_errors import ApiError, ApiNotFound
+from api.kube_rest import KubeConnection, KubeRest, claim_path
+from api.mps_trust import RULE_LABEL
+from api.mps_trust import TAINT_RULES_PATH as TAINT_RULES
 from api.names import API_GROUP
 from controller.core.model import ClaimView
 from controller.core.settings import COMPONENT, FIELD_MANAGER, Settings
 
-log = logging.getLogger(__name__)
+
+def credentials(settings: Settings) -> KubeConfig:
+    """The cluster and credentials of `--kubeconfig`, else the in-cluster service account (`api.kube_config`;
+    raises its ConfigError), with a connection pool for every writer thread."""
+    config = (
+        kube_config.from_kubeconfig([settings.kubeconfig])
+        if settings.kubeconfig is not None
+        else kube_config.in_cluster()
+    )
+    return dataclasses.replace(config, pool_size=max(config.pool_size, settings.workers + settings.ledger_workers + 8))
 
 
-def configuration(settings: Settings) -> client.Configuration:
-    """Client configuration from `--kubeconfig`, else the in-cluster service account."""
-    cfg = client.Configuration()
-    if settings.kubeconfig is not None:
-        config.load_kube_config(config_file=str(settings.kubeconfig), client_configuration=cfg)
-    else:
-        config.load_incluster_config(client_configuration=cfg)
-    cfg.connection_pool_maxsize = max(cfg.connection_pool_maxsize or 0, settings.workers + settings.ledger_workers + 8)
-    return cfg
-
-
-def api_client(settings: Settings) -> client.ApiClient:
-    """An ApiClient for the controller's own writes."""
-    return client.ApiClient(configuration(settings))
-
-
-def connection_info(settings: Settings) -> kopf.ConnectionInfo:
-    """kopf credentials equal to those of `api_client` (the same kubeconfig or service account)."""
-    cfg = configuration(settings)
-    header = cfg.get_api_key_with_prefix("BearerToken") or cfg.get_api_key_with_prefix("authorization")
+def connection_info(config: KubeConfig) -> kopf.ConnectionInfo:
+    """kopf credentials equal to `config` (the same server, CA, client certificate or token)."""
+    header = config.authorization()
     parts = header.split(" ", 1) if header else []
     scheme, token = (None, None) if not parts else (None, parts[0]) if len(parts) == 1 else (parts[0], parts[1])
     return kopf.ConnectionInfo(
-        server=cfg.host,
-        ca_path=cfg.ssl_ca_cert,
-        insecure=not cfg.verify_ssl,
-        username=cfg.username or None,
-        password=cfg.password or None,
+        server=config.server,
+        ca_path=config.ca_file,
+        ca_data=config.ca_data,
+        insecure=config.insecure,
         scheme=scheme,
         token=token,
-        certificate_path=cfg.cert_file,
-        private_key_path=cfg.key_file,
+        certificate_path=config.cert_file,
+        certificate_data=config.cert_data,
+        private_key_path=config.key_file,
+        private_key_data=config.key_data,
     )
+
+
+def describe(err: BaseException) -> str:
+    """A one-line reason for a failed API call: the API server's message when it sent one."""
+    if isinstance(err, ApiError):
+        return f"{err.status} {err.message}"[:500]
+    return f"{type(err).__name__}: {err}"[:500]
 
 
 def gpu_path(name: str, *, status: bool = False) -> str:
@@ -79,11 +82,8 @@ def apply_gpu(rest: "BoundedRest", body: dict[str, Any], *, status: bool) -> Non
 
 def delete_gpu(rest: KubeRest, name: str) -> None:
     """Delete a GPU object; already gone is fine."""
-    try:
+    with contextlib.suppress(ApiNotFound):
         rest.delete(gpu_path(name))
-    except ApiError as err:
-        if err.status != 404:
-            raise
 
 
 _INSTANCE = os.environ.get("POD_NAME") or socket.gethostname()
@@ -105,45 +105,15 @@ def post_claim_event(
     """Post a core/v1 Event about a ResourceClaim, named after (claim uid, key); never raises.
 
     True when the Event exists now (created, or AlreadyExists from an earlier post) or can never be
-    created (namespace terminating); False when a later retry may succeed.
+    created (namespace terminating); False when a later retry may succeed (`api.events.post_event`).
     """
-    now = datetime.datetime.now(datetime.UTC)
-    namespace, name = claim.namespace, claim.name
-    body = {
-        "metadata": {"name": event_name(claim, key), "namespace": namespace},
-        "involvedObject": {
-            "apiVersion": "resource.k8s.io/v1",
-            "kind": "ResourceClaim",
-            "name": name,
-            "namespace": namespace,
-            "uid": claim.uid,
-        },
-        "reason": reason,
-        "message": message[:1024],
-        "type": type_,
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": _INSTANCE[:128],
-        "firstTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "lastTimestamp": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "count": 1,
-    }
-    try:
-        rest.create(f"/api/v1/namespaces/{namespace}/events", body)
-    except ApiError as err:
-        if err.status == 409:
-            return True  # posted before (by this process or an earlier one)
-        extra = {"reason": reason, "claim": f"{namespace}/{name}", "status": err.status}
-        if err.status == 403 and "terminat" in str(err.body):
-            # a namespace being deleted refuses new Events: expected, not worth a warning or a retry
-            log.debug("could not post Event", extra=extra)
-            return True
-        log.warning("could not post Event", extra=extra)
-        return False
-    except Exception as err:  # connection errors and the like: retry later
-        log.warning("could not post Event", extra={"reason": reason, "claim": f"{namespace}/{name}", "error": str(err)})
-        return False
-    return True
+    involved = involved_object(
+        "resource.k8s.io/v1", "ResourceClaim", claim.name, namespace=claim.namespace, uid=claim.uid
+    )
+    body = event_body(
+        involved, reason, message, component=COMPONENT, instance=_INSTANCE, type_=type_, name=event_name(claim, key)
+    )
+    return post_event(rest, body)
 
 
 class BoundedRest(KubeRest):
@@ -154,20 +124,12 @@ class BoundedRest(KubeRest):
         decoded: dict[str, Any] = bounded_json.loads(data) if data else {}
         return decoded
 
-    def apply_unread(self, path: str, body: dict[str, Any], field_manager: str) -> None:
-        """Server-side apply (forced) whose answer is not decoded: the writes that only need to know they
-        succeeded skip decoding the whole object the API server sends back. Raises as `request`."""
-        query = {"fieldManager": field_manager, "force": "true"}
-        resp = self._call("PATCH", path, query, body=json.dumps(body), content_type=APPLY)
-        if not 200 <= resp.status < 300:
-            raise ApiError(status=resp.status, reason=resp.reason or "", body=resp.data.decode(errors="replace"))
-
 
 class KubeWriter:
-    """The controller's `Writer` (controller/reconciler.py) against the API server."""
+    """The controller's `Writer` (controller/core/context.py) against the API server."""
 
-    def __init__(self, api: client.ApiClient, driver: str) -> None:
-        self.rest = BoundedRest(KubeConnection.of(api))
+    def __init__(self, connection: KubeConnection, driver: str) -> None:
+        self.rest = BoundedRest(connection)
         self.driver = driver
 
     def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
@@ -186,3 +148,14 @@ class KubeWriter:
         selector = f"{HEARTBEAT_LABEL}={self.driver}"
         items: list[dict[str, Any]] = self.rest.get(leases_path(namespace), labelSelector=selector)["items"]
         return items
+
+    def list_taint_rules(self) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.rest.get(TAINT_RULES, labelSelector=f"{RULE_LABEL}=true")["items"]
+        return items
+
+    def apply_taint_rule(self, body: dict[str, Any]) -> None:
+        self.rest.apply_unread(f"{TAINT_RULES}/{body['metadata']['name']}", body, FIELD_MANAGER)
+
+    def delete_taint_rule(self, name: str) -> None:
+        with contextlib.suppress(ApiNotFound):
+            self.rest.delete(f"{TAINT_RULES}/{name}")

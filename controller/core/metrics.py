@@ -1,5 +1,6 @@
 """Prometheus metrics of the controller (`/metrics` on `--metrics-port`)."""
 
+import asyncio
 import gc
 import time
 from typing import Any
@@ -82,3 +83,17 @@ def time_gc() -> None:
     """Time every garbage collection into `GC_PAUSE_SECONDS` (idempotent)."""
     if _time_gc not in gc.callbacks:
         gc.callbacks.append(_time_gc)
+
+
+LOOP_LAG_PERIOD = 0.25
+"""Seconds between the event loop lag probe's timers."""
+
+
+async def loop_lag() -> None:
+    """Observe how late the event loop runs a timer (`LOOP_LAG_SECONDS`): every status write, watch event and
+    ledger pass waits behind whatever holds the loop (or the GIL) that long. Runs until cancelled."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + LOOP_LAG_PERIOD
+        await asyncio.sleep(LOOP_LAG_PERIOD)
+        LOOP_LAG_SECONDS.observe(max(0.0, loop.time() - due))

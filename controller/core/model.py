@@ -8,13 +8,14 @@ from collections.abc import Callable, Iterable, Mapping
 from decimal import Decimal, InvalidOperation
 from typing import Any, ParamSpec, TypeVar
 
-from kubernetes.utils import parse_quantity
 from pydantic import BaseModel, ConfigDict
 
 from api import mig
 from api.bounded_json import short_path, skipped_parts
 from api.gpu import DEVICE_GONE_CONDITION, ENFORCEMENT_CONDITION, tier_of_reason
+from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION
 from api.names import MEMORY_CAPACITY
+from api.quantity import parse_quantity
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -106,7 +107,10 @@ class Share(BaseModel):
     admin_access: bool = False
     """The result has `adminAccess: true`: monitoring access that the scheduler does not count against the
     device's capacity. Such a share reserves no memory: the ledger counts it as 0 (and marks it), and the
-    claim status reports `memory: "0"` with `adminAccess: true` (claim_status.share_data)."""
+    claim status reports `memory: "0"` with `adminAccess: true` (`controller.status.plan.share_data`)."""
+    mps_binding: bool = False
+    """The result carries the binding condition of MPS trust domains (`api.mps_trust.ADMITTED_CONDITION`): the
+    scheduler waits for the controller to admit or refuse it (`controller.mps`)."""
 
     @property
     def device_key(self) -> DeviceKey:
@@ -167,6 +171,11 @@ class ClaimView(BaseModel):
     """The controller's `AllocatedDeviceGone` condition of our entries that have one, by entry key."""
     status_mig: dict[tuple[str, str, str], str] = {}
     """The MIG UUID the node plugin reports it created for an entry (condition `MigPartition`), by entry key."""
+    status_mps: dict[tuple[str, str, str], dict[str, Any]] = {}
+    """The controller's MPS trust-domain condition (admitted or conflict) of our entries that have one, by entry
+    key."""
+    allocated_at: str = ""
+    """`status.allocation.allocationTimestamp` (RFC 3339), empty when the scheduler wrote none."""
     skipped: tuple[str, ...] = ()
     """Field paths (shortened) of parts the decoder skipped (`api.bounded_json`: nested too deep, integers too
     long); the rest of the claim is read as usual."""
@@ -368,6 +377,7 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str | tuple[s
             if (consumed := _memory(r.get("consumedCapacity") or {}, driver)) is not None
             else None,
             admin_access=bool(r.get("adminAccess")),
+            mps_binding=ADMITTED_CONDITION in (r.get("bindingConditions") or []),
         )
         for r in ((allocation or {}).get("devices") or {}).get("results") or []
         if r.get("driver") == driver
@@ -420,6 +430,13 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str | tuple[s
         and c.get("status") == "True"
         and mig.is_mig_uuid(c.get("message"))
     }
+    status_mps = {
+        (str(d["pool"]), str(d["device"]), str(d.get("shareID") or "")): dict(c)
+        for d in status.get("devices") or []
+        if d.get("driver") == driver
+        for c in d.get("conditions") or []
+        if isinstance(c, Mapping) and c.get("type") in (ADMITTED_CONDITION, CONFLICT_CONDITION)
+    }
     return ClaimView(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
@@ -433,5 +450,7 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str | tuple[s
         status_enforcement=status_enforcement,
         status_gone=status_gone,
         status_mig=status_mig,
+        status_mps=status_mps,
+        allocated_at=str((allocation or {}).get("allocationTimestamp") or ""),
         skipped=tuple(f"{short_path(path)}: {marker.strip('<>')}" for path, marker in skipped_parts(body)),
     )

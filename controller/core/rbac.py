@@ -11,10 +11,17 @@ from api.names import API_GROUP, DRIVER_NAME
 
 
 def cluster_role_rules(
-    driver: str = DRIVER_NAME, webhook_config: str | None = None, *, admission: bool = True
+    driver: str = DRIVER_NAME,
+    webhook_config: str | None = None,
+    *,
+    admission: bool = True,
+    mps: bool = False,
+    namespaces: bool = False,
 ) -> list[dict[str, Any]]:
     """ClusterRole rules for a controller of `driver` registering its webhooks (unless `admission` is off)
-    in the configuration `webhook_config` (default: `driver`)."""
+    in the configuration `webhook_config` (default: `driver`); `mps`: it keeps MPS trust domains apart (a
+    DeviceTaintRule per MPS GPU, a mutating webhook); `namespaces`: it reads namespace labels (MPS trust scope
+    namespaceLabel)."""
     rules = [
         # claims: watch; write our status.devices data (server-side apply) -- 1.36+ also checks the
         # per-driver synthetic subresource (DRAResourceClaimGranularStatusAuthorization)
@@ -43,6 +50,18 @@ def cluster_role_rules(
         # kopf: discovery of CRDs (the GPU CRD may be installed after the controller starts)
         {"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"], "verbs": ["list", "watch"]},
     ]
+    if mps:
+        # a DeviceTaintRule per MPS GPU that serves a trust domain (controller/mps); a ValidatingAdmissionPolicy of
+        # the chart holds these to NoSchedule taints of the driver's own devices and keys
+        rules.append(
+            {
+                "apiGroups": ["resource.k8s.io"],
+                "resources": ["devicetaintrules"],
+                "verbs": ["list", "create", "patch", "delete"],
+            }
+        )
+    if namespaces:
+        rules.append({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]})
     if admission:
         # the webhooks of the chart-made configuration (controller/admission/webhook_config.py): get and patch of that
         # one name. No create: RBAC cannot scope create to a name, and create of any name would let it
@@ -50,7 +69,7 @@ def cluster_role_rules(
         rules.append(
             {
                 "apiGroups": ["admissionregistration.k8s.io"],
-                "resources": ["validatingwebhookconfigurations"],
+                "resources": ["validatingwebhookconfigurations", *(["mutatingwebhookconfigurations"] if mps else [])],
                 "verbs": ["get", "patch"],
                 "resourceNames": [webhook_config or driver],
             }

@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from api.mps_trust import TrustScope
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME, MIG_DEVICE_CLASS_NAME
 from api.options import OptionSettings, build_parser, parse
 
@@ -104,8 +105,36 @@ class Settings(OptionSettings):
         description="seconds without a renewal of a node plugin's heartbeat Lease after which the node's GPU "
         "objects say PluginReporting=False",
     )
+    mps: bool = Field(
+        False,
+        description="the cluster may have MPS GPUs (chart: mps.gpus set): keep MPS trust domains apart at scheduling "
+        "(tolerations at admission, a DeviceTaintRule per MPS GPU, the MPS binding conditions decided)",
+    )
+    mps_trust_scope: TrustScope = Field(
+        "namespace",
+        description="who may share an MPS GPU's daemon: namespace, namespaceLabel (namespaces with the same value "
+        "of --mps-trust-label) or cluster (every claim)",
+    )
+    mps_trust_label: str = Field("", description="the namespace label of --mps-trust-scope=namespaceLabel")
+    extra_device_classes: str = Field(
+        "",
+        description="further DeviceClasses of the driver, comma-separated (the chart's enforced and MPS classes): with "
+        "--mps their requests get MPS trust-domain tolerations too",
+    )
+
+    @property
+    def device_classes(self) -> frozenset[str]:
+        """Our DeviceClass and the further ones (--extra-device-classes)."""
+        return frozenset({self.device_class, *(c.strip() for c in self.extra_device_classes.split(",") if c.strip())})
+
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["json", "text"] = Field("json", description="log format")
+
+    @model_validator(mode="after")
+    def _label_scope_has_a_label(self) -> "Settings":
+        if self.mps_trust_scope == "namespaceLabel" and not self.mps_trust_label:
+            raise ValueError("--mps-trust-scope=namespaceLabel needs --mps-trust-label (chart mps.trustDomain.label)")
+        return self
 
     @field_validator("webhook_service")
     @classmethod

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from api.kube_rest import ApiError
+from api.kube_errors import ApiConflict, ApiError, ApiNotFound
 
 log = logging.getLogger(__name__)
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
@@ -128,10 +128,11 @@ class LeaderElector:
         started = self._clock()
         try:
             lease = await self._try(started)
+        except ApiConflict:
+            lease = None  # a lost race is expected
         except ApiError as err:
             lease = None
-            if err.status != 409:  # a lost race is expected; anything else is worth a line
-                log.warning("cannot read or write the leader Lease", extra={"lease": self.path, "error": str(err)})
+            log.warning("cannot read or write the leader Lease", extra={"lease": self.path, "error": str(err)})
         if lease is not None:
             self._valid_until = started + self.timings.renew_deadline
             if not self._leading:
@@ -145,9 +146,7 @@ class LeaderElector:
         """The Lease as written when this candidate holds it now; None when another does. Raises ApiError."""
         try:
             lease = await asyncio.to_thread(self.api.get, self.path)
-        except ApiError as err:
-            if err.status != 404:
-                raise
+        except ApiNotFound:
             return await asyncio.to_thread(self.api.create, LEASES.format(namespace=self.namespace), self._new())
         spec: dict[str, Any] = dict(lease.get("spec") or {})
         holder = str(spec.get("holderIdentity") or "")

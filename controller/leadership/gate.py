@@ -9,16 +9,17 @@ when the lease ran out is not sent either. Without leader election (`--no-leader
 
 import asyncio
 import datetime
-import logging
 from typing import Any
 
-from api.kube_rest import ApiError, KubeRest
+from api.events import event_body, involved_object, post_event
+from api.kube_errors import ApiError
+from api.kube_rest import KubeRest
+from controller.core.context import Writer
 from controller.core.model import ClaimView
 from controller.core.settings import COMPONENT
 from controller.leadership.election import LeaderElector
-from controller.reconciler import Controller, Writer
+from controller.loops import Controller
 
-log = logging.getLogger(__name__)
 REASON_LEADER = "LeaderElected"
 
 
@@ -30,14 +31,18 @@ class NotLeaderError(ApiError):
 
 
 class GatedWriter:
-    """A `Writer` that sends nothing unless `elector.is_leader()` (checked right before each request)."""
+    """A `Writer` that sends nothing unless `elector.is_leader()` (checked right before each request; nothing is
+    sent before an elector is given)."""
 
-    def __init__(self, writer: Writer, elector: LeaderElector) -> None:
+    def __init__(self, writer: Writer, elector: LeaderElector | None) -> None:
         self.writer = writer
         self.elector = elector
 
+    def _leading(self) -> bool:
+        return self.elector is not None and self.elector.is_leader()
+
     def _check(self) -> None:
-        if not self.elector.is_leader():
+        if not self._leading():
             raise NotLeaderError
 
     def apply_claim_status(self, namespace: str, name: str, body: dict[str, Any]) -> None:
@@ -55,8 +60,19 @@ class GatedWriter:
     def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:
         return self.writer.list_heartbeats(namespace)  # a read: not gated
 
+    def list_taint_rules(self) -> list[dict[str, Any]]:
+        return self.writer.list_taint_rules()  # a read: not gated
+
+    def apply_taint_rule(self, body: dict[str, Any]) -> None:
+        self._check()
+        self.writer.apply_taint_rule(body)
+
+    def delete_taint_rule(self, name: str) -> None:
+        self._check()
+        self.writer.delete_taint_rule(name)
+
     def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
-        if not self.elector.is_leader():
+        if not self._leading():
             return False  # the next leader posts it (Event names are deterministic: no duplicate)
         return self.writer.post_claim_event(claim, key, reason, message)
 
@@ -64,27 +80,16 @@ class GatedWriter:
 def lease_event(lease: dict[str, Any], identity: str, now: datetime.datetime) -> dict[str, Any]:
     """The core/v1 Event `<identity> became leader` on `lease` (as `kubectl describe lease` shows it)."""
     meta = lease.get("metadata") or {}
-    stamp = now.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "metadata": {"generateName": f"{meta.get('name', 'lease')}.", "namespace": meta.get("namespace")},
-        "involvedObject": {
-            "apiVersion": "coordination.k8s.io/v1",
-            "kind": "Lease",
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-            "resourceVersion": meta.get("resourceVersion"),
-        },
-        "reason": REASON_LEADER,
-        "message": f"{identity} became leader",
-        "type": "Normal",
-        "source": {"component": COMPONENT},
-        "reportingComponent": COMPONENT,
-        "reportingInstance": identity[:128],
-        "firstTimestamp": stamp,
-        "lastTimestamp": stamp,
-        "count": 1,
-    }
+    involved = involved_object(
+        "coordination.k8s.io/v1",
+        "Lease",
+        meta.get("name") or "lease",
+        namespace=meta.get("namespace"),
+        uid=meta.get("uid"),
+        resource_version=meta.get("resourceVersion"),
+    )
+    message = f"{identity} became leader"
+    return event_body(involved, REASON_LEADER, message, component=COMPONENT, instance=identity, type_="Normal", now=now)
 
 
 class Leadership:
@@ -102,12 +107,8 @@ class Leadership:
         self.leading = True
         await self.controller.start()
         if self.events is not None and self.elector is not None:
-            namespace = (lease.get("metadata") or {}).get("namespace")
             body = lease_event(lease, self.elector.identity, datetime.datetime.now(datetime.UTC))
-            try:
-                await asyncio.to_thread(self.events.create, f"/api/v1/namespaces/{namespace}/events", body)
-            except ApiError as err:
-                log.warning("cannot post the leader Event", extra={"error": str(err)})
+            await asyncio.to_thread(post_event, self.events, body)
 
     async def stopped(self) -> None:
         """Stopped leading: stop the loops (the gate already refuses their writes)."""

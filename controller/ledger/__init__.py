@@ -1,4 +1,5 @@
-"""The GPU ledger: each `GPU` object computed from its device and the claims on it (``plan``, pure).
+"""The GPU ledger: each `GPU` object computed from its device and the claims on it (``plan``, pure), and the marks,
+inverse index and loop that recompute and write it (``manager``).
 
-May import: ``core``, ``api``. Imported by: ``reconciler``, ``handlers``.
+May import: ``nodes``, ``devices``, ``core``, ``api``. Imported by: ``loops``, ``handlers``.
 """

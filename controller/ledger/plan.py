@@ -9,7 +9,7 @@ says its MIG state and the memory and compute slices they take. A partition devi
 """
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
@@ -81,9 +81,12 @@ def desired_ledger(
     driver: str,
     manager: str,
     reporting: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    trust_domain: Callable[[DeviceKey], str | None] | None = None,
 ) -> dict[str, GpuObject]:
     """One object per published GPU (a MIG GPU's partitions are its own) with the allocations of every claim on
-    it; `reporting`: node -> its `PluginReporting` condition (node_lifecycle.plan_plugin_reporting)."""
+    it; `reporting`: node -> its `PluginReporting` condition (`controller.nodes.plan.plan_plugin_reporting`);
+    `trust_domain`: the trust domain an MPS GPU serves."""
     conditions = reporting or {}
     owner = {key: ledger_key(device) for key, device in devices.items()}
     shares: dict[DeviceKey, list[tuple[ClaimView, Share]]] = {key: [] for key in devices}
@@ -91,6 +94,7 @@ def desired_ledger(
         for share in claim.shares:
             if share.device_key in owner and owner[share.device_key] in shares:
                 shares[owner[share.device_key]].append((claim, share))
+    domain = trust_domain or (lambda _: None)
     objects = (
         desired_gpu(
             device,
@@ -99,6 +103,7 @@ def desired_ledger(
             manager,
             conditions.get(device.node),
             partitions={k: devices[k] for k in family(key, devices)[1:]},
+            mps_trust_domain=domain(key),
         )
         for key, device in devices.items()
         if device.kind != mig.TYPE_MIG
@@ -132,10 +137,12 @@ def desired_gpu(
     reporting: Mapping[str, Any] | None = None,
     *,
     partitions: Mapping[DeviceKey, DeviceRecord] | None = None,
+    mps_trust_domain: str | None = None,
 ) -> GpuObject:
     """The object of one published device carrying `shares` (each with its claim; any order), owned by the Node
     that owns the device's slice; `reporting`: its node's `PluginReporting` condition, if watched; `partitions`:
-    a MIG GPU's partition devices (whose shares are among `shares`)."""
+    a MIG GPU's partition devices (whose shares are among `shares`); `mps_trust_domain`: the trust domain an MPS
+    GPU serves (`controller.mps`)."""
     parts = partitions or {}
     claims_on = []
     allocated = 0
@@ -179,6 +186,7 @@ def desired_gpu(
         shares=len(claims_on),
         claims=claims_on,
         share_enforcement=share_enforcement(claims_on),
+        mps_trust_domain=mps_trust_domain,
         conditions=[GpuCondition.model_validate(reporting)] if reporting is not None else None,
         mig=mig_status(device, used, len(claims_on)) if device.kind == mig.TYPE_MIG_PARENT else None,
     )

@@ -1,4 +1,4 @@
-"""Node lifecycle (pure planning; the reconciler reads the inputs and writes the results).
+"""Node lifecycle (pure planning; the status manager and `heartbeats` read the inputs and write the results).
 
 A deleted Node: its ResourceSlices and GPU objects go by owner reference (the Node owns both; the garbage
 collector deletes them, and the controller deletes a GPU object whose device is no longer published), and every
@@ -70,7 +70,7 @@ def plan_node_gone(
     driver: str,
     now: datetime.datetime,
 ) -> NodeGonePlan:
-    """`entries` (claim_status.plan_status's, for `claim`) plus the `AllocatedDeviceGone` condition on the entry of
+    """`entries` (`controller.status.plan.plan_status`'s, for `claim`) plus the `AllocatedDeviceGone` condition on the entry of
     every share of `claim` when the node it is allocated on is not among `nodes` (the Nodes that exist; None: not
     known yet, nothing is concluded). A condition the claim already has is kept as it is (its time included); a
     share without an entry gets one with the condition only."""
@@ -88,7 +88,8 @@ def plan_node_gone(
             {"driver": driver, "pool": share.pool, "device": share.device}
             | ({"shareID": share.share_id} if share.share_id else {}),
         )
-        entry["conditions"] = [existing if existing is not None else gone_condition(share, node, now)]
+        others = [c for c in entry.get("conditions") or [] if c.get("type") != DEVICE_GONE_CONDITION]
+        entry["conditions"] = [*others, existing if existing is not None else gone_condition(share, node, now)]
     return NodeGonePlan(entries=tuple(by_key.values()), changed=changed, node=node, shares=claim.shares)
 
 

@@ -1,13 +1,15 @@
 """What the controller writes into a claim's `status.devices` (pure functions).
 
 For each allocation result of our driver there is one entry keyed by (driver, pool, device, shareID)
-whose `data` tells which physical GPU it is. The controller owns only `data` (server-side apply, field
-manager `fracgpu-controller`); the node plugin owns the `Ready` condition of the same entries, and
-other drivers' entries are never part of the apply body, so never touched.
+whose `data` tells which physical GPU it is. The controller owns `data` and its own conditions (server-side apply,
+field manager `fracgpu-controller`): on an MPS GPU the trust-domain condition the scheduler waits on
+(`controller.mps`), and `AllocatedDeviceGone` (`controller.nodes.plan`); the node plugin owns the `Ready` and
+`MemoryEnforcement` conditions of the same entries, and other drivers' entries are never part of the apply body, so
+never touched.
 """
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -15,6 +17,15 @@ from api.gpu import AllocatedGpuData, gpu_object_name
 from api.mig import TYPE_MIG
 from api.quantity import MiB, format_bytes
 from controller.core.model import ClaimView, DeviceKey, DeviceRecord, Share
+
+
+class MpsPart(Protocol):
+    """What an MPS GPU adds to a share's entry (`controller.mps.manager.MpsEntry`)."""
+
+    @property
+    def domain(self) -> str: ...
+    @property
+    def condition(self) -> dict[str, Any] | None: ...
 
 
 class StatusPlan(BaseModel):
@@ -31,12 +42,16 @@ class StatusPlan(BaseModel):
 
 
 def share_data(
-    share: Share, device: DeviceRecord, enforcement: str | None = None, mig_uuid: str | None = None
+    share: Share,
+    device: DeviceRecord,
+    enforcement: str | None = None,
+    mps_domain: str | None = None,
+    mig_uuid: str | None = None,
 ) -> dict[str, object]:
     """The `data` of the entry of `share`, allocated from `device` (admin access: memory "0", adminAccess);
-    `enforcement`: the tier the node plugin reported for it (its `MemoryEnforcement` condition); a MIG partition
-    also names its profile, placement and memory and `mig_uuid`, what the plugin reported it made (its
-    `MigPartition` condition); `gpu` is then its GPU's object."""
+    `enforcement`: the tier the node plugin reported for it (its `MemoryEnforcement` condition); `mps_domain`: on
+    an MPS GPU, the claim's trust domain; a MIG partition also names its profile, placement and memory and
+    `mig_uuid`, what the plugin reported it made (its `MigPartition` condition); `gpu` is then its GPU's object."""
     granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
     partition = device.kind == TYPE_MIG
     return AllocatedGpuData(
@@ -57,11 +72,18 @@ def share_data(
         if partition and device.partition_memory_mib
         else None,
         mig_uuid=mig_uuid if partition else None,
+        mps_trust_domain=mps_domain,
     ).to_data()
 
 
-def plan_status(claim: ClaimView, lookup: Callable[[DeviceKey], DeviceRecord | None], driver: str) -> StatusPlan:
-    """Desired entries for every result of `driver` in `claim`.
+def plan_status(
+    claim: ClaimView,
+    lookup: Callable[[DeviceKey], DeviceRecord | None],
+    driver: str,
+    mps: Mapping[tuple[str, str, str], MpsPart] | None = None,
+) -> StatusPlan:
+    """Desired entries for every result of `driver` in `claim`; `mps`: by entry key, what an MPS GPU adds (the
+    claim's trust domain into `data`, the binding condition decided).
 
     A result whose device is no longer published keeps the data it already has (so the apply does not
     drop it); without prior data it gets no entry and is reported in `missing`.
@@ -72,20 +94,31 @@ def plan_status(claim: ClaimView, lookup: Callable[[DeviceKey], DeviceRecord | N
     for share in claim.shares:
         existing = claim.status_data.get(share.entry_key)
         device = lookup(share.device_key)
+        part = (mps or {}).get(share.entry_key)
         if device is None:
             missing.append(share)
             data = existing
         else:
+            enforcement = claim.status_enforcement.get(share.entry_key)
             data = share_data(
-                share, device, claim.status_enforcement.get(share.entry_key), claim.status_mig.get(share.entry_key)
+                share,
+                device,
+                enforcement,
+                part.domain if part is not None else None,
+                claim.status_mig.get(share.entry_key),
             )
             changed = changed or data != existing
-        if data is None:
+        condition = part.condition if part is not None else None
+        if data is None and condition is None:
             continue
         entry: dict[str, Any] = {"driver": driver, "pool": share.pool, "device": share.device}
         if share.share_id:
             entry["shareID"] = share.share_id
-        entry["data"] = data
+        if data is not None:
+            entry["data"] = data
+        if condition is not None:
+            entry["conditions"] = [condition]
+            changed = changed or claim.status_mps.get(share.entry_key) != condition
         entries.append(entry)
     return StatusPlan(entries=tuple(entries), missing=tuple(missing), changed=changed)
 

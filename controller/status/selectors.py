@@ -18,9 +18,9 @@ from typing import Any
 
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_strings
-from kubernetes.utils import parse_quantity
 
 from api.names import MEMORY_CAPACITY
+from api.quantity import parse_quantity
 from controller.core.model import DeviceRecord
 
 

@@ -51,8 +51,8 @@ from controller.admission.webhook_config import CLAIMS
 from controller.core.rbac import cluster_role_rules
 from e2e.bench import histograms
 from e2e.bench.stats import summary_ms, table
-from e2e.cluster.controlplane import ControlPlane
-from tests.integration import kube
+from harness import kube
+from harness.cluster.controlplane import ControlPlane
 
 GPUS_PER_NODE = 8
 NAMESPACE = "bench"

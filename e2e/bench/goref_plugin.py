@@ -6,10 +6,10 @@ import shutil
 import subprocess
 from pathlib import Path
 
-from e2e.cluster import binaries
-from e2e.cluster.processes import ProcessGroup
-from e2e.kubelet_client import KubeletClient
-from e2e.nodeplugin import DRIVER, register_when_serving
+from harness.cluster import binaries
+from harness.cluster.processes import ProcessGroup
+from harness.kubelet_client import KubeletClient
+from harness.nodeplugin import DRIVER, register_when_serving
 
 SOURCE = Path(__file__).resolve().parent / "goref"
 

@@ -21,9 +21,9 @@ from kubernetes import client
 
 from e2e import ha
 from e2e.bench.stats import summary_ms, table
-from e2e.cluster.node import SingleNodeCluster
 from e2e.install import install, remove_dev_char_links
-from tests.integration import kube
+from harness import kube
+from harness.cluster.node import SingleNodeCluster
 
 
 def _converged(api: client.ApiClient, namespace: str, node: str, claims: int) -> bool:

@@ -22,8 +22,8 @@ from typing import Any
 
 from e2e import rollout as r
 from e2e.bench.stats import summary_ms, table
-from e2e.cluster.node import SingleNodeCluster
 from e2e.install import NAMESPACE, install, remove_dev_char_links
+from harness.cluster.node import SingleNodeCluster
 
 #: mode -> (FRACGPU_HANDOVER_TIMEOUT, maxSurge): `before` is main's behaviour in this cluster (host network and
 #: a metrics port made its chart pick maxUnavailable 1 / maxSurge 0; the plugin stopped at SIGTERM).

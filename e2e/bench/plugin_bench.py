@@ -38,16 +38,15 @@ from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
 
 from api.names import MIG_DEVICE_CLASS_NAME
-from e2e import mocknvml
 from e2e.bench import goref_plugin
 from e2e.bench.stats import summary_ms, table
-from e2e.cluster import binaries
-from e2e.cluster.controlplane import ControlPlane
-from e2e.kubelet_client import KubeletClient
-from e2e.mocknvml.driver_root import install_driver
-from e2e.nodeplugin import DRIVER, NodePluginProcess
-from kubelet_plugin.enforcement import mps
-from tests.integration import kube
+from harness import kube, mocknvml
+from harness.cluster import binaries
+from harness.cluster.controlplane import ControlPlane
+from harness.kubelet_client import KubeletClient
+from harness.mocknvml.driver_root import install_driver
+from harness.nodeplugin import DRIVER, NodePluginProcess
+from kubelet_plugin.mps import layout as mps
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:
@@ -195,7 +194,7 @@ def _start_mps_supervisor(nvml: Path, profile: Path) -> tuple[subprocess.Popen[b
         "FRACGPU_MPS_CONTROL": str(nvml / "nvidia-cuda-mps-control"), "FRACGPU_METRICS_PORT": "0",
         "FRACGPU_LOG_LEVEL": "warning",
     }  # fmt: skip
-    proc = subprocess.Popen([sys.executable, "-m", "kubelet_plugin.mps"], env=env)
+    proc = subprocess.Popen([sys.executable, "-m", "kubelet_plugin.mps_supervisor"], env=env)
     uuids = [v for k, v in mocknvml.read_profile(profile).items() if k.endswith(".uuid")]
     kube.wait_for(lambda: all(mps.read_status(root, u)[1] is None for u in uuids), 60)
     return proc, root

@@ -39,9 +39,9 @@ from kubernetes.dynamic import DynamicClient
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import to_bytes
 from e2e.bench import scheduler_figures as figures
-from e2e.cluster.controlplane import ControlPlane, free_port
+from harness import kube
+from harness.cluster.controlplane import ControlPlane, free_port
 from kubelet_plugin.publishing.slices import MAX_DEVICES_PER_SLICE, build_slices, slice_name
-from tests.integration import kube
 
 MiB = 1 << 20
 STEP = 256 * MiB

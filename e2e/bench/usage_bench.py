@@ -25,7 +25,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from e2e import mocknvml
+from harness import mocknvml
 from kubelet_plugin.prepare import container_info, store
 from kubelet_plugin.prepare.container_info import ClaimName, DeviceInfo, RequestInfo
 from kubelet_plugin.publishing.discovery import discover_gpus

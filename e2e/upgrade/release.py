@@ -3,7 +3,8 @@
 "Previous release" is the git tag in ``previous-release.env`` (``PREVIOUS_RELEASE_TAG``), whose commit is pinned
 next to it (``PREVIOUS_RELEASE_COMMIT``): a clone without tags (CI clones main afresh) still finds it by commit.
 ``export`` writes that commit's tree (``git archive``) to a directory; ``build_image`` runs that tree's own image
-build (``python -m e2e.image.build`` from it), so the old image is made exactly as its release made it, and its
+build (``image_build_module``: ``python -m harness.image.build``, or the image build under e2e/ in a tree from
+before the harness moved out of it), so the old image is made exactly as its release made it, and its
 chart is the tree's ``charts/fracgpu``.
 """
 
@@ -111,15 +112,20 @@ def commit_time(release: Release, repo: Path = REPO) -> int:
     return int(out.stdout.strip())
 
 
+def image_build_module(tree: Path) -> str:
+    """The image build of a source tree: `harness.image.build`, or the one under e2e/ in a release before the move."""
+    return "harness.image.build" if (tree / "harness" / "image" / "build.py").is_file() else "e2e.image.build"
+
+
 def build_image(release: Release, tree: Path, out: Path, repo: Path = REPO) -> ReleaseImage:
-    """Run the release tree's own image build (`python -m e2e.image.build` in `tree`) into `out`.
+    """Run the release tree's own image build (`python -m <image_build_module(tree)>` in `tree`) into `out`.
 
     The exported tree is no git checkout, so the tag (`<tag without v>-<short commit>`) and SOURCE_DATE_EPOCH
     are given as a build from the release's checkout would compute them."""
     tag = f"{release.tag.removeprefix('v')}-{release.commit[:7]}"
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(commit_time(release, repo)), "PYTHONSAFEPATH": ""}
     env.pop("PYTHONPATH", None)
-    argv = [sys.executable, "-m", "e2e.image.build", "--out", str(out), "--tag", tag]
+    argv = [sys.executable, "-m", image_build_module(tree), "--out", str(out), "--tag", tag]
     done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=False, timeout=900)
     if done.returncode != 0:
         raise RuntimeError(f"the image build of {release.tag} failed ({done.returncode}):\n{done.stdout[-3000:]}"

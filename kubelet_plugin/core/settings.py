@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
+from api.mps_trust import TrustScope
 from api.names import DRIVER_NAME
 from api.options import OptionSettings, build_parser, parse
 from api.quantity import MiB, to_bytes
@@ -95,7 +96,7 @@ class Settings(OptionSettings):
     mps_gpus: str = Field(
         "",
         description="the GPUs whose shares are CUDA MPS clients (tier mps): all, or a comma-separated list of NVML "
-        "indices and UUIDs; empty: none. Their daemons are the fracgpu-mps DaemonSet's (python -m kubelet_plugin.mps)",
+        "indices and UUIDs; empty: none. Their daemons are the fracgpu-mps DaemonSet's (python -m kubelet_plugin.mps_supervisor)",
     )
     mps_root: Path = Field(
         Path("/run/fracgpu/mps"), description="host directory of the MPS daemons' pipe, log and status files"
@@ -104,6 +105,17 @@ class Settings(OptionSettings):
         None,
         description="the driver's nvidia-cuda-mps-control, which sets the MPS GPUs' ceilings (default: "
         "<toolkit driver root or driver root>/usr/bin/nvidia-cuda-mps-control)",
+    )
+    mps_trust_scope: TrustScope = Field(
+        "namespace",
+        description="who may share an MPS GPU's daemon: namespace (a claim's namespace), namespaceLabel (namespaces "
+        "with the same value of --mps-trust-label) or cluster (every claim; every namespace trusts every other)",
+    )
+    mps_trust_label: str = Field("", description="the namespace label of --mps-trust-scope=namespaceLabel")
+    mps_domain_switch_timeout_seconds: float = Field(
+        15.0,
+        gt=0,
+        description="seconds a prepare waits for the MPS supervisor to start a fresh daemon for a new trust domain",
     )
     mig_gpus: str = Field(
         "",
@@ -221,6 +233,18 @@ class Settings(OptionSettings):
             )
         return self
 
+    @model_validator(mode="after")
+    def _label_scope_has_a_label(self) -> "Settings":
+        if self.mps_trust_scope == "namespaceLabel" and not self.mps_trust_label:
+            raise ValueError("--mps-trust-scope=namespaceLabel needs --mps-trust-label (chart mps.trustDomain.label)")
+        return self
+
+    @property
+    def mps_control_binary(self) -> Path:
+        """The driver's nvidia-cuda-mps-control as this process sees it."""
+        root = self.toolkit_driver_root or self.driver_root
+        return self.mps_control or root / "usr/bin/nvidia-cuda-mps-control"
+
     @property
     def ignored_xids(self) -> frozenset[int]:
         """``--health-ignored-xids`` as numbers."""
@@ -235,11 +259,12 @@ class Settings(OptionSettings):
 
     @model_validator(mode="after")
     def _waits_fit_the_kubelet_deadline(self) -> "Settings":
-        if self.api_timeout_seconds + self.node_lock_timeout_seconds > MAX_WAIT_S:
+        waits = (self.api_timeout_seconds, self.node_lock_timeout_seconds, self.mps_domain_switch_timeout_seconds)
+        if sum(waits) > MAX_WAIT_S:
             raise ValueError(
-                f"API timeout plus node lock timeout must be at most {MAX_WAIT_S:g} s "
+                f"API timeout plus node lock timeout plus MPS domain switch timeout must be at most {MAX_WAIT_S:g} s "
                 f"(the kubelet gives a prepare call {KUBELET_CALL_TIMEOUT_S:g} s), got "
-                f"{self.api_timeout_seconds:g} s + {self.node_lock_timeout_seconds:g} s"
+                + " + ".join(f"{w:g} s" for w in waits)
             )
         return self
 

@@ -5,7 +5,7 @@ Tiers, weakest first:
 - ``none``: the grant is advisory (the scheduler's accounting, the env and the info files);
 - ``hami-core``: HAMi-core's ``libvgpu.so`` preloaded into the container (needs the library on the node);
   soft: a workload can drop the preload;
-- ``mps``: the share is a CUDA MPS client of its GPU's control daemon (``kubelet_plugin/mps``), which the
+- ``mps``: the share is a CUDA MPS client of its GPU's control daemon (``kubelet_plugin/mps_supervisor``), which the
   GPU's EXCLUSIVE_PROCESS compute mode makes the only way onto that GPU. The grant is the client's pinned device
   memory limit and ``computeLimitPercent`` its active thread percentage, both in the client's environment,
   where CUDA lets a process lower them but not raise them above what the GPU's daemon sets: the daemon holds

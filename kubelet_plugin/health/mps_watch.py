@@ -1,9 +1,12 @@
 """The MPS daemons' health as the node plugin reports it: a taint on an MPS GPU whose daemon is down (no new
 share is scheduled there; prepare would refuse it), Events on the Node and on every claim prepared on that GPU
-when its daemon goes down, restarts or comes back, or one of its servers exits, and a gauge per GPU.
+when its daemon goes down, restarts or comes back, one of its servers exits, its control socket was found
+replaced, or its limits were found changed (and set again), and a gauge per GPU.
 
-The daemons are the MPS supervisor's (``kubelet_plugin/mps``); this reads their status files
-(``kubelet_plugin/enforcement/mps.py``) every ``--health-probe-interval`` seconds.
+The daemons are the MPS supervisor's (``kubelet_plugin/mps_supervisor``); this reads their status files
+(``kubelet_plugin/mps/layout.py``) every ``--health-probe-interval`` seconds, and reads each running daemon's
+limits back through the preparer (``repair``), which sets them again where a client of the GPU's trust domain
+changed them with control commands.
 """
 
 import logging
@@ -18,9 +21,9 @@ from kubelet_plugin.core.coalesce import Coalescer
 from kubelet_plugin.core.events import post_node_event, post_object_event
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings, is_mps_gpu
-from kubelet_plugin.enforcement import mps
 from kubelet_plugin.health.book import TAINT_DOMAIN
 from kubelet_plugin.health.events import claims_on
+from kubelet_plugin.mps import layout as mps
 
 log = logging.getLogger(__name__)
 MPS_TAINT = f"{TAINT_DOMAIN}/mps-daemon-down"
@@ -28,7 +31,11 @@ DOWN_REASON = "MpsDaemonDown"
 RESTARTED_REASON = "MpsDaemonRestarted"
 UP_REASON = "MpsDaemonRecovered"
 SERVER_REASON = "MpsServerExited"
+SOCKET_REASON = "MpsControlSocketReplaced"
+LIMITS_REASON = "MpsLimitsChanged"
 Reader = Callable[[GpuInfo], tuple[mps.DaemonStatus | None, str | None]]
+Repair = Callable[[str], list[str]]
+"""``repair(uuid)``: read the GPU's MPS limits back, set them again where they differ; what differed."""
 
 
 class MpsWatch:
@@ -45,13 +52,17 @@ class MpsWatch:
         changes: Coalescer | None = None,
         interval: float = 5.0,
         on_up: Callable[[str], None] | None = None,
+        repair: Repair | None = None,
     ) -> None:
-        """`on_up(uuid)`: called when a GPU's daemon is back or was restarted (it starts without the ceiling)."""
+        """`on_up(uuid)`: called when a GPU's daemon is back or was restarted (it starts without the ceiling);
+        `repair`: called for each GPU whose daemon runs, at every check."""
         self._gpus = gpus
         self._read = read
         self._post = post or (lambda *_: None)
         self._interval = interval
         self._on_up = on_up or (lambda _: None)
+        self._repair = repair or (lambda _: [])
+        self._socket_replacements: dict[str, int] = {}
         self._down: dict[str, str] = {}  # device -> why
         self._restarts: dict[str, int] = {}
         self._server_exits: dict[str, int] = {}
@@ -71,10 +82,16 @@ class MpsWatch:
         events = []
         for gpu in self._gpus:
             status, problem = self._read(gpu)
+            if status is not None and status.state == "switching" and mps.is_fresh(status):
+                problem = None  # a new trust domain's daemon is on its way: nothing is wrong
             device = gpu.device_name
             restarts = status.restarts if status is not None else None
             exits = status.server_exits if status is not None else None
+            replaced = status.socket_replacements if status is not None else None
             with self._lock:
+                replaced_before = self._socket_replacements.get(device)
+                if replaced is not None:
+                    self._socket_replacements[device] = replaced
                 was_down = device in self._down
                 before = self._restarts.get(device)
                 exits_before = self._server_exits.get(device)
@@ -100,8 +117,33 @@ class MpsWatch:
                 events.append((device, SERVER_REASON, f"an MPS server of {where} exited: its clients lost the GPU "
                                "(processes of claims on it that used CUDA must be restarted); new clients get a "
                                "new server"))  # fmt: skip
+            if replaced is not None and replaced_before is not None and replaced > replaced_before:
+                events.append((device, SOCKET_REASON, f"the control socket of the MPS daemon of {where} was removed "
+                               "or replaced by something other than the daemon: the supervisor restarted the daemon "
+                               "(clients connected before lost their server)"))  # fmt: skip
             if (problem is None) == was_down:
                 self.changes.notify()
+        return events
+
+    def repair(self) -> list[tuple[str, str, str]]:
+        """Read the limits of every running MPS daemon back and set them again where they changed; (device, Event
+        reason, message) for each GPU where they had."""
+        events = []
+        for gpu in self._gpus:
+            with self._lock:
+                if gpu.device_name in self._down:
+                    continue
+            try:
+                changed = self._repair(gpu.uuid)
+            except Exception as err:  # a daemon between two states, the node lock held long: next round
+                log.warning("cannot read the MPS limits back", extra={"uuid": gpu.uuid, "error": str(err)})
+                continue
+            if changed:
+                events.append((gpu.device_name, LIMITS_REASON, f"the MPS limits of GPU {gpu.device_name} "
+                               f"({gpu.uuid}) were changed through its control daemon, by a client of its trust "
+                               f"domain or another process that reaches it: {'; '.join(changed)}. They were set "
+                               "back to the ceiling of the claims on the GPU; CUDA processes that started in "
+                               "between keep what they got until they exit"))  # fmt: skip
         return events
 
     def taints(self) -> dict[str, list[dict[str, str]]]:
@@ -112,7 +154,7 @@ class MpsWatch:
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():
             try:
-                for device, reason, message in self.check():
+                for device, reason, message in [*self.check(), *self.repair()]:
                     log.warning("MPS daemon", extra={"device": device, "reason": reason, "detail": message})
                     if reason in (UP_REASON, RESTARTED_REASON):
                         self._on_up(next(g.uuid for g in self._gpus if g.device_name == device))

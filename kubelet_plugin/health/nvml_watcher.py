@@ -4,7 +4,7 @@ Registers every GPU for XID critical error events (nvmlDeviceRegisterEvents) and
 timeout (nvmlEventSetWait_v2: one event per call, NVML_ERROR_TIMEOUT when none came). After each XID it reads the
 GPU's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, where the driver reports it). A wait answering
 NVML_ERROR_GPU_IS_LOST, and every ``probe_interval`` seconds, each GPU is probed: lost (GPU_IS_LOST), or answering
-with its recovery action, which is how a reset GPU becomes healthy again (gpu_health). A GPU is opened by its UUID;
+with its recovery action, which is how a reset GPU becomes healthy again (`kubelet_plugin/health/book.py`). A GPU is opened by its UUID;
 one the driver gives no handle for yet (lost since before the plugin started) is opened again at each probe. Any NVML failure is logged
 and retried; the thread never ends before ``stop``. An XID the driver reports on a GPU instance (MIG) is recorded
 on the partition device that instance is (``partition_of``), else on the GPU; at each probe, partitions no claim

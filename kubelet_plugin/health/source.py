@@ -1,5 +1,5 @@
 """The kubelet's device-health source: each GPU is healthy while its device node is a character device (and,
-with `with_reported_health`, while the driver reports nothing wrong with it: gpu_health). An unhealthy GPU
+with `with_reported_health`, while the driver reports nothing wrong with it: `kubelet_plugin/health/book.py`). An unhealthy GPU
 carries a message saying why, which the kubelet shows in the pod's status (`allocatedResourcesStatus`)."""
 
 from collections.abc import Callable, Mapping

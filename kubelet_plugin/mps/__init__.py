@@ -1,9 +1,6 @@
-"""The MPS supervisor, a process of its own (``python -m kubelet_plugin.mps``, the fracgpu-mps DaemonSet): one CUDA
-MPS control daemon per MPS GPU, started from the node's driver, kept alive, and described in status files that
-the node plugin reads (``kubelet_plugin/enforcement/mps.py``). It outlives the node plugin's rollouts, so MPS
-clients keep their daemon when the plugin restarts.
+"""CUDA MPS, shared by the node plugin and the MPS supervisor: the daemons' host layout and status files
+(``layout``), the driver's control client (``control``) and each MPS GPU's limits, kept and repaired
+(``limits``).
 
-May import: ``kubelet_plugin.core``, ``kubelet_plugin.enforcement``, ``kubelet_plugin.prepare.mps_ceiling`` (the
-driver's control client), ``api``, pynvml, prometheus_client.
-Imported by: nothing (an entry point).
+May import: ``core``, ``api``. Imported by: ``enforcement``, ``prepare``, ``health``, ``mps_supervisor``.
 """

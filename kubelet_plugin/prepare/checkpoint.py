@@ -27,7 +27,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    field_validator,
+    model_serializer,
+)
 
 from kubelet_plugin.core.filelock import atomic_write
 from kubelet_plugin.core.model import MigRecord, PreparedDevice
@@ -80,16 +88,6 @@ class CheckpointDevice(_Model):
             mig=mig,
         )
 
-    def to_prepared(self) -> PreparedDevice:
-        """The device as NodePrepareResources returns it (for an idempotent repeat)."""
-        return PreparedDevice(
-            request_names=tuple(self.request_names),
-            pool_name=self.pool_name,
-            device_name=self.device_name,
-            cdi_device_ids=tuple(self.cdi_device_ids),
-            share_id=self.share_id,
-        )
-
 
 class ClaimEntry(_Model):
     """One claim known to the plugin."""
@@ -98,6 +96,19 @@ class ClaimEntry(_Model):
     name: str
     state: ClaimState
     devices: list[CheckpointDevice] = Field(default_factory=list)
+    mps_trust_domain: str | None = Field(
+        default=None,
+        alias="mpsTrustDomain",
+        description="the trust domain (api/mps_trust.py id) of a claim with MPS shares; left out without one",
+    )
+
+    @model_serializer(mode="wrap")
+    def _without_absent_domain(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for key in ("mpsTrustDomain", "mps_trust_domain"):
+            if key in data and data[key] is None:
+                del data[key]
+        return data
 
 
 class Checkpoint(_Model):

@@ -8,7 +8,7 @@ used as a CI profile id would, is refused by the driver: NVIDIA's DRA driver iss
 exists destroys what was made. Each call opens and closes its own NVML session.
 
 ``MigManager`` is what the preparer uses; ``NvmlMig`` implements it on the driver (and on the mock NVML of
-``e2e/mocknvml``, whose MIG model is the driver's), tests may give another with the same semantics.
+``harness/mocknvml``, whose MIG model is the driver's), tests may give another with the same semantics.
 """
 
 from __future__ import annotations

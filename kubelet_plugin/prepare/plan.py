@@ -12,12 +12,13 @@ from typing import Any
 
 from api.config_merge import ConfigEntry, EntryError, allocation_entries, config_for
 from api.gpu_config import GpuConfig, GpuConfigError
+from api.mps_trust import DATA_KEY, TrustDomain, TrustDomainError, trust_domain
 from api.names import MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
 from kubelet_plugin.core.model import GpuInfo, MigRecord, PreparedDevice
 from kubelet_plugin.core.settings import Settings, is_selected
-from kubelet_plugin.enforcement import mps
 from kubelet_plugin.enforcement.tiers import EnforcementUnavailableError, GpuTiers, Tier, applied_tier, weakest
+from kubelet_plugin.mps import layout as mps
 from kubelet_plugin.prepare import cdi
 from kubelet_plugin.prepare import container_info as info
 from kubelet_plugin.prepare.container_info import VOID, library_problem
@@ -33,6 +34,7 @@ NVML_LIMIT_ENV = "NVIDIA_GPU_MEMORY_LIMIT"
 MPS_PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 MPS_MEMORY_ENV = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 MPS_THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+CUDA_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ class ClaimPlan:
     hami_core: bool = False
     tiers: tuple[tuple[str, str, str | None, Tier], ...] = ()
     """(pool, device, shareID, tier) per result: the enforcement this spec applies (for the claim's status)."""
+    mps_domain: TrustDomain | None = None
+    """The claim's MPS trust domain when it has an MPS share (``api/mps_trust.py``), else None."""
 
 
 # Names each device sets to the same value (so any mix of devices in one container agrees on them).
@@ -251,6 +255,7 @@ def plan_claim(
         files=tuple(files),
         hami_core=hami_core,
         tiers=tuple((s.result["pool"], s.result["device"], s.share_id, s.tier) for s in shares),
+        mps_domain=mps_trust_domain(claim, settings) if any(s.tier == "mps" for s in shares) else None,
     )
 
 
@@ -265,6 +270,38 @@ def _partition(
     if made is None:
         raise PrepareError(ErrorKind.INTERNAL, f"no MIG partition was made for device {device.name}")
     return device, made
+
+
+def mps_trust_domain(claim: dict[str, Any], settings: Settings) -> TrustDomain:
+    """The claim's MPS trust domain; raises PrepareError. With ``--mps-trust-scope=namespaceLabel`` it is the one
+    the controller recorded in the claim's status (``data.mpsTrustDomain`` of an entry of this driver): the
+    controller reads namespaces, the plugin does not."""
+    namespace = claim["metadata"]["namespace"]
+    if settings.mps_trust_scope != "namespaceLabel":
+        return trust_domain(settings.mps_trust_scope, settings.mps_trust_label, namespace, None)
+    recorded = {
+        str((entry.get("data") or {}).get(DATA_KEY))
+        for entry in (claim.get("status") or {}).get("devices") or []
+        if entry.get("driver") == settings.driver_name and (entry.get("data") or {}).get(DATA_KEY)
+    }
+    if len(recorded) != 1:
+        raise PrepareError(
+            ErrorKind.ENFORCEMENT_UNAVAILABLE,
+            "the fracgpu controller has not recorded this claim's MPS trust domain in its status yet "
+            f"(status.devices[].data.{DATA_KEY}; found {sorted(recorded) or 'none'}): is the controller running? "
+            "The kubelet retries",
+        )
+    try:
+        domain = TrustDomain.parse(recorded.pop())
+    except TrustDomainError as err:
+        raise PrepareError(ErrorKind.INVALID_CONFIG, f"the claim's status: {err}") from None
+    if domain.kind == "namespace" and domain.value != namespace:
+        raise PrepareError(
+            ErrorKind.INVALID_CONFIG,
+            f"the claim's status records the MPS trust domain {domain.describe()}, but the claim is in namespace "
+            f"{namespace}",
+        )
+    return domain
 
 
 def _with_tiers(shares: list[_Share], settings: Settings, tiers: Mapping[str, GpuTiers], uid: str) -> list[_Share]:
@@ -410,7 +447,7 @@ def _edits(
         if share.config.compute_limit_percent is not None:
             env["CUDA_DEVICE_SM_LIMIT"] = str(share.config.compute_limit_percent)
     if share.tier == "mps":
-        env.update(mps_env(share.memory_mib, share.config.compute_limit_percent))
+        env.update(mps_env(share.gpu.uuid, share.memory_mib, share.config.compute_limit_percent))
         mounts += mps_mounts(settings, share.gpu.uuid)
     return cdi.ContainerEdits(
         env=[f"{k}={v}" for k, v in env.items()],
@@ -442,24 +479,33 @@ def nvml_hook(settings: Settings, uuid: str) -> cdi.Hook:
     )
 
 
-def mps_env(memory_mib: int, thread_percentage: int | None) -> dict[str, str]:
+def mps_env(uuid: str, memory_mib: int, thread_percentage: int | None) -> dict[str, str]:
     """An MPS client's variables: its GPU's pipe directory, the grant as its pinned device memory limit and the
     compute share as its active thread percentage. Device ordinal 0: a client sees only the GPU its daemon
-    serves, and each daemon serves one GPU."""
-    env = {MPS_PIPE_ENV: mps.PIPE_IN_CONTAINER, MPS_MEMORY_ENV: f"0={memory_mib}M", "FRACGPU_ENFORCEMENT": "mps"}
+    serves, and each daemon serves one GPU. ``CUDA_VISIBLE_DEVICES`` is that GPU's UUID, so an image that sets
+    it to an index of another machine's GPUs (which the MPS client would look for and not find) cannot lose it."""
+    env = {
+        MPS_PIPE_ENV: mps.PIPE_IN_CONTAINER,
+        MPS_MEMORY_ENV: f"0={memory_mib}M",
+        CUDA_DEVICES_ENV: uuid,
+        "FRACGPU_ENFORCEMENT": "mps",
+    }
     if thread_percentage is not None:
         env[MPS_THREADS_ENV] = str(thread_percentage)
     return env
 
 
 def mps_mounts(settings: Settings, uuid: str) -> list[cdi.Mount]:
-    """The GPU's MPS pipe directory and the daemons' /dev/shm, which a client shares with its server."""
-    rw = ["rw", "nosuid", "nodev", "rbind", "rprivate"]
+    """The GPU's MPS pipe directory, read-only (a client only connects to the daemon's socket there: it can
+    neither remove nor replace it), and the GPU's own /dev/shm (a tmpfs of its trust domain), which a client
+    shares with its server."""
+    ro = ["ro", "nosuid", "nodev", "noexec", "rbind", "rprivate"]
+    rw = ["rw", "nosuid", "nodev", "noexec", "rbind", "rprivate"]
     return [
         cdi.Mount(
-            host_path=str(mps.pipe_dir(settings.mps_root, uuid)), container_path=mps.PIPE_IN_CONTAINER, options=rw
+            host_path=str(mps.pipe_dir(settings.mps_root, uuid)), container_path=mps.PIPE_IN_CONTAINER, options=ro
         ),
-        cdi.Mount(host_path=str(mps.shm_dir(settings.mps_root)), container_path=mps.SHM_IN_CONTAINER, options=rw),
+        cdi.Mount(host_path=str(mps.shm_dir(settings.mps_root, uuid)), container_path=mps.SHM_IN_CONTAINER, options=rw),
     ]
 
 

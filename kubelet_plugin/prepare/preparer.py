@@ -1,9 +1,9 @@
 """NodePrepareResources / NodeUnprepareResources for fracgpu: claims in, CDI specs and a checkpoint out.
 
-The Preparer orchestrates; each step has its own module: read the claims (``claim_reader``), hold the node lock
-(``node_lock``), load and save the checkpoint (``claim_journal``), plan each claim (``claim_spec``, pure, from a
-device-node snapshot, ``devicenodes``), write or remove its files (``claim_store``), report Ready
-(``ready_writer``).
+The Preparer orchestrates; each step has its own module: read the claims (``reader``), hold the node lock
+(``node_lock``), load and save the checkpoint (``journal``), plan each claim (``plan``, pure, from a device-node
+snapshot, ``devicenodes``), admit its MPS shares to their GPU's daemon (``mps_shares``), write or remove its
+files (``store``), report Ready (``ready_writer``).
 
 Contract (the kubelet's): every claim in a call gets an answer; a problem with one claim is that claim's
 error, never an exception for the call. Prepare is idempotent (a repeat gives the same answer and re-writes
@@ -50,9 +50,9 @@ from api.kube_rest import KubeConnection, KubeRest
 from kubelet_plugin.core.metrics import PluginMetrics
 from kubelet_plugin.core.model import ClaimRef, GpuInfo, MigGpu, MigRecord, PreparedDevice, PrepareResult
 from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.enforcement import mps
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.enforcement.tiers import GpuTiers
+from kubelet_plugin.mps.control import MpsControlError
 from kubelet_plugin.prepare import cdi
 from kubelet_plugin.prepare.checkpoint import (
     Checkpoint,
@@ -66,7 +66,7 @@ from kubelet_plugin.prepare.driver_edits import DriverEdits, DriverEditsError
 from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
 from kubelet_plugin.prepare.journal import ClaimJournal
 from kubelet_plugin.prepare.mig import MigManager, NvmlMig
-from kubelet_plugin.prepare.mps_ceiling import MpsControl, MpsControlError, ceiling, grants_in
+from kubelet_plugin.prepare.mps_shares import MpsShares
 from kubelet_plugin.prepare.node_lock import NodeLock, NodeLockTimeoutError
 from kubelet_plugin.prepare.partitions import Partitioner
 from kubelet_plugin.prepare.plan import ClaimPlan, plan_claim
@@ -95,14 +95,14 @@ class Preparer:
         driver_edits: DriverEdits | None = None,
         enforcement: EnforcementDetector | None = None,
         device_nodes: DeviceNodes | None = None,
-        mps_control: MpsControl | None = None,
+        mps: MpsShares | None = None,
         mig: Mapping[str, MigGpu] | None = None,
         mig_manager: MigManager | None = None,
     ) -> None:
         """``driver_edits``: required with ``settings.driver_edits == "toolkit"``, read (never generated) per
         prepare. ``enforcement``: the tiers each GPU offers (default: HAMi-core where its library is, no nvml).
         ``device_nodes``: where the device nodes are read from (default: stat-ed under the driver root).
-        ``mps_control``: sets the MPS GPUs' ceilings (default: the driver's control client).
+        ``mps``: the MPS GPUs' daemons (default: through the driver's control client).
         ``mig``: the MIG GPUs (``--mig-gpus``) by device name, as discovered; ``mig_manager``: makes and
         destroys their partitions (default: through NVML)."""
         rest = KubeRest.bounded(api, settings.api_timeout_seconds)
@@ -115,8 +115,7 @@ class Preparer:
         self._device_nodes = device_nodes or (lambda: snapshot(settings.driver_root, minors))
         self._reader = ClaimReader(rest, settings.api_timeout_seconds)
         self._files = ClaimStore(settings)
-        self._mps_control = mps_control or MpsControl(settings)
-        self._mps_ceilings: dict[str, tuple[int, int, int]] = {}  # uuid -> (MiB, %, daemon pid) last set
+        self._mps = mps or MpsShares(settings)
         self._partitions = Partitioner(
             gpus,
             mig or {},
@@ -194,8 +193,9 @@ class Preparer:
                 continue
             try:
                 claim = self._reader.read(ClaimRef(namespace=entry.namespace, name=entry.name, uid=uid))
-                devices, _, partitions, _ = self._write(claim, entry, nodes, offered, checkpoint)
-                checkpoint = checkpoint.with_claim(uid, self._entry(entry.namespace, entry.name, devices, partitions))
+                devices, _, partitions, _, domain = self._write(claim, entry, nodes, offered, checkpoint)
+                restored = self._entry(entry.namespace, entry.name, devices, partitions, domain)
+                checkpoint = checkpoint.with_claim(uid, restored)
             except PrepareError as err:
                 if err.kind.claim_gone:  # nothing to restore
                     log.warning("claim gone; dropping it", extra={**what, "error": str(err)})
@@ -272,12 +272,12 @@ class Preparer:
             try:
                 if isinstance(claim, PrepareError):
                     raise claim
-                devices, tiers, partitions, created = self._write(claim, before, nodes, offered, updated)
+                devices, tiers, partitions, created, domain = self._write(claim, before, nodes, offered, updated)
             except Exception as err:  # one claim's failure must not abort the batch
                 self._fail(results, ref, err)
                 continue
             made += created
-            entry = self._entry(ref.namespace, ref.name, devices, partitions)
+            entry = self._entry(ref.namespace, ref.name, devices, partitions, domain)
             if entry != before:
                 updated = updated.with_claim(ref.uid, entry)
                 if before is None or before.state != "PrepareCompleted":
@@ -292,10 +292,15 @@ class Preparer:
         return updated, written
 
     def _entry(
-        self, namespace: str, name: str, devices: tuple[PreparedDevice, ...], partitions: Mapping[str, MigRecord]
+        self,
+        namespace: str,
+        name: str,
+        devices: tuple[PreparedDevice, ...],
+        partitions: Mapping[str, MigRecord],
+        mps_trust_domain: str | None,
     ) -> ClaimEntry:
-        """The completed checkpoint entry of a claim prepared as `devices`, recording its physical GPUs and MIG
-        partitions."""
+        """The completed checkpoint entry of a claim prepared as `devices`, recording its physical GPUs, MIG
+        partitions and MPS trust domain."""
         return ClaimEntry(
             namespace=namespace,
             name=name,
@@ -304,6 +309,7 @@ class Preparer:
                 CheckpointDevice.from_prepared(d, self._gpu_uuid(d.device_name), partitions.get(d.device_name))
                 for d in devices
             ],
+            mps_trust_domain=mps_trust_domain,
         )
 
     def _gpu_uuid(self, device: str) -> str:
@@ -391,13 +397,11 @@ class Preparer:
             self._ready.forget(ref.uid)
             self._metrics.requests.labels("unprepare", "ok").inc()
         self._metrics.prepared_claims.set(len(updated.claims))
-        for uuid in sorted(mps_gpus):  # down to the remaining shares' (a stale higher one only admits more)
-            top = ceiling(grants_in(self._settings.plugin_data_dir, _claims_on(updated, uuid), uuid))
-            if top is not None:
-                try:
-                    self._apply_mps_ceiling(uuid, top)
-                except MpsControlError as err:
-                    log.warning("cannot lower the MPS ceiling", extra={"uuid": uuid, "error": str(err)})
+        for uuid in sorted(mps_gpus):
+            try:
+                self._mps.lower(uuid, updated)
+            except MpsControlError as err:
+                log.warning("cannot lower the MPS ceiling", extra={"uuid": uuid, "error": str(err)})
         return errors
 
     def _fail_unprepare(self, claims: list[ClaimRef], kind: ErrorKind, message: str) -> dict[str, str]:
@@ -415,11 +419,11 @@ class Preparer:
         nodes: DeviceNodeSnapshot,
         offered: Mapping[str, GpuTiers],
         checkpoint: Checkpoint,
-    ) -> tuple[tuple[PreparedDevice, ...], Tiers, dict[str, MigRecord], list[MigRecord]]:
-        """Make the claim's MIG partitions, plan it, raise its MPS GPUs' ceilings to admit its grants
-        (`checkpoint`: the other claims prepared) and write its files; the devices for the kubelet, the tier of
-        each share, the MIG partition of each partition device and those made now (destroyed again when a later
-        step fails). `nodes` and `offered` (the tiers each GPU offers) are read once per call.
+    ) -> tuple[tuple[PreparedDevice, ...], Tiers, dict[str, MigRecord], list[MigRecord], str | None]:
+        """Make the claim's MIG partitions, plan it, admit its MPS shares to their GPU's daemon (`checkpoint`: the
+        other claims prepared) and write its files; the devices for the kubelet, the tier of each share, the MIG
+        partition of each partition device, those made now (destroyed again when a later step fails) and the
+        claim's MPS trust domain. `nodes` and `offered` (the tiers each GPU offers) are read once per call.
 
         `prepared`: the claim's checkpoint entry; a device that is now another physical GPU than when it
         was prepared (NVML indices shift when a GPU disappears) is refused rather than handed out.
@@ -445,7 +449,7 @@ class Preparer:
                 partitions=partitions,
             )
             uid = claim["metadata"]["uid"]
-            self._set_mps_ceilings(plan, uid, checkpoint)
+            self._admit_mps(plan, uid, checkpoint)
             try:
                 self._files.write(uid, plan)
             except OSError as err:
@@ -458,54 +462,36 @@ class Preparer:
         if plan.spec is not None:
             ensure_char_links(self._settings.dev_char_dir, list(plan.nodes))
         tiers = {(pool, device, share): tier for pool, device, share, tier in plan.tiers}
-        return plan.devices, tiers, {name: p.record for name, p in partitions.items()}, made
+        domain = plan.mps_domain.id if plan.mps_domain is not None else None
+        return plan.devices, tiers, {name: p.record for name, p in partitions.items()}, made, domain
 
-    def _set_mps_ceilings(self, plan: ClaimPlan, uid: str, checkpoint: Checkpoint) -> None:
-        """Each MPS GPU of `plan` gets the ceiling of its shares and those of the other prepared claims
-        (mps_ceiling); raises PrepareError when a daemon does not take it (its client would get less than its
-        grant, or more than the others')."""
+    def _admit_mps(self, plan: ClaimPlan, uid: str, checkpoint: Checkpoint) -> None:
+        """Admit each MPS GPU's shares of `plan` to that GPU's daemon (mps_shares); raises PrepareError."""
         mine: dict[str, list[tuple[int, int | None]]] = {}
         for file in plan.files:
             for device in file.info.devices:
                 if device.enforcement == "mps":
                     mine.setdefault(device.uuid, []).append((device.memory_mib, device.active_thread_percentage))
         for uuid, grants in mine.items():
-            others = [u for u in _claims_on(checkpoint, uuid) if u != uid]
-            top = ceiling([*grants, *grants_in(self._settings.plugin_data_dir, others, uuid)])
-            assert top is not None
-            try:
-                self._apply_mps_ceiling(uuid, top)
-            except MpsControlError as err:
-                raise PrepareError(
-                    ErrorKind.ENFORCEMENT_UNAVAILABLE,
-                    f"the MPS daemon of GPU {uuid} did not take the ceiling {top[0]} MiB / {top[1]} % that "
-                    f"admits this claim's grant: {err}",
-                ) from None
-
-    def _apply_mps_ceiling(self, uuid: str, top: tuple[int, int], *, force: bool = False) -> None:
-        """Send `top` to GPU `uuid`'s daemon unless this plugin already gave that very daemon (its pid in the
-        supervisor's status file) that ceiling; raises MpsControlError."""
-        status = mps.read_status(self._settings.mps_root, uuid)[0]
-        daemon = status.pid if status is not None else None
-        if not force and daemon is not None and self._mps_ceilings.get(uuid) == (*top, daemon):
-            return
-        self._mps_ceilings.pop(uuid, None)
-        self._mps_control.apply(uuid, *top)
-        if daemon is not None:
-            self._mps_ceilings[uuid] = (*top, daemon)
+            assert plan.mps_domain is not None
+            self._mps.admit(uuid, plan.mps_domain, grants, uid, checkpoint)
 
     def refresh_mps_ceiling(self, uuid: str) -> None:
         """Set GPU `uuid`'s ceiling from the prepared claims again (its daemon restarted without one); logs,
         never raises."""
         try:
             with self.node_lock.hold():
-                checkpoint = self._journal.load()
-                top = ceiling(grants_in(self._settings.plugin_data_dir, _claims_on(checkpoint, uuid), uuid))
-                if top is not None:
-                    self._apply_mps_ceiling(uuid, top, force=True)
-                    log.info("MPS ceiling set", extra={"uuid": uuid, "memory_mib": top[0], "percentage": top[1]})
+                top = self._mps.refresh(uuid, self._journal.load())
+            if top is not None:
+                log.info("MPS ceiling set", extra={"uuid": uuid, "ceiling": top.describe()})
         except Exception as err:
             log.warning("cannot set the MPS ceiling", extra={"uuid": uuid, "error": str(err)})
+
+    def repair_mps_limits(self, uuid: str) -> list[str]:
+        """Read GPU `uuid`'s MPS limits back and set them again where a client changed them; what differed.
+        Raises MpsControlError, NodeLockTimeoutError."""
+        with self.node_lock.hold():
+            return self._mps.repair(uuid, self._journal.load())
 
     def _current_driver_edits(self) -> cdi.ContainerEdits | None:
         """The driver edits for claim specs (None with ``--driver-edits=none``); raises PrepareError."""
@@ -538,8 +524,3 @@ class Preparer:
     def _count_error(self, operation: str, kind: ErrorKind) -> None:
         self._metrics.requests.labels(operation, "error").inc()
         self._metrics.errors.labels(operation, kind).inc()
-
-
-def _claims_on(checkpoint: Checkpoint, uuid: str) -> list[str]:
-    """UIDs of the checkpoint's claims with a device on GPU `uuid`."""
-    return [uid for uid, entry in checkpoint.claims.items() if any(d.uuid == uuid for d in entry.devices)]

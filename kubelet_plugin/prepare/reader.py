@@ -9,7 +9,8 @@ import logging
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from api.kube_rest import ApiError, ApiTimeout, KubeRest, UndecodableResponse, claim_path
+from api.kube_errors import ApiError, ApiNotFound, ApiTimeout, UndecodableResponse
+from api.kube_rest import KubeRest, claim_path
 from kubelet_plugin.core.model import ClaimRef
 from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
 
@@ -81,9 +82,9 @@ class ClaimReader:
             ) from None
         except ApiTimeout:
             raise PrepareError(ErrorKind.API_TIMEOUT, no_answer(ref, self._budget)) from None
+        except ApiNotFound:
+            raise PrepareError(ErrorKind.CLAIM_NOT_FOUND, f"ResourceClaim {show(ref)} not found") from None
         except ApiError as err:
-            if err.status == 404:
-                raise PrepareError(ErrorKind.CLAIM_NOT_FOUND, f"ResourceClaim {show(ref)} not found") from None
             raise PrepareError(
                 ErrorKind.API_ERROR, f"cannot read ResourceClaim {show(ref)}: {err.status} {err.reason}"
             ) from None

@@ -12,12 +12,13 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from api.kube_rest import ApiError, KubeRest, UndecodableResponse
+from api.kube_errors import ApiError, ApiTransient, UndecodableResponse
+from api.kube_rest import KubeRest
 from kubelet_plugin.prepare.status import Partitions, Tiers, apply_ready, is_ready
 
 log = logging.getLogger(__name__)
 
-#: Writes Ready=True on one claim (`claim_status.apply_ready` bound to the plugin's client).
+#: Writes Ready=True on one claim (`kubelet_plugin.prepare.status.apply_ready` bound to the plugin's client).
 Write = Callable[[dict[str, Any]], None]
 
 
@@ -25,10 +26,6 @@ def _describe(err: Exception) -> str:
     if isinstance(err, ApiError):
         return f"{err.status} {err.reason}"
     return f"{type(err).__name__}: {err}"
-
-
-def _transient(err: ApiError) -> bool:
-    return err.status in (0, 429) or (err.status or 0) >= 500
 
 
 class ReadyWriter:
@@ -68,7 +65,7 @@ class ReadyWriter:
             pass  # written: only the answer, the claim as it is now, could not be decoded
         except Exception as err:
             self._on_failure()
-            retry = isinstance(err, ApiError) and _transient(err) and attempt < self._attempts
+            retry = isinstance(err, ApiTransient) and attempt < self._attempts
             log.warning(
                 "cannot set Ready on claim status" + ("; trying again" if retry else ""),
                 extra={"claim": f"{meta['namespace']}/{meta['name']}", "attempt": attempt, "error": _describe(err)},

@@ -1,7 +1,7 @@
 """GPU discovery through NVML (``pynvml`` from ``nvidia-ml-py``).
 
 The same code path runs against the real ``libnvidia-ml.so.1`` and against the mock one built from
-``e2e/mocknvml/mock_nvml.c`` (selected with ``LD_LIBRARY_PATH`` and ``FRACGPU_MOCK_NVML_PROFILE``).
+``harness/mocknvml/mock_nvml.c`` (selected with ``LD_LIBRARY_PATH`` and ``FRACGPU_MOCK_NVML_PROFILE``).
 """
 
 import logging

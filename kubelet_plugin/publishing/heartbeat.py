@@ -11,7 +11,8 @@ import threading
 from collections.abc import Callable
 
 from api.heartbeat import lease_body, lease_name, leases_path
-from api.kube_rest import ApiError, KubeRest
+from api.kube_errors import ApiError
+from api.kube_rest import KubeRest
 
 log = logging.getLogger(__name__)
 FIELD_MANAGER = "fracgpu-kubelet-plugin"

@@ -9,7 +9,8 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from api.kube_rest import SLICES, ApiError, KubeConnection, KubeRest, node_path
+from api.kube_errors import ApiConflict, ApiError
+from api.kube_rest import SLICES, KubeConnection, KubeRest, node_path
 from kubelet_plugin.core.coalesce import Coalescer
 from kubelet_plugin.core.filelock import serialize_lock
 from kubelet_plugin.core.model import GpuInfo, MigGpu
@@ -80,6 +81,7 @@ class SlicePublisher:
             enforcement={name: tiers.published for name, tiers in self._enforcement.tiers().items()},
             taints=self._taints(),
             mig=self._mig,
+            mps_binding=s.mps_trust_scope != "cluster",
         )
         for body in slices:
             body["metadata"]["annotations"] = {SPEC_HASH_ANNOTATION: _spec_hash(body)}
@@ -151,7 +153,7 @@ class SlicePublisher:
                     log.warning(
                         "ResourceSlice sync failed; retrying", extra={"status": err.status, "reason": err.reason}
                     )
-                    stop.wait(0.2 if err.status == 409 else 2)  # 409: raced with another writer
+                    stop.wait(0.2 if isinstance(err, ApiConflict) else 2)  # raced with another writer
                 except Exception:
                     log.exception("ResourceSlice sync failed; retrying")
                     stop.wait(2)

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from api import mig as names
-from api.names import MEMORY_CAPACITY
+from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION
+from api.names import MEMORY_CAPACITY, MPS_CLIENTS_CAPACITY
 from api.quantity import format_bytes
 from kubelet_plugin.core.model import GpuInfo, MigGpu, MigProfile
 from kubelet_plugin.enforcement.tiers import ATTRIBUTE as ENFORCEMENT_ATTRIBUTE
@@ -76,6 +77,16 @@ def mig_catalog(gpus: list[GpuInfo], mig: Mapping[str, MigGpu]) -> dict[str, Mig
     return {d.name: d for d in mig_devices(gpus, mig)}
 
 
+MPS_CLIENTS_VOLTA = 48
+MPS_CLIENTS_BEFORE_VOLTA = 16
+
+
+def mps_clients(gpu: GpuInfo) -> int:
+    """How many clients one MPS server takes on `gpu`: 48 from Volta (compute capability 7.0) on, 16 before."""
+    major = gpu.cuda_compute_capability.split(".", 1)[0]
+    return MPS_CLIENTS_VOLTA if major.isdigit() and int(major) >= 7 else MPS_CLIENTS_BEFORE_VOLTA
+
+
 def usable_memory(gpu: GpuInfo, step: int, reserve: int) -> int:
     """Memory offered for sharing: total minus reserve, rounded down to a multiple of `step` (≥ 0)."""
     return max(0, (gpu.memory_total_bytes - reserve) // step * step)
@@ -89,12 +100,18 @@ def device_entry(
     enforcement: Tier = "none",
     *,
     taints: list[dict[str, str]] | None = None,
+    mps_binding: bool = False,
 ) -> dict[str, Any]:
     """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes; `hami_core`: the
     node can enforce limits with HAMi-core (its library is installed), published as attribute `hamiCore`;
     `enforcement`: the GPU's memory-enforcement tier (``GpuTiers.published``), attribute `memoryEnforcement`, and
-    whether it is an MPS GPU, attribute `mps`;
-    `taints`: its `taints` (GPU health, gpu_health.plan_taints), left out when none."""
+    whether it is an MPS GPU, attribute `mps`, with capacity `mpsClients`: the clients its MPS server takes, of
+    which each allocation consumes one unless it asks for more (one per CUDA process), so the scheduler never
+    places a share the server would refuse with CUDA_ERROR_MPS_MAX_CLIENTS_REACHED; with `mps_binding` (MPS trust
+    domains kept apart, any scope but cluster) also the binding condition the scheduler waits on before it binds a pod
+    there, which the controller sets once it has found the claim's trust domain alone on the GPU (or the failure
+    condition, when another domain holds it: the scheduler then places the claim again);
+    `taints`: its `taints` (GPU health, `kubelet_plugin.health.book.plan_taints`), left out when none."""
     memory = usable_memory(gpu, step, reserve)
     capacity: dict[str, Any] = {"value": format_bytes(memory)}
     if memory >= 2 * step:  # validRange needs min + step <= value
@@ -123,6 +140,15 @@ def device_entry(
         },
         "capacity": {MEMORY_CAPACITY: capacity},
     }
+    if enforcement == "mps":
+        clients = str(mps_clients(gpu))
+        entry["capacity"][MPS_CLIENTS_CAPACITY] = {
+            "value": clients,
+            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": clients, "step": "1"}},
+        }
+        if mps_binding:
+            entry["bindingConditions"] = [ADMITTED_CONDITION]
+            entry["bindingFailureConditions"] = [CONFLICT_CONDITION]
     if taints:
         entry["taints"] = taints
     return entry
@@ -223,6 +249,7 @@ def build_slices(
     enforcement: Mapping[str, Tier] | None = None,
     taints: Mapping[str, list[dict[str, str]]] | None = None,
     mig: Mapping[str, MigGpu] | None = None,
+    mps_binding: bool = False,
 ) -> list[dict[str, Any]]:
     """All slices of the node's pool (pool = node name), at least one (see the module docstring).
     `enforcement`: device name -> the strongest tier that GPU offers (absent: none); `taints`: device name -> its
@@ -237,7 +264,13 @@ def build_slices(
         parent_entry(g, migs[g.device_name], step, reserve, taints=tainted.get(g.device_name))
         if g.device_name in migs
         else device_entry(
-            g, step, reserve, hami_core, tiers.get(g.device_name, "none"), taints=tainted.get(g.device_name)
+            g,
+            step,
+            reserve,
+            hami_core,
+            tiers.get(g.device_name, "none"),
+            taints=tainted.get(g.device_name),
+            mps_binding=mps_binding,
         )
         for g in ordered
     ]

@@ -1,4 +1,5 @@
-"""The node plugin's kubelet-facing gRPC servers: plugin registration, DRA v1/v1beta1, device health.
+"""The node plugin's kubelet-facing gRPC servers: plugin registration (`registration`), DRA v1/v1beta1, device
+health (`health_stream`), on the two Unix sockets of `PluginServer`.
 
 Wire facts (packages, method paths, socket paths, registration handshake) are those of the kubelet's
 DRA and plugin-registration APIs, as our protos in ``kubelet_plugin/serving/proto/`` spell them. The actual prepare/unprepare work is delegated to a
@@ -10,13 +11,11 @@ request gets an entry in the response, and a failing preparer never fails the gR
 from __future__ import annotations
 
 import logging
-import math
 import os
 import socket
 import stat
 import threading
-import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from types import TracebackType
@@ -27,18 +26,22 @@ from typing_extensions import override
 
 from kubelet_plugin.core.model import ClaimRef, PreparedDevice, PrepareResult
 from kubelet_plugin.serving import handover
+from kubelet_plugin.serving.health_stream import (
+    DEFAULT_HEALTH_INTERVAL,
+    DRAResourceHealthV1alpha1Servicer,
+    DRAResourceHealthV1Servicer,
+    HealthStreams,
+)
 from kubelet_plugin.serving.proto import (
-    dra_health_v1_pb2,
     dra_health_v1_pb2_grpc,
-    dra_health_v1alpha1_pb2,
     dra_health_v1alpha1_pb2_grpc,
     dra_v1_pb2,
     dra_v1_pb2_grpc,
     dra_v1beta1_pb2,
     dra_v1beta1_pb2_grpc,
-    pluginregistration_pb2,
     pluginregistration_pb2_grpc,
 )
+from kubelet_plugin.serving.registration import RegistrationServicer
 
 if TYPE_CHECKING:
     from kubelet_plugin.health.source import HealthSource
@@ -46,7 +49,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_KUBELET_DIR = Path("/var/lib/kubelet")
-PLUGIN_TYPE = "DRAPlugin"
 #: Advertised in ``PluginInfo.supported_versions``; the kubelet picks the first DRA service it knows,
 #: so v1 must come first. Health services are listed for kubelets that watch device health.
 SUPPORTED_VERSIONS: tuple[str, ...] = (
@@ -55,14 +57,8 @@ SUPPORTED_VERSIONS: tuple[str, ...] = (
     "v1.DRAResourceHealth",
     "v1alpha1.DRAResourceHealth",
 )
-DEFAULT_HEALTH_INTERVAL = 10.0
-#: Kubelet's own default health timeout; a device not reported for this long turns Unknown.
-KUBELET_DEFAULT_HEALTH_TIMEOUT_S = 30
 #: sun_path of a Unix socket address holds 108 bytes including the terminating NUL.
 MAX_SOCKET_PATH_BYTES = 107
-
-#: The kubelet truncates a health message past this many characters (to 1021 and "...").
-MAX_HEALTH_MESSAGE = 1024
 
 
 class ClaimPreparer(Protocol):
@@ -206,165 +202,6 @@ class DRAPluginV1beta1Servicer(dra_v1beta1_pb2_grpc.DRAPluginServicer):
         for uid, err in _call_unprepare(self._preparer, _claim_refs(request.claims)).items():
             resp.claims[uid].error = err
         return resp
-
-
-# --------------------------------------------------------------------------------------------------
-# Health services
-
-
-class HealthStreams:
-    """Produces the health stream shared by the v1 and v1alpha1 health services.
-
-    Each stream sends the complete device list at once and then every ``interval`` seconds, until
-    the client cancels or :meth:`close` is called. A failing health source skips that round (logged).
-    """
-
-    def __init__(self, source: HealthSource, interval: float = DEFAULT_HEALTH_INTERVAL) -> None:
-        if interval <= 0:
-            raise ValueError(f"health interval must be positive, got {interval}")
-        self._source = source
-        self._interval = interval
-        self._timeout_s = max(KUBELET_DEFAULT_HEALTH_TIMEOUT_S, math.ceil(3 * interval))
-        self._lock = threading.Lock()
-        self._wakeups: set[threading.Event] = set()
-        self._closed = False
-
-    def close(self) -> None:
-        """End all current streams promptly; new streams end right after their first message."""
-        with self._lock:
-            self._closed = True
-            for ev in self._wakeups:
-                ev.set()
-
-    def _snapshot(self) -> dra_health_v1_pb2.NodeWatchResourcesResponse | None:
-        try:
-            devices = self._source()
-        except Exception:
-            log.exception("health source failed; skipping this health update")
-            return None
-        now = int(time.time())
-        resp = dra_health_v1_pb2.NodeWatchResourcesResponse()
-        for pool, device, healthy, message in devices:
-            resp.devices.add(
-                device=dra_health_v1_pb2.DeviceIdentifier(pool_name=pool, device_name=device),
-                health=dra_health_v1_pb2.HEALTHY if healthy else dra_health_v1_pb2.UNHEALTHY,
-                last_updated_time=now,
-                health_check_timeout_seconds=self._timeout_s,
-                message=message if len(message) <= MAX_HEALTH_MESSAGE else message[: MAX_HEALTH_MESSAGE - 3] + "...",
-            )
-        return resp
-
-    def stream(self, context: grpc.ServicerContext) -> Iterator[dra_health_v1_pb2.NodeWatchResourcesResponse]:
-        """Yield v1 responses for one RPC until it is cancelled or the streams are closed."""
-        wakeup = threading.Event()
-        if not context.add_callback(wakeup.set):
-            return  # RPC already terminated
-        with self._lock:
-            if self._closed:
-                wakeup.set()
-            self._wakeups.add(wakeup)
-        try:
-            while True:
-                snap = self._snapshot()
-                if snap is not None:
-                    yield snap
-                if wakeup.wait(self._interval) or not context.is_active():
-                    return
-        finally:
-            with self._lock:
-                self._wakeups.discard(wakeup)
-
-
-class DRAResourceHealthV1Servicer(dra_health_v1_pb2_grpc.DRAResourceHealthServicer):
-    """``v1.DRAResourceHealth``."""
-
-    def __init__(self, streams: HealthStreams) -> None:
-        self._streams = streams
-
-    @override
-    def NodeWatchResources(
-        self, request: dra_health_v1_pb2.NodeWatchResourcesRequest, context: grpc.ServicerContext
-    ) -> Iterator[dra_health_v1_pb2.NodeWatchResourcesResponse]:
-        """Server stream of complete device health lists."""
-        return self._streams.stream(context)
-
-
-class DRAResourceHealthV1alpha1Servicer(dra_health_v1alpha1_pb2_grpc.DRAResourceHealthServicer):
-    """``v1alpha1.DRAResourceHealth``: same messages as v1 (wire-identical), other package."""
-
-    def __init__(self, streams: HealthStreams) -> None:
-        self._streams = streams
-
-    @override
-    def NodeWatchResources(
-        self, request: dra_health_v1alpha1_pb2.NodeWatchResourcesRequest, context: grpc.ServicerContext
-    ) -> Iterator[dra_health_v1alpha1_pb2.NodeWatchResourcesResponse]:
-        """Server stream of complete device health lists."""
-        for resp in self._streams.stream(context):
-            yield dra_health_v1alpha1_pb2.NodeWatchResourcesResponse.FromString(resp.SerializeToString())
-
-
-# --------------------------------------------------------------------------------------------------
-# Registration service
-
-
-class RegistrationServicer(pluginregistration_pb2_grpc.RegistrationServicer):
-    """``pluginregistration.Registration`` on the registry socket.
-
-    ``registered`` is set when the kubelet reports success and cleared when it reports failure;
-    ``on_status(registered)`` is called after each report.
-    """
-
-    def __init__(
-        self,
-        driver_name: str,
-        endpoint: Path,
-        supported_versions: Sequence[str],
-        on_status: Callable[[bool], None] = lambda _: None,
-    ) -> None:
-        self._info = pluginregistration_pb2.PluginInfo(
-            type=PLUGIN_TYPE,
-            name=driver_name,
-            endpoint=str(endpoint),
-            supported_versions=list(supported_versions),
-        )
-        self.registered = threading.Event()
-        self._lock = threading.Lock()
-        self._last_status: tuple[bool, str] | None = None
-        self._on_status = on_status
-
-    @property
-    def last_status(self) -> tuple[bool, str] | None:
-        """``(plugin_registered, error)`` of the kubelet's latest notification, None before any."""
-        with self._lock:
-            return self._last_status
-
-    @override
-    def GetInfo(
-        self, request: pluginregistration_pb2.InfoRequest, context: grpc.ServicerContext
-    ) -> pluginregistration_pb2.PluginInfo:
-        """Type "DRAPlugin", driver name, absolute DRA socket path, supported services (v1 first)."""
-        resp = pluginregistration_pb2.PluginInfo()
-        resp.CopyFrom(self._info)
-        return resp
-
-    @override
-    def NotifyRegistrationStatus(
-        self, request: pluginregistration_pb2.RegistrationStatus, context: grpc.ServicerContext
-    ) -> pluginregistration_pb2.RegistrationStatusResponse:
-        """Record the kubelet's verdict; a refusal is logged with the kubelet's error."""
-        with self._lock:
-            self._last_status = (request.plugin_registered, request.error)
-            if request.plugin_registered:
-                self.registered.set()
-            else:
-                self.registered.clear()
-            self._on_status(request.plugin_registered)
-        if request.plugin_registered:
-            log.info("registered with the kubelet as %s", self._info.name)
-        else:
-            log.error("kubelet refused plugin registration of %s: %s", self._info.name, request.error)
-        return pluginregistration_pb2.RegistrationStatusResponse()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from api.gpu import GPU_API_VERSION, GPU_KIND, GPU_PLURAL, gpu_object_name
-from api.kube_rest import ApiError, KubeRest, claim_path
+from api.kube_errors import ApiError
+from api.kube_rest import KubeRest, claim_path
 from api.quantity import MiB, format_bytes
 from kubelet_plugin.core.events import post_object_event
 from kubelet_plugin.core.model import GpuInfo

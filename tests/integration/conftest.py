@@ -13,8 +13,8 @@ import pytest
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
 
-from e2e.cluster.controlplane import ControlPlane
-from tests.integration import kube
+from harness import kube
+from harness.cluster.controlplane import ControlPlane
 
 
 @pytest.fixture(scope="session")

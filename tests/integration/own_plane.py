@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
 
-from e2e.cluster.controlplane import ControlPlane
+from harness.cluster.controlplane import ControlPlane
 
 
 @pytest.fixture(scope="module")

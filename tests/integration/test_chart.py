@@ -26,20 +26,21 @@ from kubernetes.dynamic import DynamicClient
 
 from api.gpu import GpuStatus
 from api.heartbeat import HEARTBEAT_LABEL, heartbeat_of, lease_body, lease_name, leases_path
-from api.kube_rest import APPLY, SLICES, ApiError, KubeConnection, KubeRest, claim_path
+from api.kube_errors import ApiError
+from api.kube_rest import APPLY, SLICES, KubeConnection, KubeRest, claim_path
 from api.options import options
 from controller.admission.certificate import self_signed_certificate
 from controller.admission.verdict import review_claim_spec
 from controller.admission.webhook_config import Registration
 from controller.core.rbac import cluster_role_rules, heartbeat_role_rules, namespace_role_rules
-from e2e.cluster import binaries
-from e2e.cluster.controlplane import ControlPlane
-from e2e.nodeplugin import PLUGIN_RUNTIME_ENV
-from kubelet_plugin.mps.supervisor import MpsSettings
+from harness import kube
+from harness.cluster import binaries
+from harness.cluster.controlplane import ControlPlane
+from harness.nodeplugin import PLUGIN_RUNTIME_ENV
+from kubelet_plugin.mps_supervisor.supervisor import MpsSettings
 from kubelet_plugin.prepare.status import apply_ready
 from kubelet_plugin.publishing.heartbeat import Heartbeat
 from kubelet_plugin.publishing.slices import build_slices
-from tests.integration import kube
 
 pytestmark = pytest.mark.integration
 
@@ -1209,13 +1210,16 @@ def test_mps_gpus_add_a_supervisor_daemonset_apart_from_the_plugin(tools: dict[s
     assert (env["FRACGPU_MPS_GPUS"], env["FRACGPU_MULTI_USER"]) == ("0,GPU-1", "true")
     mounts = mounts_of(spec, supervisor)
     assert mounts["/run/fracgpu/mps"] == ("/run/fracgpu/mps", False)
-    assert mounts["/dev/shm"] == ("/run/fracgpu/mps/shm", False), "the daemons' /dev/shm is what clients mount"
+    assert "/dev/shm" not in mounts, "each trust domain's daemon gets its own tmpfs, not a shared host directory"
+    (root_mount,) = [m for m in supervisor["volumeMounts"] if m["mountPath"] == "/run/fracgpu/mps"]
+    assert root_mount["mountPropagation"] == "Bidirectional", "the per-domain tmpfs mounts must reach the host"
+    assert supervisor["securityContext"]["privileged"] is True, "Bidirectional propagation needs a privileged container"
     assert mounts["/driver-root"] == ("/", True)
     MpsSettings(**{o.field: env[o.env] for o in options(MpsSettings) if o.env in env})  # values the supervisor takes
     plugin = one(docs, "DaemonSet", "-kubelet-plugin")["spec"]["template"]["spec"]
     assert env_of(plugin["containers"][0])["FRACGPU_MPS_GPUS"] == "0,GPU-1"
     plugin_mounts = mounts_of(plugin, plugin["containers"][0])
-    assert plugin_mounts["/run/fracgpu/mps"] == ("/run/fracgpu/mps", True)
+    assert plugin_mounts["/run/fracgpu/mps"] == ("/run/fracgpu/mps", False), "the plugin writes tenant.json"
     # the driver's MPS control client sets the ceilings, even without driver edits
     assert plugin_mounts["/driver-root"] == ("/", True)
     control = env_of(plugin["containers"][0])["FRACGPU_MPS_CONTROL"]

@@ -10,8 +10,8 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from e2e.cluster.controlplane import ControlPlane
-from tests.integration import kube
+from harness import kube
+from harness.cluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

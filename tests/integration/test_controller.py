@@ -23,8 +23,8 @@ from api.gpu import GPU_API_VERSION, GPU_CRD_NAME, NODE_LABEL, gpu_object_name
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import format_bytes, to_bytes
 from controller.core.rbac import cluster_role_rules
-from e2e.cluster.controlplane import ControlPlane
-from tests.integration import kube
+from harness import kube
+from harness.cluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 T = TypeVar("T")
@@ -940,6 +940,7 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
         "ENFORCEMENT",
         "REPORTING",
         "MIG",  # blank but on MIG GPUs (used/free slices, partitions)
+        "TRUST-DOMAIN",
         "AGE",
     ]
     rows = {line.split()[0]: line.split() for line in table[1:]}

@@ -22,8 +22,8 @@ from api.crds import CRD_DIR
 from api.gpu import GPU_CRD_NAME
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.core.rbac import cluster_role_rules
-from e2e.cluster.controlplane import ControlPlane
-from tests.integration import kube
+from harness import kube
+from harness.cluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
 

@@ -19,12 +19,12 @@ import pytest
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
-from e2e import mocknvml
-from e2e.cluster import binaries
-from e2e.cluster.controlplane import ControlPlane
-from e2e.mocknvml import PROFILES, make_driver_root, read_profile
-from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make_faithful_driver_root
-from e2e.nodeplugin import DRIVER, NodePluginProcess, toolkit_args
+from harness import kube, mocknvml
+from harness.cluster import binaries
+from harness.cluster.controlplane import ControlPlane
+from harness.mocknvml import PROFILES, make_driver_root, read_profile
+from harness.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make_faithful_driver_root
+from harness.nodeplugin import DRIVER, NodePluginProcess, toolkit_args
 from kubelet_plugin.prepare import cdi
 from kubelet_plugin.prepare.driver_edits import (
     DriverEditsError,
@@ -33,7 +33,6 @@ from kubelet_plugin.prepare.driver_edits import (
     generate_driver_edits,
     transform_argv,
 )
-from tests.integration import kube
 
 pytestmark = [
     pytest.mark.integration,

@@ -1,4 +1,4 @@
-"""The real-GPU check (e2e/gpu/check.sh) run as the device machine runs it, against the simulated driver.
+"""The real-GPU check (harness/gpu/check.sh) run as the device machine runs it, against the simulated driver.
 
 The bundle is built as ``make gpu-check-bundle`` builds it (wheels for this interpreter only: they come from the
 wheel cache after the first run), then check.sh unpacks it, makes a fresh venv from its wheels and runs our
@@ -14,7 +14,7 @@ nothing), so the check must fail with "memory cap not enforced": it catches a dr
 
 The MIG step: the plain profile's GPU 1 is MIG-capable with MIG mode off, so the step reports the modes and is
 skipped; a second driver root has GPU 1's MIG mode on and a state directory (the mock's MIG instances, its
-stand-in for the kernel), which the check's containers get read-only (e2e/gpu/container.py): the step makes the
+stand-in for the kernel), which the check's containers get read-only (harness/gpu/container.py): the step makes the
 smallest partition, the container sees exactly it, and it is destroyed.
 """
 
@@ -32,17 +32,17 @@ import pytest
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from e2e import lock
-from e2e.gpu import bundle as gpu_bundle
-from e2e.mocknvml import PROFILES, make_driver_root, read_profile
-from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, make_faithful_driver_root
+from harness import lock
+from harness.gpu import bundle as gpu_bundle
+from harness.mocknvml import PROFILES, make_driver_root, read_profile
+from harness.mocknvml.driver_root import LIBDIR, DriverInstall, make_faithful_driver_root
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mknod'd device nodes and runc"),
 ]
 
-CHECK = Path(gpu_bundle.REPO) / "e2e" / "gpu" / "check.sh"
+CHECK = Path(gpu_bundle.REPO) / "harness" / "gpu" / "check.sh"
 PROFILE = PROFILES / "sim80gi-x2.profile"
 GPU0, GPU1 = (read_profile(PROFILE)[f"gpu.{i}.uuid"] for i in (0, 1))
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -114,7 +114,32 @@ def test_the_bundle_carries_the_locked_versions(bundle: Path) -> None:
     assert {"pydantic-settings", "nvidia-ml-py"} <= {canonicalize_name(n) for n in carried}
 
 
+def mps_leftovers(driver: DriverInstall) -> list[str]:
+    """The MPS roots the check makes (/tmp/fgm-*) and the mock driver's daemons and servers still running."""
+    found = [str(p) for p in Path("/tmp").glob("fgm-*")]
+    for exe in Path("/proc").glob("[0-9]*/exe"):
+        try:
+            target = os.readlink(exe)
+        except OSError:
+            continue
+        if target.startswith(str(driver.root)) and "mps" in target:
+            found.append(f"{exe.parent.name}: {target}")
+    return found
+
+
+def mps_part(out: str, head: str) -> str:
+    """The lines of the check's output from the first line starting with `head` to the next top-level line."""
+    lines = out.split(f"[gpu-check] {head}", 1)[1].splitlines()
+    kept = [lines[0]]
+    for line in lines[1:]:
+        if not line.startswith("[gpu-check]   "):
+            break
+        kept.append(line)
+    return "\n".join(kept)
+
+
 def test_the_check_passes_and_the_container_sees_exactly_the_granted_gpu(bundle: Path, driver: DriverInstall) -> None:
+    assert mps_leftovers(driver) == []
     rc, out = check(bundle, driver.root, driver.libdir, "--keep")
     kept = re.search(r"work dir kept: (\S+)", out)
     assert kept is not None, out
@@ -137,6 +162,55 @@ def test_the_check_passes_and_the_container_sees_exactly_the_granted_gpu(bundle:
             )
             assert f"cuMemAlloc {above} MiB: CUDA_ERROR_OUT_OF_MEMORY" in client, out
             assert f"cuMemAlloc {mib * 8 // 10} MiB: CUDA_SUCCESS" in client, out
+            # the pipe directory is read-only in the container, and a client held open through it is the daemon's
+            assert "pipe directory /run/fracgpu-mps/pipe: mount options ro," in client, out
+            assert (
+                "a write into it refused: touch: /run/fracgpu-mps/pipe/fracgpu-write-test: Read-only file system"
+                in (client)
+            ), out
+            held = re.search(
+                r"held client \(cuMemAlloc 1 MiB: CUDA_SUCCESS\); .*; server (\d+): clients (\d+)$", client, re.M
+            )
+            assert held is not None, out
+            assert "read-only pipe directory: the client connected through it and works" in client, out
+        # the default limit as the daemon prints it after the plugin's set, read back as it was set
+        sent = "[gpu-check] MPS: `get_default_device_pinned_mem_limit 0` prints '20480M' after the plugin set 20480M"
+        assert sent + " (the form the plugin sends)" in out, out
+        for when in ("right after the plugin set the ceiling", "with the shares' server running"):
+            assert f"[gpu-check] MPS: MpsLimits.repair twice {when}: nothing changed; nothing changed" in out, out
+        assert re.search(r"MPS: server \d+ prints its limits as '20480M' / '50\.0'", out), out
+        # control commands from a share's container reach the daemon; the plugin's repair finds and undoes them
+        control = mps_part(out, "MPS control from a share's container (uid 0,")
+        assert "`get_default_device_pinned_mem_limit 0` answered '20480M' (exit 0)" in control, out
+        assert "`set_default_active_thread_percentage 100` answered '(nothing)' (exit 0)" in control, out
+        assert "`get_default_active_thread_percentage` answered '100.0' (exit 0)" in control, out
+        assert (
+            "MpsLimits.repair (the node plugin's refresh) found: the daemon's defaults are pinned memory 20480M, "
+            "active threads 100.0 %, not pinned memory 20480M, active threads 50.0 %; set back: the daemon's "
+            "defaults are pinned memory 20480M, active threads 50.0 %"
+        ) in control, out
+        # the client cap: the mock server takes 48 (Volta and later) and refuses the 49th with 808
+        cap = re.search(
+            r"MPS client cap \(one share's container, the plugin publishes mpsClients 48\): (.*)$", out, re.M
+        )
+        assert cap is not None, out
+        assert re.fullmatch(
+            r"48 clients taken in \d+ s; client 49 refused: cuInit CUDA_ERROR_MPS_MAX_CLIENTS_REACHED \(808\), as documented",
+            cap.group(1),
+        ), out
+        # a share of a second trust domain commands its own daemon; the first domain's reads as before
+        other = mps_part(out, "MPS second trust domain namespace/gpu-check-other: its own daemon")
+        assert "the GPU's compute mode is DEFAULT (left as it is)" in other, out
+        assert "its client (10240 MiB / 30 %): sees " + GPU0 in other and "cuMemAlloc 64 MiB: CUDA_SUCCESS" in other
+        assert "its container: `set_default_device_pinned_mem_limit 0 81920M` answered '(nothing)' (exit 0)" in other
+        assert "its container: `get_default_device_pinned_mem_limit 0` answered '81920M' (exit 0)" in other, out
+        assert "its daemon: defaults pinned memory 81920M, active threads 100.0 %, servers [" in other, out
+        first = re.search(r"the first domain's daemon: defaults (.*?), servers (.*): (\S+);", other)
+        assert first is not None, out
+        assert first.group(1) == "pinned memory 20480M, active threads 50.0 %", out
+        assert first.group(3) == "unchanged", out
+        # every daemon the check started is gone, and its directories
+        assert mps_leftovers(driver) == [], out
         smi = out.split("container nvidia-smi -L (exit 0):", 1)[1].split("container CUDA probe", 1)[0]
         assert GPU0 in smi and GPU1 not in smi, out  # ...the container only the granted one
         assert "device count 1" in out and f"device 0: NVIDIA H100 80GB HBM3 {GPU0}" in out, out
@@ -175,6 +249,25 @@ def test_the_check_passes_and_the_container_sees_exactly_the_granted_gpu(bundle:
         assert "nvidia0" in dev and "nvidia1" not in dev, out
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_an_mps_server_that_takes_fewer_clients_than_the_plugin_publishes_fails_the_check(
+    bundle: Path, driver: DriverInstall
+) -> None:
+    """The mock daemon's cap lowered to 8 (FRACGPU_MOCK_MPS_MAX_CLIENTS, which the check passes to the daemons it
+    starts): the scheduler would place shares the server refuses, and the check says so."""
+    rc, out = check(bundle, driver.root, driver.libdir, FRACGPU_MOCK_MPS_MAX_CLIENTS="8")
+    assert rc == 1, out
+    refused = "client 9 refused: cuInit CUDA_ERROR_MPS_MAX_CLIENTS_REACHED (808)"
+    assert re.search(rf"mpsClients 48\): 8 clients taken in \d+ s; {re.escape(refused)}, as documented$", out, re.M), (
+        out
+    )
+    verdict = re.search(r"^\[gpu-check\] FAIL: (.*)$", out, re.M)
+    assert verdict is not None, out
+    assert verdict.group(1) == (  # the only reason: every other part held
+        f"the MPS server took 8 clients, fewer than the 48 the plugin publishes as mpsClients ({refused})"
+    ), out
+    assert mps_leftovers(driver) == [], out
 
 
 def test_a_driver_root_without_libraries_fails_with_what_to_fix(

@@ -1,6 +1,6 @@
 """The container image assembled without Docker (issue #5): it builds, imports into containerd, runs.
 
-Builds the OCI archive with `e2e.image.build` (base rootfs and wheels cached under FRACGPU_CACHE), starts a
+Builds the OCI archive with `harness.image.build` (base rootfs and wheels cached under FRACGPU_CACHE), starts a
 private containerd 2.x, `ctr images import`s the archive and `ctr run`s both commands in it. Needs root (for
 debootstrap, chroot and containers); installs debootstrap and runc with apt-get when they are missing.
 """
@@ -19,10 +19,10 @@ from typing import Any
 import pytest
 from packaging.utils import NormalizedName, canonicalize_name
 
-from e2e import lock
-from e2e.cluster import binaries
-from e2e.cluster.containerd import Containerd
-from e2e.image import build, oci
+from harness import lock
+from harness.cluster import binaries
+from harness.cluster.containerd import Containerd
+from harness.image import build, oci
 
 pytestmark = [
     pytest.mark.integration,

@@ -1,7 +1,7 @@
 """The lib64 image family and NVIDIA's update-ldcache hook, without a cluster: the hook is what makes the
 driver's libraries appear in the image's loader cache.
 
-The e2e lib64 image (e2e/image/lib64.py) is laid out as a bundle rootfs; the fake driver's files are placed
+The e2e lib64 image (harness/image/lib64.py) is laid out as a bundle rootfs; the fake driver's files are placed
 at the container paths the generated spec mounts them at; then the spec's own hooks run against the bundle as
 a runtime runs them. Needs root: mknod'd device nodes, the image's `ldconfig -r`, a bind mount and the hook's
 pivot_root.
@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import binaries
-from e2e.image import lib64
-from e2e.mocknvml import PROFILES
-from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, make_faithful_driver_root
+from harness.cluster import binaries
+from harness.image import lib64
+from harness.mocknvml import PROFILES
+from harness.mocknvml.driver_root import LIBDIR, DriverInstall, make_faithful_driver_root
 
 pytestmark = [
     pytest.mark.integration,

@@ -1,7 +1,7 @@
 """MIG against the real control plane: the node plugin (a process, simulated H100s: GPU 0 whole, GPU 1 a MIG GPU
 with MIG mode on, GPU 2 one with it off) publishes partitions consuming shared counters, the real kube-scheduler
 picks the smallest partition that holds a memory request, and the plugin, spoken to as the kubelet would, makes
-and destroys the partitions (the mock driver's MIG state, e2e/mocknvml/mock_mig.h) even when killed mid-call.
+and destroys the partitions (the mock driver's MIG state, harness/mocknvml/mock_mig.h) even when killed mid-call.
 """
 
 from __future__ import annotations
@@ -26,12 +26,11 @@ from kubernetes.dynamic import DynamicClient
 
 from api import mig
 from api.names import MIG_DEVICE_CLASS_NAME
-from e2e import mocknvml
-from e2e.cluster.controlplane import ControlPlane
-from e2e.kubelet_client import KubeletClient
-from e2e.nodeplugin import DRIVER, NodePluginProcess
+from harness import kube, mocknvml
+from harness.cluster.controlplane import ControlPlane
+from harness.kubelet_client import KubeletClient
+from harness.nodeplugin import DRIVER, NodePluginProcess
 from kubelet_plugin.prepare import cdi, store
-from tests.integration import kube
 
 pytestmark = pytest.mark.integration
 PROFILE = mocknvml.PROFILES / "h100-mig-x3.profile"

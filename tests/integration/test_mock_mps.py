@@ -1,4 +1,4 @@
-"""The mock CUDA MPS (e2e/mocknvml/mock_mps_control.c) with the mock libcuda as its client, and the mock NVML's
+"""The mock CUDA MPS (harness/mocknvml/mock_mps_control.c) with the mock libcuda as its client, and the mock NVML's
 compute mode: what the driver's `mps` tier relies on, without a GPU.
 
 Integration tier: the tests that switch UIDs (legacy and multi-user servers) and set the compute mode need
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from e2e import mocknvml
+from harness import mocknvml
 
 pytestmark = pytest.mark.integration
 PROFILE = mocknvml.PROFILES / "gpu80x2.profile"
@@ -59,7 +59,7 @@ ERROR_NAMES = """
 import ctypes, json
 cu = ctypes.CDLL("libcuda.so.1")
 name = ctypes.c_char_p()
-print(json.dumps([name.value.decode() for code in (46, 805, 806, 807, 808) if cu.cuGetErrorName(code, ctypes.byref(name)) == 0]))
+print(json.dumps([name.value.decode() for code in (46, 700, 805, 806, 807, 808, 809) if cu.cuGetErrorName(code, ctypes.byref(name)) == 0]))
 """
 
 
@@ -309,10 +309,12 @@ def test_without_a_daemon_cuda_runs_without_mps(mps: Mps) -> None:
     )
     assert json.loads(names.stdout) == [
         "CUDA_ERROR_DEVICES_UNAVAILABLE",
+        "CUDA_ERROR_ILLEGAL_ADDRESS",
         "CUDA_ERROR_MPS_CONNECTION_FAILED",
         "CUDA_ERROR_MPS_RPC_FAILURE",
         "CUDA_ERROR_MPS_SERVER_NOT_READY",
         "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED",
+        "CUDA_ERROR_MPS_CLIENT_TERMINATED",
     ]
 
 
@@ -401,3 +403,81 @@ def test_daemonized_control_daemon_and_a_second_one(mps: Mps) -> None:
         mps.control("quit")
     wait_for(lambda: not (mps.pipe / "control").exists(), "the daemon to quit and remove its socket")
     assert "Quitting" in mps.log()
+
+
+def test_defaults_reach_only_servers_started_after_them(mps: Mps) -> None:
+    """NVIDIA: 'If there is already a server spawned, this command will only affect the next server.'"""
+    mps.daemon()
+    assert mps.control("set_default_device_pinned_mem_limit 0 8G").stdout == ""
+    held = mps.client("1024", "10")
+    assert first_line(held) is not None
+    (server,) = mps.servers()
+    assert mps.control(f"get_device_pinned_mem_limit {server} 0").stdout == "8192M\n"
+    mps.control("set_default_device_pinned_mem_limit 0 2G", "set_default_active_thread_percentage 10")
+    later = mps.probe("4096")
+    assert later["alloc"]["result"] == "CUDA_SUCCESS", "a new default reached the running server's next client"
+    assert later["devices"][0]["free_mib"] == 8192 and later["devices"][0]["multiprocessor_count"] == SM_COUNT
+    assert mps.control(f"get_device_pinned_mem_limit {server} 0", f"get_active_thread_percentage {server}").stdout == (
+        "8192M\n100.0\n"
+    )
+    assert release(held)["result"] == "CUDA_SUCCESS"
+    os.kill(server, signal.SIGKILL)  # the next server starts with the defaults of now
+    wait_for(lambda: mps.servers() == [], "the server gone")
+    assert mps.probe("4096")["alloc"]["result"] == "CUDA_ERROR_OUT_OF_MEMORY"
+
+
+def test_a_rejected_command_answers_error_and_the_client_still_exits_0(mps: Mps) -> None:
+    mps.daemon()
+    done = mps.control(
+        "set_default_device_pinned_mem_limit 0 10GB",  # NVIDIA: an integer followed by G or M, nothing else
+        "set_default_device_pinned_mem_limit 0 10240",
+        "set_device_pinned_mem_limit 4242 0 1G",  # no such server
+        "set_default_active_thread_percentage 0",
+        "get_default_device_pinned_mem_limit 0",
+    )
+    assert done.returncode == 0, "the caller must read the reply: the exit status says nothing"
+    lines = done.stdout.splitlines()
+    assert [line.split(":")[0] for line in lines[:4]] == ["Error"] * 4 and lines[4] == "0", done.stdout
+
+
+def test_the_server_takes_at_most_its_client_cap(mps: Mps) -> None:
+    mps.daemon(FRACGPU_MOCK_MPS_MAX_CLIENTS="2")
+    held = [mps.client("1024", "10") for _ in range(2)]
+    assert all(first_line(h) is not None for h in held)
+    refused = mps.probe("1024")
+    assert (refused["exit"], refused.get("error"), refused.get("result")) == (
+        1,
+        "cuInit",
+        "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED",
+    )
+    assert release(held[0])["result"] == "CUDA_SUCCESS"
+    assert mps.probe("1024")["exit"] == 0, "a place freed by an exited client is taken"
+    assert release(held[1])["result"] == "CUDA_SUCCESS"
+
+
+def test_a_fault_refuses_new_clients_until_the_faulting_client_exits(mps: Mps) -> None:
+    mps.daemon()
+    other = mps.client("1024", "10")
+    assert first_line(other) is not None
+    faulting = mps.client("1024", "10", FRACGPU_MOCK_CUDA_FAULT="1")
+    faulted = first_line(faulting)
+    assert faulted is not None and faulted["alloc"]["result"] == "CUDA_ERROR_ILLEGAL_ADDRESS", faulted
+    (server,) = mps.servers()
+    assert mps.control(f"get_server_status {server}").stdout == "FAULT\n"
+    refused = mps.probe("1024")
+    assert (refused.get("error"), refused.get("result")) == ("cuInit", "CUDA_ERROR_MPS_SERVER_NOT_READY"), refused
+    assert release(other) == {"mib": 1024, "result": "CUDA_ERROR_MPS_CLIENT_TERMINATED"}
+    faulting.kill()
+    faulting.communicate(timeout=TIMEOUT)
+    wait_for(lambda: mps.control(f"get_server_status {server}").stdout == "ACTIVE\n", "the server ACTIVE again")
+    assert mps.probe("1024")["alloc"]["result"] == "CUDA_SUCCESS"
+
+
+def test_the_multiuser_server_runs_as_root(mps: Mps) -> None:
+    require_root("a client of another UID")
+    mps.daemon("-multiuser-server")
+    held = mps.client("1024", "10", user=NOBODY)
+    assert first_line(held) is not None
+    (server,) = mps.servers()
+    assert uid_of(server) == 0, "NVIDIA: clients of all users appear as clients of the root server"
+    assert release(held)["result"] == "CUDA_SUCCESS"

@@ -1,4 +1,4 @@
-"""The simulated driver root (e2e/mocknvml `make_driver_root`): nodes like the NVIDIA driver's (integration tier: mknod needs root)."""
+"""The simulated driver root (harness/mocknvml `make_driver_root`): nodes like the NVIDIA driver's (integration tier: mknod needs root)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e import mocknvml
+from harness import mocknvml
 
 pytestmark = [
     pytest.mark.integration,

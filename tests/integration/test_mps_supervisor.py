@@ -1,11 +1,15 @@
-"""The MPS supervisor (python -m kubelet_plugin.mps) and the node plugin's side of the mps tier against the mock
-driver's real binaries: the control daemon and server (e2e/mocknvml/mock_mps_control.c), NVML's compute mode and
-libcuda as an MPS client, run by the CUDA probe.
+"""The MPS supervisor (python -m kubelet_plugin.mps_supervisor) and the node plugin's side of the mps tier against
+the mock driver's real binaries: the control daemon and server (harness/mocknvml/mock_mps_control.c), NVML's compute mode
+and libcuda as an MPS client, run by the CUDA probe. Root: the supervisor mounts each GPU's /dev/shm tmpfs and runs
+the daemon in a mount namespace of its own.
 
-Shown: the supervisor sets EXCLUSIVE_PROCESS through NVML and starts the daemon; the plugin's ceiling
-(kubelet_plugin/prepare/mps_ceiling.py) caps a client whose environment asks for more, while a client's own
-grant holds below it; a process outside MPS cannot use the GPU; a killed daemon is reported down and restarted;
-SIGTERM quits it and restores the compute mode; a GPU taken off the list gets its mode back at the next start.
+Shown: the supervisor sets EXCLUSIVE_PROCESS through NVML and starts the daemon with its own /dev/shm; the plugin's
+ceiling (kubelet_plugin/mps/limits.py) caps a client whose environment asks for more, while a client's own grant
+holds below it; a process outside MPS cannot use the GPU; a killed daemon is reported down and restarted; SIGTERM
+quits it and restores the compute mode; a GPU taken off the list gets its mode back at the next start. Trust
+domains: a daemon takes its first domain as it is and is replaced (fresh pipe directory and /dev/shm) for the
+next; a control socket removed or replaced restarts it. The control client: a refused command raises with the
+daemon's words; limits a client changed are read back and repaired.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -25,13 +30,20 @@ from typing import Any
 
 import pytest
 
-from e2e import mocknvml
-from e2e.mocknvml import PROFILES, read_profile
+from harness import mocknvml
+from harness.mocknvml import PROFILES, read_profile
 from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.enforcement import mps
-from kubelet_plugin.prepare.mps_ceiling import MpsControl
+from kubelet_plugin.mps import layout as mps
+from kubelet_plugin.mps.control import Limits, MpsControl, MpsControlError
+from kubelet_plugin.mps.limits import MpsLimits
 
 pytestmark = pytest.mark.integration
+
+
+def require_root(why: str) -> None:
+    if os.geteuid() != 0:
+        pytest.fail(f"needs root ({why}); the integration tier runs as root in CI: run it with sudo")
+
 
 PROFILE = PROFILES / "gpu80x2.profile"
 UUID = read_profile(PROFILE)["gpu.0.uuid"]
@@ -77,7 +89,7 @@ class Node:
             "PYTHONPATH": str(REPO),
         }
         log = (self.root.parent / f"supervisor-{len(self.supervisors)}.log").open("wb")
-        proc = subprocess.Popen([sys.executable, "-m", "kubelet_plugin.mps"], env=env, stderr=log)
+        proc = subprocess.Popen([sys.executable, "-m", "kubelet_plugin.mps_supervisor"], env=env, stderr=log)
         log.close()
         self.supervisors.append(proc)
         return proc
@@ -109,6 +121,13 @@ class Node:
             node_name="node-a", mps_gpus="0", mps_root=self.root, mps_control=self.built / "nvidia-cuda-mps-control"
         )
 
+    def control(self) -> MpsControl:
+        return MpsControl(self.built / "nvidia-cuda-mps-control", self.root)
+
+    def ask(self, domain: str) -> None:
+        """What the node plugin writes when a claim of `domain` is prepared on GPU 0."""
+        mps.tenant_path(self.root, UUID).write_bytes(mps.TenantRequest(domain=domain).to_json())
+
 
 def wait_for(what: str, check: Callable[[], object]) -> Any:
     deadline = time.monotonic() + TIMEOUT
@@ -139,7 +158,25 @@ def node(built: Path) -> Iterator[Node]:
         if status is not None and status.pid is not None:  # a daemon orphaned by a killed supervisor
             with contextlib.suppress(ProcessLookupError):
                 os.kill(status.pid, signal.SIGKILL)
+        for mount in mounts_under(short):  # the /dev/shm tmpfs of a killed supervisor
+            subprocess.run(["umount", "-l", mount], check=False, capture_output=True)
         shutil.rmtree(short, ignore_errors=True)
+
+
+def mounts_under(path: Path) -> list[str]:
+    """Mount points at or below `path` in this mount namespace, deepest first."""
+    points = [line.split()[4] for line in Path("/proc/self/mountinfo").read_text().splitlines()]
+    return sorted((p for p in points if p == str(path) or p.startswith(f"{path}/")), key=len, reverse=True)
+
+
+def mount_options(path: Path) -> tuple[str, set[str]]:
+    """(filesystem type, mount and superblock options) of the mount at `path`."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        if fields[4] == str(path):
+            after = fields[fields.index("-") + 1 :]
+            return after[0], set(fields[5].split(",")) | set(after[2].split(","))
+    raise AssertionError(f"nothing mounted at {path}")
 
 
 def running(node: Node) -> mps.DaemonStatus | None:
@@ -152,7 +189,7 @@ def test_the_daemon_caps_what_a_client_may_raise_at_the_ceiling_the_plugin_sets(
     status = wait_for("the daemon running", lambda: running(node))
     assert status.compute_mode == "EXCLUSIVE_PROCESS" and node.compute_mode() == EXCLUSIVE_PROCESS
     assert status.multi_user and mps.read_status(node.root, UUID)[1] is None  # what the plugin reads: up
-    MpsControl(node.settings()).apply(UUID, 20480, 50)  # the largest grant and percentage on GPU 0
+    node.control().apply(UUID, Limits(20480, 50))  # the largest grant and percentage on GPU 0
 
     mine = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=10240M", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "30"}
     over = node.probe(11264, mine)
@@ -223,3 +260,86 @@ def test_a_gpu_taken_off_the_list_gets_its_mode_back_at_the_next_start(node: Nod
     assert node.compute_mode() == EXCLUSIVE_PROCESS
     node.supervise(gpus="1")
     wait_for("GPU 0's mode restored", lambda: node.compute_mode() == 0)
+
+
+def test_the_daemon_has_its_own_shm_and_each_trust_domain_a_fresh_daemon_pipe_and_shm(node: Node) -> None:
+    require_root("the supervisor mounts tmpfs and runs the daemon in a mount namespace of its own")
+    node.supervise()
+    first = wait_for("the daemon running", lambda: running(node))
+    assert first.trust_domains and first.trust_domain is None and first.pid is not None
+    shm = mps.shm_dir(node.root, UUID)
+    fstype, options = mount_options(shm)
+    assert fstype == "tmpfs" and {"nosuid", "nodev", "noexec"} <= options, options
+    assert f"size={8 * 1024 * 1024}k" in options, "the --shm-size limit (8Gi by default)"
+    assert os.stat(f"/proc/{first.pid}/root/dev/shm").st_dev == os.stat(shm).st_dev, "the daemon's /dev/shm"
+    assert os.stat("/dev/shm").st_dev != os.stat(shm).st_dev, "not the host's"
+
+    node.ask("namespace/team-a")  # the first domain: a daemon that never had a client takes it as it is
+    adopted = wait_for(
+        "domain a", lambda: (s := running(node)) is not None and s.trust_domain == "namespace/team-a" and s
+    )
+    assert adopted.pid == first.pid
+    assert node.probe(1024)["alloc"]["result"] == "CUDA_SUCCESS"
+    (shm / "team-a-secret").write_text("a's")
+
+    node.ask("namespace/team-b")  # team-a's claims are gone (the plugin checked): a fresh daemon, pipe and shm
+    fresh = wait_for(
+        "domain b", lambda: (s := running(node)) is not None and s.trust_domain == "namespace/team-b" and s
+    )
+    assert fresh.pid != first.pid and fresh.restarts == first.restarts, "a switch is not a crash restart"
+    assert not (shm / "team-a-secret").exists(), "team-b sees nothing team-a left in /dev/shm"
+    assert os.stat(f"/proc/{fresh.pid}/root/dev/shm").st_dev == os.stat(shm).st_dev
+    assert sorted(p.name for p in mps.pipe_dir(node.root, UUID).iterdir()) == ["control"]
+    assert node.probe(1024)["alloc"]["result"] == "CUDA_SUCCESS"
+
+
+def test_a_removed_or_replaced_control_socket_restarts_the_daemon(node: Node) -> None:
+    require_root("the supervisor mounts tmpfs")
+    node.supervise()
+    first = wait_for("the daemon running", lambda: running(node))
+    path = mps.control_socket(node.root, UUID)
+    path.unlink()
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    impostor.bind(str(path))
+    impostor.listen(1)
+    try:
+        wait_for(
+            "restarted",
+            lambda: (s := running(node)) is not None and s.socket_replacements == 1 and s.pid != first.pid and s,
+        )
+    finally:
+        impostor.close()
+    assert node.control().servers(UUID) == [], "the daemon's own socket answers again"
+    assert node.probe(1024)["alloc"]["result"] == "CUDA_SUCCESS"
+
+
+def test_a_refused_command_raises_with_the_daemons_words(node: Node) -> None:
+    require_root("the supervisor mounts tmpfs")
+    node.supervise()
+    wait_for("the daemon running", lambda: running(node))
+    with pytest.raises(MpsControlError, match=r"refused .*10GB.*: Error: "):
+        node.control().run(UUID, ["set_default_device_pinned_mem_limit 0 10GB"])
+    with pytest.raises(MpsControlError, match="with status 1"):
+        MpsControl(node.built / "nvidia-cuda-mps-control", node.root / "nowhere").servers(UUID)
+
+
+def test_limits_changed_through_the_control_socket_are_read_back_and_repaired(node: Node) -> None:
+    require_root("the supervisor mounts tmpfs")
+    node.supervise()
+    status = wait_for("the daemon running", lambda: running(node))
+    limits, ceiling = MpsLimits(node.control()), Limits(10240, 30)
+    limits.ensure(UUID, ceiling, status.pid)
+    assert limits.repair(UUID, ceiling, status.pid) == []
+    # what any client of the GPU's domain can send: there is no access check
+    node.control().run(
+        UUID, ["set_default_device_pinned_mem_limit 0 81920M", "set_default_active_thread_percentage 100"]
+    )
+    raised = {"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=40960M"}
+    assert node.probe(30720, raised)["alloc"]["result"] == "CUDA_SUCCESS", "the tampered defaults let it through"
+    changed = limits.repair(UUID, ceiling, status.pid)
+    assert len(changed) == 2 and "81920M" in changed[0] and "server" in changed[1], changed
+    reading = node.control().read(UUID)
+    assert (reading.defaults.memory, reading.defaults.percentage) == ("10240M", "30.0")
+    assert all((r.memory, r.percentage) == ("10240M", "30.0") for r in reading.servers.values()) and reading.servers
+    assert node.probe(30720, raised)["alloc"]["result"] == "CUDA_ERROR_OUT_OF_MEMORY", "held to the ceiling again"
+    assert limits.repair(UUID, ceiling, status.pid) == []

@@ -23,12 +23,11 @@ import pytest
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
-from e2e import mocknvml
-from e2e.cluster.controlplane import ControlPlane
-from e2e.kubelet_client import KubeletClient
-from e2e.nodeplugin import DRIVER, NodePluginProcess
+from harness import kube, mocknvml
+from harness.cluster.controlplane import ControlPlane
+from harness.kubelet_client import KubeletClient
+from harness.nodeplugin import DRIVER, NodePluginProcess
 from kubelet_plugin.prepare import cdi, container_info, store
-from tests.integration import kube
 
 pytestmark = pytest.mark.integration
 PROFILE = mocknvml.PROFILES / "gpu80x2.profile"

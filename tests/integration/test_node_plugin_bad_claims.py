@@ -15,9 +15,10 @@ from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
 from api.kube_rest import JSON, RESOURCE_V1, claim_path
-from e2e.nodeplugin import DRIVER
+from harness import kube
+from harness.nodeplugin import DRIVER
 from kubelet_plugin.prepare import cdi
-from tests.integration import kube, own_plane
+from tests.integration import own_plane
 from tests.integration import test_node_plugin as node_plugin
 
 pytestmark = pytest.mark.integration

@@ -17,11 +17,10 @@ import pytest
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
-from e2e import mocknvml
-from e2e.cluster.controlplane import ControlPlane
-from e2e.kubelet_client import KubeletClient
-from e2e.nodeplugin import DRIVER, NodePluginProcess
-from tests.integration import kube
+from harness import kube, mocknvml
+from harness.cluster.controlplane import ControlPlane
+from harness.kubelet_client import KubeletClient
+from harness.nodeplugin import DRIVER, NodePluginProcess
 
 pytestmark = pytest.mark.integration
 PROFILE = mocknvml.PROFILES / "gpu80x2.profile"

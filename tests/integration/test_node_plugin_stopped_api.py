@@ -16,10 +16,11 @@ import pytest
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
-from e2e.cluster.controlplane import ControlPlane
-from e2e.kubelet_client import KUBELET_CALL_TIMEOUT_S
-from e2e.nodeplugin import DRIVER
-from tests.integration import kube, own_plane
+from harness import kube
+from harness.cluster.controlplane import ControlPlane
+from harness.kubelet_client import KUBELET_CALL_TIMEOUT_S
+from harness.nodeplugin import DRIVER
+from tests.integration import own_plane
 from tests.integration import test_node_plugin as node_plugin
 
 pytestmark = pytest.mark.integration

@@ -16,9 +16,9 @@ from typing import Any
 
 import pytest
 
-from e2e.cluster import binaries
-from e2e.mocknvml import PROFILES, read_profile
-from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, make_faithful_driver_root
+from harness.cluster import binaries
+from harness.mocknvml import PROFILES, read_profile
+from harness.mocknvml.driver_root import LIBDIR, DriverInstall, make_faithful_driver_root
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="needs root: mknod'd device nodes and setpriv")
 

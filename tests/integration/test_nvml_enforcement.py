@@ -30,19 +30,18 @@ from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
 from api.quantity import MiB
-from e2e import mocknvml
-from e2e.cluster import binaries
-from e2e.cluster.controlplane import ControlPlane
-from e2e.mocknvml import PROFILES, read_profile
-from e2e.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make_faithful_driver_root
-from e2e.nodeplugin import DRIVER, NodePluginProcess, toolkit_args
+from harness import kube, mocknvml
+from harness.cluster import binaries
+from harness.cluster.controlplane import ControlPlane
+from harness.mocknvml import PROFILES, read_profile
+from harness.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make_faithful_driver_root
+from harness.nodeplugin import DRIVER, NodePluginProcess, toolkit_args
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.tiers import NodeFacts, NvmlLimits, gpu_tiers
 from kubelet_plugin.prepare import cdi, container_info, store
 from kubelet_plugin.prepare.devicenodes import snapshot
 from kubelet_plugin.prepare.plan import NVML_HOOK, plan_claim
-from tests.integration import kube
 
 pytestmark = [
     pytest.mark.integration,
@@ -182,7 +181,7 @@ def make_bundle(node: Node, cdi_device: str) -> Path:
     """An OCI bundle (runc spec) running a static pause, asking for the claim's CDI device by annotation."""
     bundle = node.base / "bundle"
     (bundle / "rootfs").mkdir(parents=True)
-    pause = Path(__file__).resolve().parents[2] / "e2e" / "image" / "pause.c"
+    pause = Path(__file__).resolve().parents[2] / "harness" / "image" / "pause.c"
     subprocess.run(["gcc", "-static", "-O2", "-o", str(bundle / "rootfs" / "pause"), str(pause)], check=True)
     subprocess.run(["runc", "spec", "-b", str(bundle)], check=True)
     config = json.loads((bundle / "config.json").read_text())

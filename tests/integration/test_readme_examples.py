@@ -21,7 +21,7 @@ from kubernetes.dynamic import DynamicClient
 from api.gpu_config import GpuConfigError, decode_gpu_config
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.admission.verdict import review_claim_spec
-from tests.integration import kube
+from harness import kube
 
 pytestmark = pytest.mark.integration
 

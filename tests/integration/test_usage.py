@@ -28,12 +28,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.crds import CRD_DIR
 from api.gpu import GPU_CRD_NAME
-from e2e import mocknvml
-from e2e.cluster import binaries
-from e2e.cluster.controlplane import ControlPlane
-from e2e.kubelet_client import KubeletClient
-from e2e.nodeplugin import DRIVER, NodePluginProcess
-from tests.integration import kube
+from harness import kube, mocknvml
+from harness.cluster import binaries
+from harness.cluster.controlplane import ControlPlane
+from harness.kubelet_client import KubeletClient
+from harness.nodeplugin import DRIVER, NodePluginProcess
 
 pytestmark = pytest.mark.integration
 PROFILE = mocknvml.PROFILES / "gpu80x2.profile"

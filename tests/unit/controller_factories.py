@@ -103,6 +103,8 @@ class FakeWriter:
         self.fail: list[Exception] = []
         self.leases: list[dict[str, Any]] = []
         """What `list_heartbeats` answers."""
+        self.taint_rules: dict[str, dict[str, Any]] = {}
+        """The DeviceTaintRules written (and what `list_taint_rules` answers)."""
 
     def _maybe_fail(self) -> None:
         if self.fail:
@@ -132,6 +134,18 @@ class FakeWriter:
     def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:
         self._maybe_fail()
         return list(self.leases)
+
+    def list_taint_rules(self) -> list[dict[str, Any]]:
+        self._maybe_fail()
+        return list(self.taint_rules.values())
+
+    def apply_taint_rule(self, body: dict[str, Any]) -> None:
+        self._maybe_fail()
+        self.taint_rules[body["metadata"]["name"]] = body
+
+    def delete_taint_rule(self, name: str) -> None:
+        self._maybe_fail()
+        self.taint_rules.pop(name, None)
 
 
 class World:

@@ -2,7 +2,7 @@
 
 It serves objects as the exact bytes it holds (a watch, `?watch=true`, as those bytes' lines, one chunk each,
 held open for `timeoutSeconds` as the real server holds it) (so bodies Python's `json` cannot decode reach the real
-`KubeRest`), answers a missing object with a 404 Status, accepts every write with `{}`, and can hold a
+`KubeRest`), answers a missing object with a 404 Status, accepts every write with `{}` (or answers a path as told: `answers`), and can hold a
 request open without answering, as a stopped API server does. Over TLS (`serve(tls=...)`) it asks for a
 client certificate and takes requests without one too, as kube-apiserver does (a token may authenticate).
 """
@@ -23,6 +23,8 @@ from typing import Any
 from api.kube_config import KubeConfig
 from api.kube_rest import KubeConnection
 
+NOT_FOUND = json.dumps({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}).encode()
+
 
 @dataclass
 class FakeApiServer:
@@ -38,6 +40,8 @@ class FakeApiServer:
     #: (Authorization header or None, client certificate's common name or None) of each request, in order
     credentials: list[tuple[str | None, str | None]] = field(default_factory=list)
     connections: int = 0  # connections accepted
+    #: path -> (HTTP status, body, headers) answered to any method on that path (an error the API server sends)
+    answers: dict[str, tuple[int, bytes, dict[str, str]]] = field(default_factory=dict)
 
     def record(self, event: str, method: str, path: str) -> None:
         with self.lock:
@@ -86,13 +90,13 @@ def handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 api.hang_once.discard(path)
             if hang and not api.release.wait(60):  # a stopped API server: no answer at all
                 return
-            if self.command == "GET":
-                body = api.objects.get(path)
-                status = 200 if body is not None else 404
-                if body is None:
-                    body = json.dumps(
-                        {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}
-                    ).encode()
+            headers: dict[str, str] = {}
+            if path in api.answers:
+                status, body, headers = api.answers[path]
+            elif self.command == "GET":
+                found = api.objects.get(path)
+                status = 200 if found is not None else 404
+                body = found if found is not None else NOT_FOUND
             else:  # status apply, Events: accepted
                 status, body = 200, b"{}"
             if status == 200 and "watch=true" in self.path:
@@ -103,6 +107,8 @@ def handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
+                for name, value in headers.items():
+                    self.send_header(name, value)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -126,7 +132,7 @@ def handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
                 return
             api.record("answer", self.command, path)
 
-        do_GET = do_PATCH = do_POST = _serve  # noqa: N815  # http.server dispatches on these names
+        do_GET = do_PATCH = do_POST = do_PUT = do_DELETE = _serve  # noqa: N815  # http.server dispatches on these names
 
     return Handler
 

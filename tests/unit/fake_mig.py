@@ -1,7 +1,7 @@
 """A MIG manager with the driver's semantics over a dict (for the Preparer's tests; ``NvmlMig`` itself is tested on
 the mock NVML): partitions at placements, refused when their memory slices or the compute slices are taken,
 ``IN_USE`` while marked in use, every created partition another MIG UUID. And the MIG facts of an H100 80GB as
-NVML reports them (``e2e/mocknvml/mock_mig.c`` has the same table)."""
+NVML reports them (``harness/mocknvml/mock_mig.c`` has the same table)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from api.kube_rest import ApiError
+from api.kube_errors import ApiError, api_error
 
 
 class FakeObjects:
@@ -38,7 +38,7 @@ class FakeObjects:
         if self.before_get is not None:
             self.before_get()
         if found is None:
-            raise ApiError(404, "Not Found", '{"reason": "NotFound"}')
+            raise api_error(404, "Not Found", '{"reason": "NotFound"}')
         return found
 
     def create(self, collection: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +46,7 @@ class FakeObjects:
         path = f"{collection}/{body['metadata']['name']}"
         with self._lock:
             if path in self.objects:
-                raise ApiError(409, "Conflict", '{"reason": "AlreadyExists"}')
+                raise api_error(409, "Conflict", '{"reason": "AlreadyExists"}')
             return self._store("POST", path, body)
 
     def replace(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -54,9 +54,9 @@ class FakeObjects:
         with self._lock:
             stored = self.objects.get(path)
             if stored is None:
-                raise ApiError(404, "Not Found", '{"reason": "NotFound"}')
+                raise api_error(404, "Not Found", '{"reason": "NotFound"}')
             if body.get("metadata", {}).get("resourceVersion") != stored["metadata"]["resourceVersion"]:
-                raise ApiError(409, "Conflict", '{"reason": "Conflict", "message": "the object has been modified"}')
+                raise api_error(409, "Conflict", '{"reason": "Conflict", "message": "the object has been modified"}')
             return self._store("PUT", path, body)
 
     def _store(self, method: str, path: str, body: dict[str, Any]) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from kopf._core.reactor.processing import process_resource_event
 from api.gpu import GPU_PLURAL, GPU_VERSION
 from api.names import API_GROUP
 from controller import handlers
-from controller.reconciler import Controller
+from controller.loops import Controller
 
 RESOURCES = {
     "ResourceClaim": Resource("resource.k8s.io", "v1", "resourceclaims", kind="ResourceClaim", namespaced=True),

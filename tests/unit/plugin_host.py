@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from api.kube_rest import ApiError, KubeConnection, KubeRest, claim_path
+from api.kube_errors import api_error
+from api.kube_rest import KubeConnection, KubeRest, claim_path
 from api.names import DRIVER_NAME
 from api.quantity import MiB
 from kubelet_plugin.core.metrics import PluginMetrics
@@ -196,7 +197,7 @@ class FakeApi:
         self.reads.append((namespace, name))
         claim = self.claims.get((namespace, name))
         if claim is None:
-            raise ApiError(status=404, reason="Not Found")
+            raise api_error(404, "Not Found")
         return copy.deepcopy(claim)
 
     def apply(self, path: str, body: Any, field_manager: str, force: bool = True) -> dict[str, Any]:

@@ -10,11 +10,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 DOC = (REPO / "docs" / "architecture.md").read_text()
 PACKAGES = ("api", "controller", "kubelet_plugin")
-_PATH_RE = re.compile(r"`((?:api|controller|kubelet_plugin|e2e|tests|charts|docs)/[^`\s]*)`")
+_PATH_RE = re.compile(r"`((?:api|controller|kubelet_plugin|harness|e2e|tests|charts|docs)/[^`\s]*)`")
 
 
 def named_paths(text: str) -> set[str]:
-    """Every repository path the text names in backticks (`kubelet_plugin/prepare/plan.py`, `e2e/mocknvml/`)."""
+    """Every repository path the text names in backticks (`kubelet_plugin/prepare/plan.py`, `harness/mocknvml/`)."""
     return {m.group(1) for m in _PATH_RE.finditer(text)}
 
 
@@ -30,9 +30,9 @@ def modules() -> set[str]:
 
 
 def test_the_path_finder_sees_paths_and_only_paths() -> None:
-    assert named_paths("see `kubelet_plugin/prepare/plan.py` and `e2e/mocknvml/`, not `plan.py` or `GpuInfo`") == {
+    assert named_paths("see `kubelet_plugin/prepare/plan.py` and `harness/mocknvml/`, not `plan.py` or `GpuInfo`") == {
         "kubelet_plugin/prepare/plan.py",
-        "e2e/mocknvml/",
+        "harness/mocknvml/",
     }
 
 

@@ -30,8 +30,8 @@ _CODE_SPAN = re.compile(r"(`+)(.+?)\1", re.S)
 _INLINE_LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\[\]]*\])*\]\(\s*<?([^()\s<>]*)>?(?:\s+\"[^\"]*\")?\s*\)")
 _REFERENCE_DEFINITION = re.compile(r"^ {0,3}\[[^\]]+\]:\s*<?(\S+?)>?(?:\s+\"[^\"]*\")?\s*$", re.M)
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*:")
-_REPO_PATH = re.compile(r"^(?:api|controller|kubelet_plugin|e2e|tests|charts|docs)/[^\s<>*{}]*$")
-_DOTTED = re.compile(r"^(?:api|controller|kubelet_plugin|e2e)(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
+_REPO_PATH = re.compile(r"^(?:api|controller|kubelet_plugin|harness|e2e|tests|charts|docs)/[^\s<>*{}]*$")
+_DOTTED = re.compile(r"^(?:api|controller|kubelet_plugin|harness|e2e)(?:\.[A-Za-z_][A-Za-z0-9_]*)+$")
 _PYTHON_M = re.compile(r"python3? -m ([A-Za-z_][A-Za-z0-9_.]*)")
 _MAKE = re.compile(r"(?:^|[\s;&(])make((?:[ \t]+[a-z][a-z0-9-]*)+)", re.M)
 
@@ -304,7 +304,7 @@ def test_paths_modules_and_commands_a_page_names_exist(name: str) -> None:
             elif _DOTTED.match(word) and word not in values and (problem := unresolved_dotted(word)) is not None:
                 problems.append(problem)
     for module in _PYTHON_M.findall(code):
-        if not module.startswith(("e2e", "api", "controller", "kubelet_plugin")):
+        if not module.startswith(("harness", "e2e", "api", "controller", "kubelet_plugin")):
             continue
         base = REPO.joinpath(*module.split("."))
         if not (base.with_suffix(".py").is_file() or (base / "__main__.py").is_file()):

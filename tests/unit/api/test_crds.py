@@ -40,6 +40,7 @@ def test_crd_shape() -> None:
         "ENFORCEMENT",
         "REPORTING",
         "MIG",
+        "TRUST-DOMAIN",
         "AGE",
     ]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]

@@ -15,8 +15,9 @@ import urllib3
 import yaml
 
 from api.kube_config import ConfigError, KubeConfig, TokenFile, from_kubeconfig, in_cluster, load
-from api.kube_rest import ApiError, ApiUnreachable, KubeConnection, KubeRest
-from e2e.cluster.pki import Pki
+from api.kube_errors import ApiError, ApiUnreachable
+from api.kube_rest import KubeConnection, KubeRest
+from harness.cluster.pki import Pki
 from tests.unit.fake_apiserver import FakeApiServer, ServerTls, serve
 
 

@@ -34,7 +34,8 @@ def sample(option: Option) -> tuple[str, object]:
     """A value other than the default that every validator accepts: (as typed, as the model holds it)."""
     annotation, default = option.info.annotation, option.info.default
     if get_origin(annotation) is Literal:
-        choice = next(str(v) for v in get_args(annotation) if v not in (default, "nvml"))  # nvml needs toolkit
+        # nvml needs toolkit, namespaceLabel a label
+        choice = next(str(v) for v in get_args(annotation) if v not in (default, "nvml", "namespaceLabel"))
         return choice, choice
     if annotation is bool:
         return ("false", False) if default else ("true", True)

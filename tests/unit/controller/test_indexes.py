@@ -10,7 +10,7 @@ from typing import Any
 
 from api.names import DRIVER_NAME
 from controller.core.settings import Settings
-from controller.reconciler import Controller
+from controller.loops import Controller
 from tests.unit.controller_factories import NODE, FakeWriter, claim, eventually, result, slices
 from tests.unit.kopf_world import KopfWorld
 
@@ -61,10 +61,10 @@ def test_a_deallocated_claim_of_another_class_leaves_the_index_and_the_ledger() 
         await eventually(lambda: _allocated("gpu-0")(writer) == "0")
         # claims that were never ours (or are no longer) do not wake the ledger
         await controller.stop()  # no loop takes the marks from here on
-        await controller.ledger_pass()
+        await controller.ledger.run_pass()
         await world.event("ADDED", _claim(name="foreign", requests=requests))
         await world.event("MODIFIED", deallocated)
-        assert not controller.ledger_pending()
+        assert not controller.ledger.marks.pending()
 
     run(test)
 
@@ -104,13 +104,13 @@ def test_a_slice_that_stops_being_ours_leaves_the_index_and_its_gpus_the_ledger(
         await world.event("ADDED", body)
         name = body["metadata"]["name"]
         assert name in world.index("fracgpu_slices")
-        assert await controller.reconcile_ledger()
+        assert await controller.ledger.reconcile()
         assert set(writer.gpu_status) == {f"{NODE}-gpu-0", f"{NODE}-gpu-1"}
         foreign = copy.deepcopy(body)
         foreign["spec"]["driver"] = "nic.other.example.com"  # the same name, now another driver's
         await world.event("MODIFIED", foreign)
         assert name not in world.index("fracgpu_slices"), "kopf kept the slice's old index entry"
-        assert controller.devices() == {}
+        assert controller.catalogue.devices() == {}
         for gpu in ("gpu-0", "gpu-1"):
             await world.event(
                 None,
@@ -121,7 +121,7 @@ def test_a_slice_that_stops_being_ours_leaves_the_index_and_its_gpus_the_ledger(
                     "status": writer.gpu_status[f"{NODE}-{gpu}"],
                 },
             )
-        assert await controller.reconcile_ledger()
+        assert await controller.ledger.reconcile()
         assert sorted(writer.deleted) == [f"{NODE}-gpu-0", f"{NODE}-gpu-1"]
 
     run(test)

@@ -13,12 +13,13 @@ from hypothesis import strategies as st
 
 from api import bounded_json
 from api.gpu_config import MAX_PARAMETERS_DEPTH, GpuConfigError, decode_gpu_config
-from api.kube_rest import ApiError
+from api.kube_errors import ApiError, api_error
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.admission.verdict import review_claim_spec
 from controller.core.model import MalformedObjectError, claim_view, slice_view
 from controller.core.settings import Settings
-from controller.reconciler import REASON_SKIPPED_PARTS, Controller
+from controller.loops import Controller
+from controller.status.events import REASON_SKIPPED_PARTS
 from tests.unit.controller_factories import FakeWriter, World, claim, memory_request, result, slices
 
 HEAD = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig"}
@@ -184,7 +185,7 @@ def test_the_reconciler_writes_status_and_posts_one_event_for_a_claim_with_skipp
         controller.bind(world.slices, world.claims, world.gpus)
         key = world.put(bounded_json.loads(_deep_claim_text()))
         for _ in range(2):
-            await controller.reconcile_claim(key)
+            await controller.status.reconcile(key)
         assert writer.claims[0][2]["status"]["devices"][0]["device"] == "gpu-0", "status written as for any claim"
         [(name, reason, message)] = writer.events
         assert (name, reason) == ("c1", REASON_SKIPPED_PARTS)
@@ -193,9 +194,9 @@ def test_the_reconciler_writes_status_and_posts_one_event_for_a_claim_with_skipp
         # a claim whose status the API server refuses to apply still gets its Event
         body = bounded_json.loads(_deep_claim_text().replace('"c1"', '"c2"').replace("uid-c1", "uid-c2"))
         refused = world.put(body)
-        writer.fail = [ApiError(status=422, reason="Invalid")]
+        writer.fail = [api_error(422, "Invalid")]
         with pytest.raises(ApiError):
-            await controller.reconcile_claim(refused)
+            await controller.status.reconcile(refused)
         assert [(n, r) for n, r, _ in writer.events] == [("c1", REASON_SKIPPED_PARTS), ("c2", REASON_SKIPPED_PARTS)]
         await controller.stop()
 

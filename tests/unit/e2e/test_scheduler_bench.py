@@ -5,8 +5,8 @@ import pytest
 from api.names import DRIVER_NAME, MEMORY_CAPACITY
 from e2e.bench import scheduler_figures as figures
 from e2e.bench.scheduler_bench import SHAPES, STEP, Variant, parse_variant
+from harness.kube import simulated_gpus
 from kubelet_plugin.publishing.slices import build_slices
-from tests.integration.kube import simulated_gpus
 
 NODE = {"metadata": {"name": "n1", "uid": "uid-1"}}
 

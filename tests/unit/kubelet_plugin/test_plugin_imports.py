@@ -22,7 +22,8 @@ import kubelet_plugin.__main__ as entry
 print(json.dumps({"after_import": loaded()}), flush=True)
 
 from api.kube_config import load
-from api.kube_rest import ApiError, KubeConnection, KubeRest
+from api.kube_errors import ApiError
+from api.kube_rest import KubeConnection, KubeRest
 from kubelet_plugin.prepare.checkpoint import CheckpointStore
 from kubelet_plugin.serving.grpc_server import PluginServer
 from kubelet_plugin.health.source import DeviceHealth

@@ -16,7 +16,7 @@ import kopf
 import pytest
 from cryptography import x509
 
-from api.kube_rest import ApiError
+from api.kube_errors import api_error
 from controller.admission.certificate import SharedCertificate, self_signed_certificate
 from controller.admission.webhook import WebhookServer
 from controller.admission.webhook_config import CONFIGS, MERGE, VALIDATED, Registration, webhooks
@@ -121,13 +121,13 @@ class FakeConfigurations:
     def request(self, method: str, path: str, query: Any = None, *, body: Any = None, content_type: str = "") -> Any:
         name = path.removeprefix(f"{CONFIGS}/")
         if "/" in name or not (method == "GET" or (method == "PATCH" and content_type == MERGE)):
-            raise ApiError(status=403, reason="Forbidden")
+            raise api_error(403, "Forbidden")
         if method == "GET":
             self.gets += 1
         else:
             self.patches.append((name, body))
         if name not in self.objects:
-            raise ApiError(status=404, reason="Not Found")
+            raise api_error(404, "Not Found")
         if method == "PATCH":
             self.objects[name] |= body
         return copy.deepcopy(self.objects[name])
@@ -141,7 +141,7 @@ def test_webhooks_are_laid_out_as_kopf_lays_them_out() -> None:
 
     from controller import handlers
     from controller.core.settings import Settings
-    from controller.reconciler import Controller
+    from controller.loops import Controller
 
     registry = kopf.OperatorRegistry()
     handlers.register(registry, Settings(), Controller.__new__(Controller))

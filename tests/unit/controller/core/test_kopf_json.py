@@ -1,7 +1,7 @@
 """Unit tests of controller/core/kopf_json.py: kopf's own list, watch and webhook code on deep documents.
 
 These fail when kopf's decoding sites change (an upgrade must not silently undo the bounded decoder):
-the call sites are compared with the known list, and kopf's real `api.get`/`api.stream` and webhook
+the call sites are compared with the known list, and kopf's real `kopf_api.get`/`kopf_api.stream` and webhook
 server are run against a local HTTP server.
 """
 

@@ -1,11 +1,32 @@
 """Unit tests of the controller's Event posting (controller/core/kube.py) against a fake REST client."""
 
+import json
 from typing import Any
 
-from api.kube_rest import ApiError, KubeRest
+from api.kube_errors import api_error
+from api.kube_rest import KubeRest
 from controller.core.kube import event_name, post_claim_event
 from controller.core.model import ClaimView
 
+#: kube-apiserver's answer to a create in a namespace being deleted (its NamespaceLifecycle admission plugin)
+TERMINATING = {
+    "kind": "Status",
+    "status": "Failure",
+    "reason": "Forbidden",
+    "code": 403,
+    "message": 'events "c1.x" is forbidden: unable to create new content in namespace ns because it is being terminated',
+    "details": {
+        "name": "c1.x",
+        "kind": "events",
+        "causes": [
+            {
+                "reason": "NamespaceTerminating",
+                "message": "namespace ns is being terminated",
+                "field": "metadata.namespace",
+            }
+        ],
+    },
+}
 CLAIM = ClaimView(namespace="ns", name="c1", uid="uid-1", allocated=False)
 KEY = ("UnsatisfiableGpuRequest", "gpu", "85899345920")
 
@@ -48,9 +69,8 @@ def test_posted_events_carry_the_deterministic_name() -> None:
 
 
 def test_already_existing_events_count_as_posted_and_failures_do_not() -> None:
-    assert post(FakeRest(ApiError(status=409, reason="AlreadyExists")))
-    assert not post(FakeRest(ApiError(status=500, reason="boom")))
+    assert post(FakeRest(api_error(409, "AlreadyExists")))
+    assert not post(FakeRest(api_error(500, "boom")))
     assert not post(FakeRest(ConnectionResetError("reset")))
-    terminating = ApiError(status=403, reason="Forbidden")
-    terminating.body = '{"message": "namespace ns is being terminated"}'
+    terminating = api_error(403, "Forbidden", json.dumps(TERMINATING))
     assert post(FakeRest(terminating)), "never postable: not worth retrying"

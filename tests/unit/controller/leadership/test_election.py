@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from api.kube_rest import ApiError
+from api.kube_errors import api_error
 from controller.core.settings import Settings
 from controller.leadership.election import LEASES, LeaderElector, LeaseTimings
 from controller.leadership.gate import GatedWriter, Leadership, NotLeaderError
-from controller.reconciler import Controller
+from controller.loops import Controller
 from tests.unit.controller_factories import FakeWriter, World, claim, eventually, result
 from tests.unit.fake_objects import FakeObjects
 
@@ -75,7 +75,7 @@ def test_one_candidate_leads_and_the_other_takes_over_only_after_a_lease_duratio
             await b.elector.step()
         assert a.elector.is_leader() and not b.elector.is_leader()
         last_renew = clock.now  # a's last renew started here, and b saw its record here
-        api.fail = [ApiError(503, "Unavailable")] * 100  # a can no longer renew
+        api.fail = [api_error(503, "Unavailable")] * 100  # a can no longer renew
         clock.now = last_renew + TIMINGS.renew_deadline - 0.1
         assert a.elector.is_leader()
         clock.now += 0.2

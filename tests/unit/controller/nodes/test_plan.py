@@ -9,6 +9,7 @@ from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.core.model import ClaimView, claim_view, current_devices, slice_view
 from controller.core.settings import Settings
 from controller.ledger.plan import ExistingGpu
+from controller.loops import Controller
 from controller.nodes.plan import (
     REASON_HEARTBEAT,
     REASON_HEARTBEAT_EXPIRED,
@@ -19,7 +20,7 @@ from controller.nodes.plan import (
     plan_node_gone,
     plan_plugin_reporting,
 )
-from controller.reconciler import REASON_DEVICE_GONE, Controller
+from controller.status.events import REASON_DEVICE_GONE
 from controller.status.plan import plan_status
 from tests.unit.controller_factories import NODE, FakeWriter, World, claim, result, slices
 
@@ -162,19 +163,19 @@ def test_the_controller_reports_claims_of_a_deleted_node_once_and_touches_no_oth
         nodes: dict[str, list[str]] = {NODE: [f"uid-{NODE}"], "node-b": ["uid-node-b"]}
         controller = Controller(Settings(ledger_delay_seconds=0.0), writer)
         controller.bind(world.slices, world.claims, world.gpus, None, nodes)
-        controller.ready.set()  # kopf delivered the first event: every index is populated
+        controller.context.ready.set()  # kopf delivered the first event: every index is populated
         on_a = world.put(claim("on-a", results=[result("a", "gpu-0", "10Gi", "s-1")]))
         on_b = world.put(claim("on-b", node="node-b", results=[result("a", "gpu-0", "10Gi", "s-1", pool="node-b")]))
         for key in (on_a, on_b):
-            await controller.reconcile_claim(key)
+            await controller.status.reconcile(key)
         written = len(writer.claims)
         assert all("conditions" not in e for _, _, b in writer.claims for e in b["status"]["devices"])
 
         del nodes[NODE]
         controller.node_deleted(NODE)
-        assert controller.queue.queued() == {on_a}  # only the claim on the deleted node
+        assert controller.status.queue.queued() == {on_a}  # only the claim on the deleted node
         for key in (on_a, on_b):
-            await controller.reconcile_claim(key)
+            await controller.status.reconcile(key)
         (namespace, name, body), *_ = writer.claims[written:]
         assert (namespace, name, len(writer.claims)) == ("ns", "on-a", written + 1)
         (entry,) = body["status"]["devices"]
@@ -183,7 +184,7 @@ def test_the_controller_reports_claims_of_a_deleted_node_once_and_touches_no_oth
         assert f"node {NODE} was deleted" in writer.events[0][2]
 
         world.put(claim("on-a", results=[result("a", "gpu-0", "10Gi", "s-1")], devices_status=[entry]))
-        await controller.reconcile_claim(on_a)  # the echo: nothing more to write or tell
+        await controller.status.reconcile(on_a)  # the echo: nothing more to write or tell
         assert len(writer.claims) == written + 1 and len(writer.events) == 1
         await controller.stop()
 
@@ -197,17 +198,17 @@ def test_the_controller_marks_a_silent_nodes_gpus_not_reporting_and_reporting_ag
         controller.bind(world.slices, world.claims, world.gpus)
 
         async def reporting() -> set[str]:
-            assert await controller.ledger_pass()
+            assert await controller.ledger.run_pass()
             return {c["status"] for s in writer.gpu_status.values() for c in s["conditions"]}
 
-        controller.heartbeats_listed(NS, [lease(NODE, T0)], T0)
+        controller.nodes.listed(NS, [lease(NODE, T0)], T0)
         assert await reporting() == {"True"}
-        controller.heartbeats_listed(NS, [lease(NODE, T0)], at(11))
-        assert controller.ledger_pending()  # the node's GPUs are marked
+        controller.nodes.listed(NS, [lease(NODE, T0)], at(11))
+        assert controller.ledger.marks.pending()  # the node's GPUs are marked
         assert await reporting() == {"False"}
         assert len(writer.gpu_status) == 2
         writer.gpu_status.clear()
-        controller.heartbeats_listed(NS, [lease(NODE, at(12))], at(12))
+        controller.nodes.listed(NS, [lease(NODE, at(12))], at(12))
         assert await reporting() == {"True"}
         await controller.stop()
 
@@ -222,12 +223,12 @@ def test_gpus_say_reporting_unknown_until_the_first_heartbeat_listing_and_a_rest
         controller.bind(world.slices, world.claims, world.gpus)
 
         async def reporting() -> set[tuple[str, str]]:
-            assert await controller.ledger_pass()
+            assert await controller.ledger.run_pass()
             return {(c["status"], c["reason"]) for s in writer.gpu_status.values() for c in s["conditions"]}
 
         assert await reporting() == {("Unknown", REASON_NOT_CHECKED)}, "a value from the start, before any listing"
         assert len(writer.gpu_status) == 2
-        controller.heartbeats_listed(NS, [lease(NODE, T0)], T0)
+        controller.nodes.listed(NS, [lease(NODE, T0)], T0)
         assert await reporting() == {("True", REASON_HEARTBEAT)}
         written = dict(writer.gpu_status)
         await controller.stop()
@@ -238,7 +239,7 @@ def test_gpus_say_reporting_unknown_until_the_first_heartbeat_listing_and_a_rest
         writer.gpu_status.clear()
         restarted = Controller(settings, writer)
         restarted.bind(world.slices, world.claims, world.gpus)
-        assert await restarted.ledger_pass()
+        assert await restarted.ledger.run_pass()
         assert {c["status"] for s in writer.gpu_status.values() for c in s["conditions"]} <= {"True"}
         await restarted.stop()
 

@@ -93,8 +93,12 @@ def test_handover_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
         ),
         (
             ["--node-name", "n", "--api-timeout", "35"],
-            "API timeout plus node lock timeout must be at most 40 s (the kubelet gives a prepare call 45 s), "
-            "got 35 s + 10 s",
+            "API timeout plus node lock timeout plus MPS domain switch timeout must be at most 40 s (the kubelet "
+            "gives a prepare call 45 s), got 35 s + 10 s + 15 s",
+        ),
+        (
+            ["--node-name", "n", "--mps-trust-scope", "namespaceLabel"],
+            "--mps-trust-scope=namespaceLabel needs --mps-trust-label (chart mps.trustDomain.label)",
         ),
     ],
 )

@@ -1,5 +1,5 @@
 """The NVML probe for memory limits (kubelet_plugin/enforcement/probe.py) through the real pynvml against the
-mock libnvidia-ml.so.1, and the mock's nvmlDeviceSetMemoryLimits_v1 itself (e2e/mocknvml/mock_nvml_limits.c).
+mock libnvidia-ml.so.1, and the mock's nvmlDeviceSetMemoryLimits_v1 itself (harness/mocknvml/mock_nvml_limits.c).
 
 Each NVML run is a subprocess: the loader reads LD_LIBRARY_PATH at process start.
 """
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[4]
-PROFILE = REPO / "e2e" / "mocknvml" / "profiles" / "gpu80x2.profile"
+PROFILE = REPO / "harness" / "mocknvml" / "profiles" / "gpu80x2.profile"
 UUID0 = "GPU-e311ac15-7c36-5bd0-91a6-3dc862bb53b2"
 UUID1 = "GPU-1d492704-49c3-5be7-977e-269165e18e2c"
 MIB = 1048576
@@ -28,7 +28,7 @@ def mock_build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("cc") is None:
         pytest.fail("no C compiler (cc): the mock NVML library cannot be built")
     out = tmp_path_factory.mktemp("mocknvml")
-    subprocess.run([str(REPO / "e2e/mocknvml/build.sh"), str(out)], check=True, capture_output=True, timeout=120)
+    subprocess.run([str(REPO / "harness/mocknvml/build.sh"), str(out)], check=True, capture_output=True, timeout=120)
     return out
 
 

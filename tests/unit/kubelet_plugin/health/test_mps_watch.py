@@ -1,5 +1,5 @@
 """Unit tests of the MPS daemons' health in the node plugin (kubelet_plugin/health/mps_watch.py): taints, Events
-and the gauge follow the status files the MPS supervisor writes (kubelet_plugin/enforcement/mps.py)."""
+and the gauge follow the status files the MPS supervisor writes (kubelet_plugin/mps/layout.py)."""
 
 from __future__ import annotations
 
@@ -9,28 +9,32 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry
 
 from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.enforcement import mps
 from kubelet_plugin.health.mps_watch import (
     DOWN_REASON,
+    LIMITS_REASON,
     MPS_TAINT,
     RESTARTED_REASON,
     SERVER_REASON,
+    SOCKET_REASON,
     UP_REASON,
     MpsWatch,
     mps_gpus,
     status_reader,
 )
+from kubelet_plugin.mps import layout as mps
 from tests.unit.plugin_host import NODE, UUID0, UUID1, gpu_info
 
 GPUS = [gpu_info(0, UUID0), gpu_info(1, UUID1)]
 
 
-def write(root: Path, state: mps.DaemonState, restarts: int = 0, reason: str = "", server_exits: int = 0) -> None:
+def write(
+    root: Path, state: mps.DaemonState, restarts: int = 0, reason: str = "", *, server_exits: int = 0, replaced: int = 0
+) -> None:
     path = mps.status_path(root, UUID0)
     path.parent.mkdir(parents=True, exist_ok=True)
     status = mps.DaemonStatus(
         uuid=UUID0, state=state, reason=reason, restarts=restarts, server_exits=server_exits, updated=time.time(),
-        refresh_seconds=5,
+        refresh_seconds=5, socket_replacements=replaced,
     )  # fmt: skip
     path.write_bytes(status.to_json())
 
@@ -97,3 +101,37 @@ def test_run_posts_each_change_and_asks_for_the_ceiling_when_the_daemon_is_back(
     watch.run(stop)
     assert posted == [("gpu-0", DOWN_REASON, "Warning"), ("gpu-0", UP_REASON, "Normal")]
     assert back == [UUID0]
+
+
+def test_a_domain_switch_is_no_fault_and_a_replaced_socket_is_reported(tmp_path: Path) -> None:
+    settings = Settings(node_name=NODE, mps_gpus="0", mps_root=tmp_path)
+    watch = MpsWatch(mps_gpus(settings, GPUS), status_reader(settings), CollectorRegistry())
+    write(tmp_path, "running")
+    assert watch.check() == []
+    write(tmp_path, "switching", reason="from namespace/a to namespace/b")
+    assert watch.check() == [] and watch.taints() == {}, "a fresh daemon for the next domain is not a fault"
+    write(tmp_path, "running", replaced=1)
+    ((_, reason, message),) = watch.check()
+    assert reason == SOCKET_REASON and "removed or replaced" in message and "restarted the daemon" in message
+
+
+def test_changed_limits_are_repaired_and_reported_for_running_daemons_only(tmp_path: Path) -> None:
+    settings = Settings(node_name=NODE, mps_gpus="0", mps_root=tmp_path)
+    asked: list[str] = []
+    differences = ["the daemon's defaults are pinned memory 81920M, active threads 100.0 %, not ..."]
+
+    def repair(uuid: str) -> list[str]:
+        asked.append(uuid)
+        return differences
+
+    watch = MpsWatch(mps_gpus(settings, GPUS), status_reader(settings), CollectorRegistry(), repair=repair)
+    write(tmp_path, "down", reason="exited")
+    watch.check()
+    assert watch.repair() == [] and asked == [], "a daemon that is down is not read"
+    write(tmp_path, "running", 1)
+    watch.check()
+    ((device, reason, message),) = watch.repair()
+    assert (device, reason, asked) == ("gpu-0", LIMITS_REASON, [UUID0])
+    assert "81920M" in message and "set back to the ceiling" in message
+    differences.clear()
+    assert watch.repair() == []

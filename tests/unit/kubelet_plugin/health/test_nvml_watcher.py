@@ -1,5 +1,5 @@
 """GPU health through the real pynvml against the mock libnvidia-ml.so.1: the mock's event API (its control file,
-e2e/mocknvml/mock_nvml_events.c) behaves as nvml.h documents, and the plugin's NVML watcher turns it into health.
+harness/mocknvml/mock_nvml_events.c) behaves as nvml.h documents, and the plugin's NVML watcher turns it into health.
 
 Each NVML run is a subprocess: the dynamic loader reads LD_LIBRARY_PATH only at process start.
 """
@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from e2e import mocknvml
+from harness import mocknvml
 
 REPO = Path(__file__).resolve().parents[4]
 PROFILE = mocknvml.PROFILES / "gpu80x2.profile"

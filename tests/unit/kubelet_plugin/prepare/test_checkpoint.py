@@ -78,8 +78,8 @@ def test_roundtrip(tmp_path: Path) -> None:
     assert result.corruption is None
     assert result.rebooted is False
     entry = result.checkpoint.claims[CLAIM_UID]
-    assert entry.devices[0].to_prepared().share_id == "s1"
-    assert entry.devices[0].to_prepared().cdi_device_ids == (f"k8s.gpu.fracgpu.dev/claim={CLAIM_UID}-gpu-0-s1",)
+    assert entry.devices[0].share_id == "s1"
+    assert entry.devices[0].cdi_device_ids == [f"k8s.gpu.fracgpu.dev/claim={CLAIM_UID}-gpu-0-s1"]
 
 
 def test_an_unchanged_file_is_not_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

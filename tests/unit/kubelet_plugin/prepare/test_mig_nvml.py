@@ -1,5 +1,5 @@
 """MIG discovery (publishing/mig_discovery.py) and the NVML MIG manager (prepare/mig.py) through the real pynvml
-against the mock NVML, whose MIG model is the driver's (e2e/mocknvml/mock_mig.h). Each run is a subprocess."""
+against the mock NVML, whose MIG model is the driver's (harness/mocknvml/mock_mig.h). Each run is a subprocess."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 REPO = Path(__file__).resolve().parents[4]
-PROFILE = REPO / "e2e" / "mocknvml" / "profiles" / "mig-products.profile"
+PROFILE = REPO / "harness" / "mocknvml" / "profiles" / "mig-products.profile"
 
 pytestmark = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc): cannot build the mocks")
 
@@ -35,7 +35,7 @@ manager = NvmlMig()
 def build(tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("mocknvml")
     subprocess.run(
-        ["bash", str(REPO / "e2e/mocknvml/build.sh"), str(out)], check=True, capture_output=True, timeout=180
+        ["bash", str(REPO / "harness/mocknvml/build.sh"), str(out)], check=True, capture_output=True, timeout=180
     )
     return out
 

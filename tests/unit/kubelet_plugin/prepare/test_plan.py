@@ -681,7 +681,7 @@ def test_written_spec_version_and_content(root: Path, hami_library: Path, enforc
     assert ids == [f"{data['kind']}={d['name']}" for d in data["devices"]]
 
 
-# --- memory enforcement tiers (kubelet_plugin/enforcement/tiers.py decides, claim_spec applies) ---------------------
+# --- memory enforcement tiers (kubelet_plugin/enforcement/tiers.py decides, plan applies) ---------------------
 
 LIBS = ContainerEdits(
     mounts=[

@@ -1,6 +1,6 @@
 """Unit tests of the mps tier in a claim's plan: the client's environment, mounts and info, and the refusals
 (kubelet_plugin/prepare/plan.py), with the tiers read as the plugin reads them (status files of
-kubelet_plugin/enforcement/mps.py)."""
+kubelet_plugin/mps/layout.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.enforcement import mps
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.enforcement.tiers import GpuTiers
+from kubelet_plugin.mps import layout as mps
 from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
 from kubelet_plugin.prepare.plan import MPS_MEMORY_ENV, MPS_PIPE_ENV, MPS_THREADS_ENV
 from tests.unit.kubelet_plugin.prepare.test_plan import (
@@ -64,10 +64,15 @@ def test_an_mps_share_is_a_client_of_its_gpus_daemon_with_its_grant_and_percenta
     assert env[MPS_MEMORY_ENV] == "0=10240M"
     assert env[MPS_THREADS_ENV] == "30"
     assert env["FRACGPU_ENFORCEMENT"] == "mps"
+    assert env["CUDA_VISIBLE_DEVICES"] == UUID0, "an image's own CUDA_VISIBLE_DEVICES cannot hide the GPU"
     mounts = {m.container_path: m for m in device.container_edits.mounts}
-    assert mounts[mps.PIPE_IN_CONTAINER].host_path == str(mps.pipe_dir(mps_settings.mps_root, UUID0))
-    assert mounts[mps.SHM_IN_CONTAINER].host_path == str(mps.shm_dir(mps_settings.mps_root))
+    pipe, shm = mounts[mps.PIPE_IN_CONTAINER], mounts[mps.SHM_IN_CONTAINER]
+    assert pipe.host_path == str(mps.pipe_dir(mps_settings.mps_root, UUID0))
+    assert "ro" in pipe.options and "rw" not in pipe.options, "the client only connects: its pipe dir is read-only"
+    assert shm.host_path == str(mps.shm_dir(mps_settings.mps_root, UUID0)), "the GPU's own /dev/shm, not a shared one"
+    assert {"nosuid", "nodev", "noexec"} <= set(shm.options) and {"nosuid", "nodev", "noexec"} <= set(pipe.options)
     assert [t[3] for t in plan.tiers] == ["mps"]
+    assert plan.mps_domain is not None and plan.mps_domain.id == "namespace/team-a"
     (file,) = plan.files
     written = json.loads(file.info.to_json())
     assert written["enforcement"] == "mps"
@@ -133,3 +138,27 @@ def test_mps_gpus_accepts_all_or_indices_and_uuids_and_names_what_is_wrong(root:
     for bad in ("all,0", "gpu0"):
         with pytest.raises(ValueError, match=r"MPS GPUs are|cannot be combined"):
             make_settings(root, mps_gpus=bad)
+
+
+def test_with_a_label_scope_the_domain_is_the_one_the_controller_recorded(root: Path, tmp_path: Path) -> None:
+    settings = make_settings(
+        root, mps_gpus="0", mps_root=tmp_path / "mps", mps_trust_scope="namespaceLabel", mps_trust_label="team"
+    )
+    write_status(settings.mps_root, UUID0)
+    allocated = claim([result()])
+    with pytest.raises(PrepareError) as refused:
+        planned(allocated, settings, GPUS, tiers=tiers_of(settings))
+    assert "has not recorded this claim's MPS trust domain" in str(refused.value), "no guess when the data is absent"
+    entry = {
+        "driver": "gpu.fracgpu.dev",
+        "pool": "node-a",
+        "device": "gpu-0",
+        "data": {"mpsTrustDomain": "label/team=ml"},
+    }
+    allocated["status"]["devices"] = [entry]
+    plan = planned(allocated, settings, GPUS, tiers=tiers_of(settings))
+    assert plan.mps_domain is not None and plan.mps_domain.describe() == "the namespaces labelled team=ml"
+    entry["data"] = {"mpsTrustDomain": "namespace/elsewhere"}
+    with pytest.raises(PrepareError) as mismatch:
+        planned(allocated, settings, GPUS, tiers=tiers_of(settings))
+    assert "but the claim is in namespace team-a" in str(mismatch.value)

@@ -9,14 +9,15 @@ from typing import Any
 
 import pytest
 
-from api.kube_rest import ApiError, KubeRest
+from api.kube_errors import api_error
+from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin.core.model import ClaimRef
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.enforcement.tiers import GpuTiers, NvmlLimits
 from kubelet_plugin.health.source import DeviceHealth
 from kubelet_plugin.prepare import container_info, store
-from kubelet_plugin.prepare.checkpoint import Checkpoint, ClaimEntry
+from kubelet_plugin.prepare.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry
 from kubelet_plugin.prepare.plan import hami_cache_dir
 from kubelet_plugin.prepare.status import FIELD_MANAGER
 from tests.unit.fake_apiserver import connection, refused_url
@@ -72,7 +73,7 @@ def test_prepare_writes_spec_and_checkpoint(env: Env) -> None:
     assert checkpoint.node_boot_id == "boot-1"
     entry = checkpoint.claims[UID_A]
     assert (entry.namespace, entry.name, entry.state) == (NS, "claim-a", "PrepareCompleted")
-    assert [d.to_prepared() for d in entry.devices] == [device]
+    assert entry.devices == [CheckpointDevice.from_prepared(device, UUID0)]
 
 
 def test_reprepare_is_identical_and_rewrites_deleted_spec(env: Env) -> None:
@@ -416,7 +417,10 @@ def test_reboot_rewrites_specs_and_stamps_boot_id(env: Env) -> None:
     assert not env.spec_file(UID_B).exists()
     # and the restored claim answers as before
     results = env.preparer.prepare([ref(a)])
-    assert [d.to_prepared() for d in checkpoint.claims[UID_A].devices] == list(results[UID_A].devices)
+    before = checkpoint.claims[UID_A].devices
+    assert before == [
+        CheckpointDevice.from_prepared(d, b.uuid) for d, b in zip(results[UID_A].devices, before, strict=True)
+    ]
 
 
 def test_recover_same_boot_does_not_fetch(env: Env) -> None:
@@ -443,7 +447,7 @@ def test_health_follows_the_preparers_device_nodes(env: Env) -> None:
 
 def test_status_update_failure_does_not_fail_prepare(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(_self: Any, path: str, body: Any, field_manager: str, force: bool = True) -> None:
-        raise ApiError(status=403, reason="Forbidden")
+        raise api_error(403, "Forbidden")
 
     monkeypatch.setattr(KubeRest, "apply", refuse)
     claim = env.api.add(make_claim(UID_A, "claim-a"))
@@ -455,7 +459,7 @@ def test_status_update_failure_does_not_fail_prepare(env: Env, monkeypatch: pyte
 
 def test_api_error_is_a_claim_error(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
     def broken(_self: Any, path: str, **query: Any) -> Any:
-        raise ApiError(status=500, reason="Internal Server Error")
+        raise api_error(500, "Internal Server Error")
 
     monkeypatch.setattr(KubeRest, "get", broken)
     results = env.preparer.prepare([ClaimRef(namespace=NS, name="x", uid=UID_A)])

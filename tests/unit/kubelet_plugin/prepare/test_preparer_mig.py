@@ -1,6 +1,6 @@
 """The Preparer on a MIG GPU: partitions made at prepare and recorded, reused, destroyed at unprepare, and every
 crash repaired at the next start (orphans destroyed, gone partitions made again). The MIG manager is
-``tests/unit/fake_mig.FakeMig``, with the driver's semantics; ``NvmlMig`` on the mock NVML is tested apart."""
+``FakeMig`` (tests/unit/fake_mig.py), with the driver's semantics; ``NvmlMig`` on the mock NVML is tested apart."""
 
 from __future__ import annotations
 

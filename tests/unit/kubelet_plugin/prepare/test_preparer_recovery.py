@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from api.kube_rest import ApiError, KubeRest
+from api.kube_errors import ApiError, api_error
+from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin.prepare import container_info, store
 from kubelet_plugin.prepare.checkpoint import SCHEMA_VERSION, Checkpoint, CheckpointStore, ClaimEntry
@@ -148,7 +149,7 @@ def test_a_failed_checkpoint_save_fails_the_new_claims_and_removes_their_files(
 
 def test_one_durable_write_per_prepare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checkpoint file and its directory are fsynced once per call, whatever the CDI dir is on (here a
-    persistent one); the spec and info files never (see claim_store: a reboot makes recovery re-write them)."""
+    persistent one); the spec and info files never (see `kubelet_plugin/prepare/store.py`: a reboot makes recovery re-write them)."""
     env = make_env(tmp_path, monkeypatch, cdi_dir=tmp_path / "cdi")
     claim = env.api.add(make_claim(UID_A, "claim-a"))
     calls: list[int] = []
@@ -368,11 +369,11 @@ class StrictEvents:
         assert resource == "events", path
         meta = body["metadata"]
         if meta.get("namespace", namespace) != namespace:
-            raise ApiError(status=400, reason="BadRequest")
+            raise api_error(400, "BadRequest")
         if not (body.get("involvedObject", {}).get("kind") and body.get("reason") and body.get("message")):
-            raise ApiError(status=422, reason="Invalid")
+            raise api_error(422, "Invalid")
         if meta["name"] in self.events:
-            raise ApiError(status=409, reason="AlreadyExists")
+            raise api_error(409, "AlreadyExists")
         self.events[meta["name"]] = copy.deepcopy(body)
         return {**body, "metadata": {**meta, "uid": str(uuid.uuid4())}}
 

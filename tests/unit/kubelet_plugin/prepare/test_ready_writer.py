@@ -3,7 +3,7 @@
 import threading
 from typing import Any
 
-from api.kube_rest import ApiError, ApiTimeout, UndecodableResponse
+from api.kube_errors import ApiTimeout, UndecodableResponse, api_error
 from kubelet_plugin.prepare.ready_writer import ReadyWriter
 
 
@@ -32,7 +32,7 @@ class Recorder:
 
 
 def test_transient_failures_are_retried_until_written() -> None:
-    rec = Recorder(ApiTimeout("no answer"), ApiError(status=503, reason="Unavailable"))
+    rec = Recorder(ApiTimeout("no answer"), api_error(503, "Unavailable"))
     writer = ReadyWriter(rec.write, rec.failed, attempts=5, first_delay=0.01)
     writer.submit(claim())
     assert writer.wait_idle(10)
@@ -48,7 +48,7 @@ def test_retries_end_after_the_last_attempt() -> None:
 
 
 def test_a_refusal_is_final_and_an_undecodable_answer_is_a_success() -> None:
-    rec = Recorder(ApiError(status=403, reason="Forbidden"), UndecodableResponse(status=200, reason="deep"))
+    rec = Recorder(api_error(403, "Forbidden"), UndecodableResponse(status=200, reason="deep"))
     writer = ReadyWriter(rec.write, rec.failed, first_delay=0.01)
     writer.submit(claim("u1"))
     assert writer.wait_idle(10)

@@ -1,4 +1,4 @@
-"""GPU discovery through the real pynvml against the mock libnvidia-ml.so.1 (e2e/mocknvml).
+"""GPU discovery through the real pynvml against the mock libnvidia-ml.so.1 (harness/mocknvml).
 
 The library is built once per session; every NVML run happens in a subprocess because the dynamic
 loader reads LD_LIBRARY_PATH only at process start.
@@ -18,7 +18,7 @@ import pytest
 from kubelet_plugin.publishing.discovery import normalise_pci_bus_id
 
 REPO = Path(__file__).resolve().parents[4]
-PROFILES = REPO / "e2e" / "mocknvml" / "profiles"
+PROFILES = REPO / "harness" / "mocknvml" / "profiles"
 MIB = 1048576
 DRIVER = "580.65.06"
 
@@ -102,7 +102,7 @@ def mock_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if shutil.which("cc") is None:
         pytest.skip("no C compiler (cc) on this machine: cannot build the mock NVML library")
     out = tmp_path_factory.mktemp("mocknvml")
-    subprocess.run([str(REPO / "e2e/mocknvml/build.sh"), str(out)], check=True, capture_output=True, timeout=60)
+    subprocess.run([str(REPO / "harness/mocknvml/build.sh"), str(out)], check=True, capture_output=True, timeout=60)
     assert (out / "libnvidia-ml.so.1").is_file()
     return out
 

@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
+from harness.kube import simulated_gpus
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.publishing import gpu_inventory
 from kubelet_plugin.publishing.discovery import resolve_lost
-from tests.integration.kube import simulated_gpus
 
 GPUS: list[GpuInfo] = simulated_gpus("node-a", 3)
 LOST = {1: "NVML UUID of GPU 1 failed: GPU is lost"}

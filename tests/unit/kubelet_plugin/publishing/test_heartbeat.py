@@ -5,7 +5,8 @@ import threading
 from typing import Any, cast
 
 from api.heartbeat import HEARTBEAT_LABEL, heartbeat_of, lease_name, leases_path, parse_time
-from api.kube_rest import ApiError, KubeRest
+from api.kube_errors import ApiError, api_error
+from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin.publishing.heartbeat import FIELD_MANAGER, Heartbeat
 
@@ -33,7 +34,7 @@ class FakeRest:
 def test_the_plugin_renews_its_nodes_lease_every_interval_and_survives_a_failed_renewal() -> None:
     stop = threading.Event()
     rest = FakeRest(stop, beats=3)
-    rest.fail = [ApiError(503, "Service Unavailable")]
+    rest.fail = [api_error(503, "Service Unavailable")]
     ticks = iter(T0 + datetime.timedelta(seconds=s) for s in range(100))
     beat = Heartbeat(
         cast(KubeRest, rest), "fracgpu-system", "node-a", DRIVER_NAME, interval_s=0.01, clock=lambda: next(ticks)

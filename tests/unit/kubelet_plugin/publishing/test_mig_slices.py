@@ -2,7 +2,7 @@
 attributes, never a MIG GPU whole, and the publication order that makes the scheduler's first fit the smallest
 partition. The order is checked here with a first-fit allocator over the published slices, as kube-scheduler's
 walks them (pools, then slices by name, then devices in order, skipping those whose counters are spent); the
-real scheduler does the same in tests/integration/test_mig_scheduling.py."""
+real scheduler does the same in tests/integration/test_mig.py."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from api.names import DRIVER_NAME, MEMORY_CAPACITY
+from api.names import DRIVER_NAME, MEMORY_CAPACITY, MPS_CLIENTS_CAPACITY
 from api.quantity import GiB, MiB, to_bytes
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.publishing.slices import MAX_DEVICES_PER_SLICE, build_slices, device_entry, usable_memory
@@ -219,3 +219,31 @@ def test_memory_enforcement_attribute_per_gpu() -> None:
         "nvml",
         "hami-core",
     ]
+
+
+# --- MPS client slots ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("capability", "clients"), [("9.0", "48"), ("7.0", "48"), ("6.1", "16")])
+def test_an_mps_gpu_publishes_the_clients_its_server_takes_each_share_consuming_one(
+    capability: str, clients: str
+) -> None:
+    entry = device_entry(gpu(cuda_compute_capability=capability), STEP, 0, enforcement="mps")
+    assert entry["capacity"][MPS_CLIENTS_CAPACITY] == {
+        "value": clients,
+        "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": clients, "step": "1"}},
+    }
+
+
+def test_a_gpu_without_mps_publishes_no_client_slots() -> None:
+    assert MPS_CLIENTS_CAPACITY not in device_entry(gpu(), STEP, 0, enforcement="none")["capacity"]
+
+
+def test_an_mps_gpu_of_separated_trust_domains_carries_the_binding_conditions() -> None:
+    entry = device_entry(gpu(), STEP, 0, enforcement="mps", mps_binding=True)
+    assert (entry["bindingConditions"], entry["bindingFailureConditions"]) == (
+        ["MpsTrustDomainAdmitted"],
+        ["MpsTrustDomainConflict"],
+    )
+    assert "bindingConditions" not in device_entry(gpu(), STEP, 0, enforcement="mps"), "scope cluster: no wait"
+    assert "bindingConditions" not in device_entry(gpu(), STEP, 0, enforcement="nvml", mps_binding=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from e2e.kubelet_client import KubeletClient
+from harness.kubelet_client import KubeletClient
 from kubelet_plugin.__main__ import hand_over
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.serving import handover

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from e2e import mocknvml
+from harness import mocknvml
 
 REPO = Path(__file__).resolve().parents[4]
-MOCK = REPO / "e2e" / "mocknvml"
+MOCK = REPO / "harness" / "mocknvml"
 PROFILE = MOCK / "profiles" / "gpu80x2.profile"
 GPU0 = "GPU-e311ac15-7c36-5bd0-91a6-3dc862bb53b2"
 GPU1 = "GPU-1d492704-49c3-5be7-977e-269165e18e2c"

@@ -6,7 +6,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from api.kube_rest import ApiError
+from api.kube_errors import api_error
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.prepare import container_info, store
 from kubelet_plugin.prepare.container_info import ClaimName, DeviceInfo, RequestInfo
@@ -271,7 +271,7 @@ class FakeRest:
     def get(self, path: str, **query: Any) -> dict[str, Any]:
         self.gets.append(path)
         if path not in self.claims:
-            raise ApiError(status=404, reason="Not Found")
+            raise api_error(404, "Not Found")
         return self.claims[path]
 
     def create(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
@@ -280,7 +280,7 @@ class FakeRest:
 
     def apply(self, path: str, body: dict[str, Any], field_manager: str, force: bool = True) -> dict[str, Any]:
         if self.apply_error:
-            raise ApiError(status=self.apply_error, reason="Unprocessable")
+            raise api_error(self.apply_error, "Unprocessable")
         self.applied.append((path, body, field_manager))
         return body
 

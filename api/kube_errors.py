@@ -1,0 +1,189 @@
+"""The errors of an API request, one type per kind of failure, parsed once from the API server's answer.
+
+`api_error` reads the HTTP status, the API server's `Status` body (its `reason` and `details.causes`, never its
+message) and the `Retry-After` header. Callers decide by type, never by the text of a message:
+
+- `ApiNotFound` (404); `ApiConflict` (409), with `ApiAlreadyExists` (a create of a name that exists);
+  `ApiUidMismatch` (an apply whose `metadata.uid` names an object that was replaced or deleted);
+  `ApiForbidden` (403), with `ApiNamespaceTerminating` (a create in a namespace being deleted);
+- `ApiTransient`, the answers that say "not now" (`retry_after`: the wait the server asked, if any):
+  `ApiThrottled` (429), `ApiServerError` (5xx) with `ApiUnavailable` (503), and `ApiUnreachable` (no answer:
+  connection refused or reset, TLS failure; status 0) with `ApiTimeout` (no answer in time);
+- `UndecodableResponse`: an answer whose body this client cannot decode.
+  kube-apiserver stores, and serves byte for byte, opaque parameters (10 KiB at most) that Python's `json`
+  cannot decode: arrays nested 5117 levels deep (objects 1706), past the decoder's recursion limit of about
+  1000 levels, and strings that are not valid UTF-8;
+- anything else (400, 401, 422, ...) is a plain `ApiError`.
+
+Imports nothing of the project: both components' API code and their tests use these types.
+"""
+
+import json
+from typing import Any, NamedTuple
+
+
+class ApiError(Exception):
+    """A request failed: the API server answered with HTTP `status` (`reason`, and the answer's `body`), or
+    (status 0, in `ApiUnreachable`) it did not answer. `message` is what the API server's `Status` says (else
+    `reason`); `status_reason` and `causes` are its machine-readable `reason` and `details.causes`."""
+
+    def __init__(
+        self,
+        status: int = 0,
+        reason: str = "",
+        body: str = "",
+        *,
+        status_reason: str = "",
+        message: str = "",
+        causes: tuple["Cause", ...] = (),
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(status, reason, body)
+        self.status = status
+        self.reason = reason
+        self.body = body
+        self.status_reason = status_reason
+        self.message = message or reason
+        self.causes = causes
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        if not self.status:
+            return self.reason
+        return f"{self.status} {self.reason}" + (f": {self.body}" if self.body else "")
+
+
+class ApiNotFound(ApiError):  # noqa: N818  # names the condition, as the API's own reasons do
+    """404: the object (or its namespace, or the resource) does not exist."""
+
+
+class ApiConflict(ApiError):  # noqa: N818
+    """409: the write lost against the object's current state (a stale resourceVersion, a name that exists)."""
+
+
+class ApiAlreadyExists(ApiConflict):
+    """409 `AlreadyExists`: a create of a name that is taken."""
+
+
+class ApiUidMismatch(ApiError):  # noqa: N818
+    """A server-side apply whose `metadata.uid` is a precondition found another object: one of the same name
+    replaced the one it names (422, the cause on `metadata.uid`: a uid is immutable), or none is left to apply to
+    (409 `uid mismatch`; a status subresource answers 404 instead: `ApiNotFound`). A forced apply has no field
+    conflicts and the API server retries a stale resourceVersion itself, so that precondition is all a 409 to one
+    can mean."""
+
+
+class Cause(NamedTuple):
+    """One of a `Status`'s `details.causes`: its machine-readable reason and the field it is about."""
+
+    reason: str
+    field: str = ""
+
+
+class ApiForbidden(ApiError):  # noqa: N818
+    """403: the credentials may not do this (RBAC, an admission plugin)."""
+
+
+class ApiNamespaceTerminating(ApiForbidden):
+    """403 with the cause `NamespaceTerminating`: nothing new may be created in a namespace being deleted."""
+
+
+class ApiTransient(ApiError):  # noqa: N818
+    """The API server could not take the request now; the same request may succeed later, after `retry_after`
+    seconds when the server said how long."""
+
+
+class ApiThrottled(ApiTransient):
+    """429: API Priority and Fairness (or a rate limit) rejected the request before processing it."""
+
+
+class ApiServerError(ApiTransient):
+    """5xx: the API server failed (an internal error, a timeout on its side, a storage problem)."""
+
+
+class ApiUnavailable(ApiServerError):  # noqa: N818
+    """503: the API server (or an aggregated API behind it) is not serving now."""
+
+
+class ApiUnreachable(ApiTransient):
+    """No answer from the API server: connection refused or reset, TLS failure (status 0)."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(status=0, reason=reason)
+
+
+class ApiTimeout(ApiUnreachable):
+    """The API server did not answer within the request's time budget (status 0)."""
+
+
+class UndecodableResponse(ApiError):  # noqa: N818  # names the condition
+    """The API server answered (`status` is its HTTP status) with a body this client cannot decode."""
+
+
+STATUS_REASON_ALREADY_EXISTS = "AlreadyExists"
+CAUSE_NAMESPACE_TERMINATING = "NamespaceTerminating"
+CAUSE_FIELD_MANAGER_CONFLICT = "FieldManagerConflict"
+UID_FIELD = "metadata.uid"
+_BY_STATUS: dict[int, type[ApiError]] = {
+    403: ApiForbidden,
+    404: ApiNotFound,
+    409: ApiConflict,
+    429: ApiThrottled,
+    503: ApiUnavailable,
+}
+
+
+def _seconds(value: object) -> float | None:
+    try:
+        seconds = float(str(value))
+    except ValueError:
+        return None  # an HTTP date, or garbage: no wait we can use
+    return seconds if seconds >= 0 else None
+
+
+def api_error(
+    status: int,
+    reason: str = "",
+    body: str = "",
+    retry_after: str | None = None,
+    *,
+    uid_precondition: bool = False,
+) -> ApiError:
+    """The error for an answer with HTTP `status` (reason phrase `reason`, body `body`, `Retry-After` header
+    `retry_after`): its `Status` parsed once into the subclass that names it. `uid_precondition`: the request
+    was a server-side apply naming `metadata.uid` (see `ApiUidMismatch`)."""
+    try:
+        decoded = json.loads(body) if body else None
+    except (ValueError, RecursionError):
+        decoded = None
+    parsed: dict[str, Any] = decoded if isinstance(decoded, dict) and decoded.get("kind") == "Status" else {}
+    details = parsed.get("details")
+    if not isinstance(details, dict):
+        details = {}
+    causes = tuple(
+        Cause(str(c.get("reason") or c.get("type") or ""), str(c.get("field") or ""))
+        for c in details.get("causes") or []
+        if isinstance(c, dict)
+    )
+    reasons = {c.reason for c in causes}
+    status_reason = str(parsed.get("reason") or "")
+    kind = _BY_STATUS.get(status, ApiServerError if status >= 500 else ApiError)
+    if kind is ApiConflict and status_reason == STATUS_REASON_ALREADY_EXISTS:
+        kind = ApiAlreadyExists
+    elif uid_precondition and (
+        (kind is ApiConflict and CAUSE_FIELD_MANAGER_CONFLICT not in reasons)
+        or (status == 422 and any(c.field == UID_FIELD for c in causes))
+    ):
+        kind = ApiUidMismatch
+    elif kind is ApiForbidden and CAUSE_NAMESPACE_TERMINATING in reasons:
+        kind = ApiNamespaceTerminating
+    wait = _seconds(retry_after) if retry_after is not None else _seconds(details.get("retryAfterSeconds"))
+    return kind(
+        status=status,
+        reason=reason,
+        body=body,
+        status_reason=status_reason,
+        message=str(parsed.get("message") or ""),
+        causes=causes,
+        retry_after=wait if issubclass(kind, ApiTransient) else None,
+    )

@@ -1,0 +1,36 @@
+"""What an admission review needs to know about the published devices (pure)."""
+
+from collections.abc import Iterable
+from typing import NamedTuple
+
+from controller.core.model import DeviceClassView, DeviceRecord
+
+
+class AdmissionFacts(NamedTuple):
+    """What an admission review needs to know about the cluster. The event loop publishes a new one whenever it
+    changes (one attribute assignment); the webhook's own thread only reads it."""
+
+    largest: int | None = None
+    """The largest memory amount any published GPU admits; None when no GPU is published."""
+    hami_core: bool | None = None
+    """Whether some published GPU offers HAMi-core enforcement; None when no GPU is published."""
+    nvml: bool | None = None
+    """Whether some published GPU offers nvml enforcement; None when no GPU is published."""
+    mps: bool | None = None
+    """Whether some published GPU is an MPS GPU; None when no GPU is published."""
+    device_class: DeviceClassView | None = None
+    """Our DeviceClass as the cluster has it; None when it is not (or not yet) seen."""
+
+
+def admission_facts(devices: Iterable[DeviceRecord], device_class: DeviceClassView | None) -> AdmissionFacts:
+    """The facts of the published `devices` and our DeviceClass (None: not seen)."""
+    published = list(devices)
+    if not published:
+        return AdmissionFacts(device_class=device_class)
+    return AdmissionFacts(
+        largest=max(d.max_request for d in published),
+        hami_core=any(d.hami_core for d in published),
+        nvml=any(d.memory_enforcement == "nvml" for d in published),
+        mps=any(d.memory_enforcement == "mps" for d in published),
+        device_class=device_class,
+    )

@@ -1,0 +1,145 @@
+"""The controller's entry to its work: one `Context` (settings, writer, API threads, kopf's indexes, the ready flag)
+shared by one manager per concern, started and stopped together, with kopf's events fanned out to them.
+
+- `devices.DeviceCatalogue`: the published devices and the admission facts;
+- `status.StatusManager`: the claim-status writers and the Events about claims;
+- `ledger.LedgerManager` over `ledger.LedgerMarks`: the `GPU` ledger;
+- `nodes.NodeReporting`: the node plugins' heartbeats;
+- `mps.MpsDomains`: the MPS GPUs' trust domains (decisions the status writers write, DeviceTaintRules).
+
+kopf's handlers (controller/handlers.py) only call the `*_changed`/`*_event` methods here; every decision is made
+by a manager from the indexes, never from what this process did before, so a restart converges to the same state.
+A walk reads one way: this entry -> a manager -> its pure plan -> the writer. A manager reads the cluster only
+through the context, and another manager only through the accessor it was given.
+"""
+
+import asyncio
+
+from controller.core import metrics, runtime
+from controller.core.context import ClaimKey, Context, Index, Indexes, Tasks, Writer
+from controller.core.settings import Settings
+from controller.devices.catalogue import DeviceCatalogue
+from controller.devices.facts import AdmissionFacts
+from controller.ledger.manager import LedgerManager, LedgerMarks
+from controller.mps.manager import MpsDomains
+from controller.nodes.heartbeats import NodeReporting
+from controller.status.manager import StatusManager
+
+
+class Controller:
+    """The managers over one context; kopf's events in, `start`/`stop` for leadership."""
+
+    def __init__(self, settings: Settings, writer: Writer) -> None:
+        self.settings = settings
+        self.context = Context(settings, writer)
+        self.catalogue = DeviceCatalogue(self.context)
+        marks = LedgerMarks(self.catalogue)
+        self.nodes = NodeReporting(self.context, self.catalogue, on_changed=marks.nodes)
+        self.mps = MpsDomains(self.context, self.catalogue)
+        self.ledger = LedgerManager(
+            self.context, self.catalogue, marks, reporting=self.nodes.reporting, trust_domain=self.mps.owner_id
+        )
+        self.status = StatusManager(self.context, self.catalogue, self.mps)
+        self._tasks = Tasks()  # the resync and the event loop's lag probe
+        self._stopped = False
+
+    @property
+    def admission(self) -> AdmissionFacts:
+        """What admission reviews read (from the webhook's thread)."""
+        return self.catalogue.admission
+
+    def bind(
+        self,
+        slices: Index,
+        claims: Index,
+        gpus: Index,
+        classes: Index | None = None,
+        nodes: Index | None = None,
+        *,
+        namespaces: Index | None = None,
+    ) -> None:
+        """Attach kopf's live indexes (passed to startup handlers before they are populated)."""
+        self.context.bind(Indexes(slices, claims, gpus, classes if classes is not None else {}, nodes, namespaces))
+        self.catalogue.reset()
+        self.ledger.reset()
+        self.mps.reset()
+
+    async def start(self) -> None:
+        """Start every manager. A start after `stop` (leadership regained, controller/leadership/gate.py) is a
+        full resync: every indexed claim is queued, the whole ledger recomputed."""
+        metrics.time_gc()
+        runtime.tune()
+        if self._stopped:
+            self.context.open()
+            self._stopped = False
+        self.status.start()
+        self.ledger.start()
+        self.nodes.start()
+        self.mps.start()
+        self._tasks.spawn(self._resync_loop(), "resync")
+        self._tasks.spawn(metrics.loop_lag(), "loop-lag")
+
+    async def stop(self) -> None:
+        """Stop every manager; in-flight API calls finish in their threads."""
+        await asyncio.gather(
+            self._tasks.cancel(), self.status.stop(), self.ledger.stop(), self.nodes.stop(), self.mps.stop()
+        )
+        self.context.close()
+        self._stopped = True
+
+    async def _resync_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.resync_seconds)
+            self.status.enqueue_all()
+            self.ledger.marks.all()
+            self.mps.resync()
+
+    # ----- kopf's events (event loop) -------------------------------------------------------------------
+
+    def claim_event(self, key: ClaimKey, uid: str, *, deleted: bool, indexed: bool) -> None:
+        """Any watch event of any claim; `indexed`: whether the claim is in our index after it.
+
+        A claim can leave the index without being deleted (deallocated, and asking for another DeviceClass
+        of our driver): if it was known, its shares must leave the ledger.
+        """
+        if deleted or (not indexed and self.ledger.knows(key)):
+            self.context.ready.set()
+            self.ledger.claim_gone(key)
+            self.mps.claim_changed(key)
+            self.status.events.forget(uid, posted=deleted)
+        elif indexed:
+            self.claim_changed(key)
+
+    def claim_changed(self, key: ClaimKey) -> None:
+        """A claim of ours was added or modified (its index entry is already updated)."""
+        self.context.ready.set()
+        self.ledger.claim_changed(key)
+        self.mps.claim_changed(key)
+        self.status.enqueue(key)
+
+    def slices_changed(self) -> None:
+        """A slice of our driver changed: when the published devices differ, every claim and GPU is re-checked."""
+        self.context.ready.set()
+        if self.catalogue.refresh():
+            self.mps.devices_changed()
+            self.status.enqueue_all()
+            self.ledger.marks.all()
+
+    def classes_changed(self) -> None:
+        """Our DeviceClass changed: its selectors and configs apply to every claim."""
+        self.context.ready.set()
+        self.catalogue.publish_admission()
+        self.status.enqueue_all()
+
+    def node_deleted(self, name: str) -> None:
+        """The Node `name` is gone: its claims get `AllocatedDeviceGone` (their slices and GPU objects go by owner
+        reference, and with the published devices)."""
+        self.context.ready.set()
+        for view in self.context.claims():
+            if view.node == name:
+                self.status.enqueue(view.key)
+
+    def gpus_changed(self, name: str) -> None:
+        """The GPU object `name` changed (possibly by someone else, or the echo of our own write): re-check it."""
+        self.context.ready.set()
+        self.ledger.marks.name(name)

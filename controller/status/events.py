@@ -1,0 +1,114 @@
+"""The Events the controller posts about a claim, once each: a device gone (`AllocatedDeviceGone`, after a grace
+period, and for a deleted node at once), a request no published GPU can ever satisfy (`UnsatisfiableGpuRequest`,
+told again when its reason changes), parts that could not be decoded (`UnreadableClaimParts`).
+
+Event names are derived from (claim uid, key), so a post repeated after a restart meets AlreadyExists and counts as
+posted; a key is remembered only once its post succeeded.
+"""
+
+import logging
+import time
+from collections.abc import Callable
+
+from api.gpu_config import MAX_PARAMETERS_DEPTH
+from controller.core import metrics
+from controller.core.context import ClaimKey, Context
+from controller.core.model import ClaimView, Share
+from controller.devices.catalogue import DeviceCatalogue
+from controller.nodes.plan import NodeGonePlan, node_gone_message
+from controller.status.feasibility import plan_unsatisfiable
+
+log = logging.getLogger(__name__)
+
+REASON_DEVICE_GONE = "AllocatedDeviceGone"
+REASON_UNSATISFIABLE = "UnsatisfiableGpuRequest"
+REASON_SKIPPED_PARTS = "UnreadableClaimParts"
+
+
+class ClaimEvents:
+    """What has been posted about each claim (by uid), and since when each of its devices has been missing."""
+
+    def __init__(
+        self, context: Context, catalogue: DeviceCatalogue, recheck: Callable[[ClaimKey, float], None]
+    ) -> None:
+        """`recheck(key, seconds)`: reconcile the claim again after that long (a device gone within its grace)."""
+        self._context = context
+        self._catalogue = catalogue
+        self._recheck = recheck
+        self._posted: dict[str, set[tuple[str, ...]]] = {}  # claim uid -> event keys already posted
+        self._missing_since: dict[tuple[str, str, str], float] = {}  # (uid, pool, device) -> monotonic
+
+    def forget(self, uid: str, *, posted: bool) -> None:
+        """The claim left the index (`posted=False`: it may come back; its Events stay told) or is deleted."""
+        if posted:
+            self._posted.pop(uid, None)
+        for k in [k for k in self._missing_since if k[0] == uid]:
+            del self._missing_since[k]
+
+    async def post(self, claim: ClaimView, missing: tuple[Share, ...], gone: NodeGonePlan) -> bool:
+        """Post every Event `claim` needs now (`missing`: its shares whose device is not published, apart from
+        those on a deleted node, `gone`); False when some post failed and a later try may succeed."""
+        posted = await self._device_gone(claim, missing)
+        posted = await self._node_gone(claim, gone) and posted
+        return await self._unsatisfiable(claim) and posted
+
+    async def _post_once(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
+        """Post the Event `key` unless it was posted already; False when the post failed (retry later)."""
+        if key in self._posted.get(claim.uid, ()):
+            return True
+        if not await self._context.run(self._context.writer.post_claim_event, claim, key, reason, message):
+            return False
+        self._posted.setdefault(claim.uid, set()).add(key)
+        metrics.EVENTS.labels(reason).inc()
+        log.warning(message, extra={"claim": f"{claim.namespace}/{claim.name}", "reason": reason})
+        return True
+
+    async def _device_gone(self, claim: ClaimView, missing: tuple[Share, ...]) -> bool:
+        ok = True
+        now = time.monotonic()
+        gone = {(claim.uid, s.pool, s.device) for s in missing}
+        for k in [k for k in self._missing_since if k[0] == claim.uid and k not in gone]:
+            del self._missing_since[k]  # published again
+        grace = self._context.settings.device_gone_grace_seconds
+        driver = self._context.driver
+        for share in missing:
+            since = self._missing_since.setdefault((claim.uid, share.pool, share.device), now)
+            if now - since < grace:
+                self._recheck(claim.key, since + grace - now + 0.05)
+                continue
+            message = (
+                f"request {share.request!r} was allocated device {share.device} of pool {share.pool} "
+                f"(driver {driver}), which no longer exists: the GPU was removed or its node plugin "
+                "stopped publishing it; delete the pod and its claim to get another GPU"
+            )
+            key = (REASON_DEVICE_GONE, share.pool, share.device)
+            ok = await self._post_once(claim, key, REASON_DEVICE_GONE, message) and ok
+        return ok
+
+    async def _node_gone(self, claim: ClaimView, gone: NodeGonePlan) -> bool:
+        if gone.node is None:
+            return True
+        message = node_gone_message(claim, gone.node, self._context.driver)
+        return await self._post_once(claim, (REASON_DEVICE_GONE, "node", gone.node), REASON_DEVICE_GONE, message)
+
+    async def _unsatisfiable(self, claim: ClaimView) -> bool:
+        ok = True
+        devices = self._catalogue.devices().values()
+        for found in plan_unsatisfiable(claim, devices, self._context.claim_classes(), self._context.driver):
+            key = (REASON_UNSATISFIABLE, found.request, found.message)  # a changed reason is told again
+            ok = await self._post_once(claim, key, REASON_UNSATISFIABLE, found.message) and ok
+        return ok
+
+    async def skipped_parts(self, claim: ClaimView) -> bool:
+        """Tell once which parts of `claim` could not be decoded (before its status write: the API server may
+        refuse that one); False when the post failed."""
+        if not claim.skipped:
+            return True
+        message = (
+            f"{self._context.driver}: parts of this claim cannot be decoded safely and were skipped by the "
+            "controller: "
+            + "; ".join(claim.skipped)
+            + f". The rest of the claim is handled as usual; GpuConfig parameters may nest at most "
+            f"{MAX_PARAMETERS_DEPTH} levels"
+        )
+        return await self._post_once(claim, (REASON_SKIPPED_PARTS, *claim.skipped), REASON_SKIPPED_PARTS, message)

@@ -1,4 +1,0 @@
-"""The fracgpu container image assembled without Docker: a debootstrap rootfs plus our wheel, as an OCI archive.
-
-`python -m e2e.image.build` writes `build/image/fracgpu-<tag>.oci.tar` (importable with `ctr images import`).
-"""

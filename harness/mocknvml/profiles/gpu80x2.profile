@@ -1,0 +1,26 @@
+# fracgpu mock NVML profile: 2x NVIDIA H100 80GB HBM3 (as a real H100 reports it; integration tests)
+# Format: key = value; see harness/mocknvml/mock_nvml.c. Read by libnvidia-ml.so.1 built from it
+# when FRACGPU_MOCK_NVML_PROFILE points here.
+driver_version = 580.65.06
+cuda_driver_version = 13000
+uvm_major = 510
+
+gpu.0.uuid = GPU-e311ac15-7c36-5bd0-91a6-3dc862bb53b2
+gpu.0.name = NVIDIA H100 80GB HBM3
+gpu.0.memory_mib = 81559
+gpu.0.minor = 0
+gpu.0.pci_bus_id = 0000:18:00.0
+gpu.0.architecture = hopper
+gpu.0.cuda_cc = 9.0
+gpu.0.sm_count = 132
+gpu.0.pci_device_id = 0x233010de
+
+gpu.1.uuid = GPU-1d492704-49c3-5be7-977e-269165e18e2c
+gpu.1.name = NVIDIA H100 80GB HBM3
+gpu.1.memory_mib = 81559
+gpu.1.minor = 1
+gpu.1.pci_bus_id = 0000:2a:00.0
+gpu.1.architecture = hopper
+gpu.1.cuda_cc = 9.0
+gpu.1.sm_count = 132
+gpu.1.pci_device_id = 0x233010de
