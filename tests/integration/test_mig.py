@@ -89,8 +89,11 @@ def node(control_plane: ControlPlane, api_client: client.ApiClient, dyn: Dynamic
         pytest.skip("needs root: the simulated GPUs' device nodes are made with mknod")
     name = kube.unique("mignode")
     kube.create_fake_node(api_client, name)
+    classes = kube.resource(dyn, "resource.k8s.io/v1", "DeviceClass")
+    created = False
     with contextlib.suppress(ApiException):
-        kube.resource(dyn, "resource.k8s.io/v1", "DeviceClass").create(body=MIG_CLASS)
+        classes.create(body=MIG_CLASS)
+        created = True
     workdir = Path(tempfile.mkdtemp(prefix="fgmig-", dir="/tmp"))
     state = workdir / "driver-state"
     state.mkdir()
@@ -108,6 +111,9 @@ def node(control_plane: ControlPlane, api_client: client.ApiClient, dyn: Dynamic
         found.kubelet.close()
         process.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+        if created:  # the chart's own install (test_chart.py) must not find it in the shared control plane
+            with contextlib.suppress(ApiException):
+                classes.delete(name=MIG_DEVICE_CLASS_NAME)
 
 
 def _refs(claims: list[dict[str, Any]]) -> list[tuple[str, str, str]]:
