@@ -58,7 +58,27 @@ class GpuShare(_Wire):
         description="true for an admin-access allocation: it reserves no memory (not counted in allocatedMemory)",
     )
     enforcement: str | None = Field(
-        None, description="memory-enforcement tier the node plugin applied to this share (none, hami-core, mps, nvml)"
+        None,
+        description="memory-enforcement tier the node plugin applied to this share (none, hami-core, mps, nvml, mig)",
+    )
+    device: str | None = Field(None, description="the MIG partition's device (absent: a share of the GPU itself)")
+    profile: str | None = Field(None, description="the MIG partition's profile, e.g. 1g.10gb")
+    placement: str | None = Field(None, description="the MIG partition's placement, start:size in memory slices")
+    mig_uuid: str | None = Field(None, alias="migUUID", description="the MIG partition's UUID, once prepared")
+
+
+class GpuMigStatus(_Wire):
+    """A MIG GPU (the node plugin's --mig-gpus): its MIG state and how much of it its partitions take."""
+
+    state: str = Field(description="enabled, disabled, pending-enable, pending-disable, unsupported or error")
+    message: str = Field("", description="what the state means and what to do")
+    used_compute_slices: int = Field(0, alias="usedComputeSlices")
+    total_compute_slices: int = Field(0, alias="totalComputeSlices")
+    used_memory_slices: int = Field(0, alias="usedMemorySlices")
+    total_memory_slices: int = Field(0, alias="totalMemorySlices")
+    partitions: int = Field(0, ge=0, description="partitions allocated")
+    summary: str = Field(
+        "", description="`3/7 compute, 4/8 memory slices, 2 partitions`, or the state when MIG mode is not on"
     )
 
 
@@ -115,6 +135,7 @@ class GpuStatus(_Wire):
     conditions: list[GpuCondition] | None = Field(
         None, description="PluginReporting: whether the node's plugin renews its heartbeat (absent: not watched)"
     )
+    mig: GpuMigStatus | None = Field(None, description="a MIG GPU: its state, slices and partitions")
 
 
 class Gpu(_Wire):
@@ -134,6 +155,7 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
     {"name": "Shares", "type": "integer", "jsonPath": ".status.shares"},
     {"name": "Enforcement", "type": "string", "jsonPath": ".status.enforcement"},
     {"name": "Reporting", "type": "string", "jsonPath": '.status.conditions[?(@.type=="PluginReporting")].status'},
+    {"name": "MIG", "type": "string", "jsonPath": ".status.mig.summary"},
     {"name": "Trust-Domain", "type": "string", "jsonPath": ".status.mpsTrustDomain"},
     {"name": "Index", "type": "integer", "jsonPath": ".status.index", "priority": 1},
     {"name": "UUID", "type": "string", "jsonPath": ".status.uuid", "priority": 1},
@@ -165,6 +187,16 @@ class AllocatedGpuData(_Wire):
         description="memory-enforcement tier the node plugin applied (condition MemoryEnforcement); absent "
         "until the claim is prepared",
     )
+    profile: str | None = Field(None, description="a MIG partition: its profile, e.g. 1g.10gb")
+    placement: str | None = Field(None, description="a MIG partition: its placement, start:size in memory slices")
+    partition_memory: str | None = Field(
+        None,
+        alias="partitionMemory",
+        description="a MIG partition: its memory as the driver reports it (what CUDA sees)",
+    )
+    mig_uuid: str | None = Field(
+        None, alias="migUUID", description="a MIG partition: the MIG UUID the node plugin created (absent until then)"
+    )
     mps_trust_domain: str | None = Field(
         None,
         alias="mpsTrustDomain",
@@ -186,7 +218,13 @@ with it; the claim must be recreated)."""
 ENFORCEMENT_CONDITION: Final = "MemoryEnforcement"
 """Condition the node plugin sets on each of its `status.devices` entries: the memory-enforcement tier it put
 into the CDI spec (status True unless the tier is `none`), by reason."""
-ENFORCEMENT_REASONS: Final[dict[str, str]] = {"none": "None", "hami-core": "HamiCore", "mps": "Mps", "nvml": "Nvml"}
+ENFORCEMENT_REASONS: Final[dict[str, str]] = {
+    "none": "None",
+    "hami-core": "HamiCore",
+    "mps": "Mps",
+    "nvml": "Nvml",
+    "mig": "Mig",
+}
 """Tier -> condition reason (reasons must be CamelCase)."""
 
 

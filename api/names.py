@@ -4,6 +4,7 @@ from typing import Final
 
 DRIVER_NAME: Final = "gpu.fracgpu.dev"
 DEVICE_CLASS_NAME: Final = "gpu.fracgpu.dev"
+MIG_DEVICE_CLASS_NAME: Final = "mig.gpu.fracgpu.dev"
 API_GROUP: Final = "fracgpu.dev"
 CONFIG_API_VERSION: Final = "fracgpu.dev/v1alpha1"
 CONFIG_KIND: Final = "GpuConfig"

@@ -179,7 +179,7 @@ def register(
     async def index_claim(body: kopf.Body, **_: Any) -> dict[tuple[str, str], ClaimView]:
         # `{}` when the claim does not (or no longer) concern us: see index_slice
         try:
-            view = claim_view(body, driver, settings.device_class)
+            view = claim_view(body, driver, settings.claim_classes)
         except (KeyError, TypeError, ValueError):
             log.exception("cannot read ResourceClaim %s/%s", body.metadata.namespace, body.metadata.name)
             metrics.OBJECTS_SKIPPED.labels("ResourceClaim", "unreadable").inc()
@@ -188,8 +188,8 @@ def register(
 
     @kopf.index(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", registry=registry, id="fracgpu_classes")
     async def index_class(body: kopf.Body, name: str, **_: Any) -> dict[str, DeviceClassView]:
-        # only our DeviceClass: its selectors and configs apply to our claims (`{}`: see index_slice)
-        return {name: device_class_view(body, driver)} if name == settings.device_class else {}
+        # only our DeviceClasses: their selectors and configs apply to our claims (`{}`: see index_slice)
+        return {name: device_class_view(body, driver)} if name in settings.claim_classes else {}
 
     @kopf.index(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="fracgpu_gpus")
     async def index_gpu(body: kopf.Body, name: str, **_: Any) -> dict[str, ExistingGpu]:
@@ -235,7 +235,7 @@ def register(
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", registry=registry, id="class_event")
     async def class_event(name: str, **_: Any) -> None:
-        if name == settings.device_class:
+        if name in settings.claim_classes:
             controller.classes_changed()
 
     @kopf.on.event(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="gpu_event")

@@ -116,13 +116,15 @@ def shared_gpu(name: str, memory: str, uuid_: str, step: str = "256Mi") -> dict[
     }
 
 
-def ensure_device_class(dyn: DynamicClient, name: str, driver: str) -> None:
-    """Create the DeviceClass selecting `driver` unless it exists (tests in one session share it)."""
+def ensure_device_class(dyn: DynamicClient, name: str, driver: str, *also: str) -> None:
+    """Create the DeviceClass selecting `driver` (and the CEL expressions `also`) unless it exists (tests in one
+    session share it)."""
+    expressions = [f'device.driver == "{driver}"', *also]
     body = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "DeviceClass",
         "metadata": {"name": name},
-        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{driver}"'}}]},
+        "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]},
     }
     try:
         resource(dyn, "resource.k8s.io/v1", "DeviceClass").create(body=body)

@@ -10,11 +10,12 @@ from api import kube_config
 from api.kube_errors import ApiError
 from api.kube_rest import KubeConnection, KubeRest
 from api.logs import configure_logging
+from api.mig import state_message
 from kubelet_plugin.core.coalesce import Coalescer
 from kubelet_plugin.core.events import post_node_event
 from kubelet_plugin.core.metrics import PluginMetrics
-from kubelet_plugin.core.model import GpuInfo
-from kubelet_plugin.core.settings import Settings, parse_settings
+from kubelet_plugin.core.model import GpuInfo, MigGpu
+from kubelet_plugin.core.settings import Settings, is_mps_gpu, is_selected, parse_settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.health.mps_watch import MpsWatch, event_poster, mps_gpus, status_reader
 from kubelet_plugin.health.source import DeviceHealth
@@ -26,7 +27,9 @@ from kubelet_plugin.prepare.state_gate import RECHECK_SECONDS, newer_state, wait
 from kubelet_plugin.publishing import gpu_inventory
 from kubelet_plugin.publishing.discovery import Discovery, DiscoveryError, UnknownLostGpu, discover, driver_version
 from kubelet_plugin.publishing.heartbeat import Heartbeat
+from kubelet_plugin.publishing.mig_discovery import discover_mig
 from kubelet_plugin.publishing.publisher import SlicePublisher
+from kubelet_plugin.publishing.slices import mig_catalog
 from kubelet_plugin.serving.grpc_server import PluginServer
 from kubelet_plugin.serving.handover import await_replacement
 from kubelet_plugin.serving.http_server import HttpEndpoint
@@ -136,6 +139,52 @@ def report_unknown(settings: Settings, api: KubeConnection, unknown: tuple[Unkno
         post_node_event(rest, settings.node_name, "GpuLostUnpublished", message)
 
 
+class MigMpsOverlapError(ValueError):
+    """A GPU is named by both --mig-gpus and --mps-gpus (by index in one and UUID in the other)."""
+
+
+def discover_node_mig(settings: Settings, gpus: list[GpuInfo]) -> dict[str, MigGpu]:
+    """What the GPUs ``--mig-gpus`` names offer for MIG; raises MigMpsOverlapError for a GPU that is also an MPS GPU."""
+    selected = [g for g in gpus if is_selected(settings.mig_gpus, g.index, g.uuid)]
+    both = [g for g in selected if is_mps_gpu(settings.mps_gpus, g.index, g.uuid)]
+    if both:
+        raise MigMpsOverlapError(
+            f"GPUs {', '.join(f'{g.index} ({g.uuid})' for g in both)} are named both MIG GPUs (--mig-gpus, chart "
+            "value mig.gpus) and MPS GPUs (--mps-gpus, chart value mps.gpus): a MIG GPU is never an MPS GPU; name "
+            "each GPU in at most one of them"
+        )
+    unknown = sorted(
+        set(filter(None, settings.mig_gpus.split(",")))
+        - {"all"}
+        - {str(g.index) for g in gpus}
+        - {g.uuid for g in gpus}
+    )
+    if unknown:
+        log.warning("--mig-gpus names GPUs this node does not have", extra={"unknown": unknown})
+    return discover_mig(selected)
+
+
+def report_mig(settings: Settings, api: KubeConnection, gpus: list[GpuInfo], mig: dict[str, MigGpu]) -> None:
+    """A MIG GPU that publishes no partition (MIG mode off, pending, not capable, NVML failed): a log line and a
+    Warning Event ``MigUnavailable`` on the Node; the GPU object says it too (its device's migState)."""
+    rest = KubeRest.bounded(api, settings.api_timeout_seconds)
+    for gpu in gpus:
+        facts = mig.get(gpu.device_name)
+        if facts is None:
+            continue
+        if facts.state == "enabled":
+            log.info(
+                "MIG GPU: publishing its partitions",
+                extra={"gpu": gpu.device_name, "profiles": [p.name for p in facts.profiles]},
+            )
+            continue
+        message = f"GPU {gpu.index} ({gpu.uuid}) is named in mig.gpus but {state_message(facts.state, gpu.index)}"
+        if facts.detail:
+            message += f" ({facts.detail})"
+        log.error("MIG GPU without partitions", extra={"gpu": gpu.device_name, "state": facts.state, "why": message})
+        post_node_event(rest, settings.node_name, "MigUnavailable", message)
+
+
 def _merge(*taints: dict[str, list[dict[str, str]]]) -> dict[str, list[dict[str, str]]]:
     """Device name -> every taint the sources give it."""
     merged: dict[str, list[dict[str, str]]] = {}
@@ -165,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         log.error("cannot load cluster credentials", extra={"error": str(err)})
         return 2
     report_unknown(settings, api, found.unknown)
+    try:
+        mig = discover_node_mig(settings, gpus)
+    except MigMpsOverlapError as err:
+        log.error("bad MIG and MPS GPU lists", extra={"error": str(err)})
+        return 2
+    report_mig(settings, api, gpus, mig)
     metrics = PluginMetrics()
     stop = threading.Event()
     driver_edits = None
@@ -174,7 +229,9 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=driver_edits.run, args=(stop,), name="driver-edits", daemon=True).start()
     enforcement = EnforcementDetector.detect(settings, gpus)
     store = CheckpointStore(settings.checkpoint_path)
-    preparer = Preparer(api, settings, gpus, store, metrics, driver_edits=driver_edits, enforcement=enforcement)
+    preparer = Preparer(
+        api, settings, gpus, store, metrics, driver_edits=driver_edits, enforcement=enforcement, mig=mig
+    )
     preparer.recover()
 
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -196,14 +253,18 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(target=mps_health.run, args=(stop,), name="mps-health", daemon=True).start()
     publisher = SlicePublisher(
         api, settings, gpus, enforcement, taints=lambda: _merge(health.taints(), mps_health.taints()),
-        changes=changes, on_write=health.metrics.slice_writes.inc,
+        changes=changes, on_write=health.metrics.slice_writes.inc, mig=mig,
     )  # fmt: skip
     publishing = threading.Thread(target=publisher.run, args=(stop,), name="slice-publisher", daemon=True)
     publishing.start()
+    partitions = mig_catalog(gpus, mig)
     server = PluginServer(
         settings.driver_name,
         preparer,
-        health.health_source(DeviceHealth(settings.node_name, gpus, preparer.device_nodes)),
+        health.health_source(
+            DeviceHealth(settings.node_name, gpus, preparer.device_nodes, {n: d.gpu for n, d in partitions.items()}),
+            {n: d.gpu.device_name for n, d in partitions.items()},
+        ),
         kubelet_dir=settings.kubelet_dir,
         instance_id=settings.instance_id,
         health_interval=settings.health_interval_seconds,

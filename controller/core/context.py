@@ -144,6 +144,11 @@ class Context:
         view: DeviceClassView | None = first(self.indexes.classes, self.settings.device_class)
         return view
 
+    def claim_classes(self) -> dict[str, DeviceClassView]:
+        """Our DeviceClasses as the cluster has them (the GPU class and the MIG class), by name; one not (yet)
+        seen is absent."""
+        return {n: v for n in self.settings.claim_classes if (v := first(self.indexes.classes, n)) is not None}
+
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         """The labels of `namespace`; None when Namespaces are not watched or it is not (yet) seen."""
         if self.indexes.namespaces is None:

@@ -10,6 +10,7 @@ from typing import Any, ParamSpec, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from api import mig
 from api.bounded_json import short_path, skipped_parts
 from api.gpu import DEVICE_GONE_CONDITION, ENFORCEMENT_CONDITION, tier_of_reason
 from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION
@@ -48,10 +49,37 @@ class DeviceRecord(BaseModel):
     memory_enforcement: str | None = None
     """The strongest memory-enforcement tier the device offers (attribute `memoryEnforcement`; None: not
     published, an older plugin)."""
+    kind: str = mig.TYPE_GPU
+    """Attribute `type` (api/mig.py): `gpu` (also when absent: an older plugin), `mig` (a MIG partition) or
+    `mig-parent` (a MIG GPU itself, never allocatable)."""
+    allow_multiple: bool = True
+    """`allowMultipleAllocations`: shares of a GPU; a MIG partition is allocated whole."""
+    profile: str | None = None
+    placement_start: int | None = None
+    memory_slices: int | None = None
+    """A partition's placement size; a MIG GPU's total."""
+    compute_slices: int | None = None
+    """A partition's compute slices; a MIG GPU's total."""
+    partition_memory_mib: int | None = None
+    """A partition's memory as the driver reports it (its `memory` capacity is this rounded up to a GiB)."""
+    mig_state: str | None = None
+    """A MIG GPU's MIG state (attribute `migState`)."""
 
     @property
     def key(self) -> DeviceKey:
         return (self.pool, self.device)
+
+    @property
+    def ledger_device(self) -> str:
+        """The device whose GPU object accounts for this one: a partition's GPU (``gpu-<index>``), else itself."""
+        return f"gpu-{self.index}" if self.kind == mig.TYPE_MIG and self.index is not None else self.device
+
+    @property
+    def placement(self) -> str | None:
+        """A partition's placement as nvidia-smi writes it, ``start:size``."""
+        if self.placement_start is None or self.memory_slices is None:
+            return None
+        return f"{self.placement_start}:{self.memory_slices}"
 
 
 class SliceView(BaseModel):
@@ -103,6 +131,8 @@ class MemoryRequest(BaseModel):
     memory: int
     selectors: tuple[str, ...] = ()
     """CEL expressions of the request's `selectors` (all must hold)."""
+    device_class: str = ""
+    """The DeviceClass the alternative names (one of ours)."""
 
 
 class DeviceClassView(BaseModel):
@@ -139,6 +169,8 @@ class ClaimView(BaseModel):
     """Existing `data` of our driver's status.devices entries, by entry key (None when absent)."""
     status_gone: dict[tuple[str, str, str], dict[str, Any]] = {}
     """The controller's `AllocatedDeviceGone` condition of our entries that have one, by entry key."""
+    status_mig: dict[tuple[str, str, str], str] = {}
+    """The MIG UUID the node plugin reports it created for an entry (condition `MigPartition`), by entry key."""
     status_mps: dict[tuple[str, str, str], dict[str, Any]] = {}
     """The controller's MPS trust-domain condition (admitted or conflict) of our entries that have one, by entry
     key."""
@@ -222,6 +254,9 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
         valid_range = (memory.get("requestPolicy") or {}).get("validRange") or {}
         max_request = quantity_bytes(valid_range.get("max")) if valid_range.get("max") is not None else None
         index = _attribute(attributes, "index", driver, "int")
+        kind = str(_attribute(attributes, mig.TYPE_ATTRIBUTE, driver, "string") or mig.TYPE_GPU)
+        if kind == mig.TYPE_MIG_PARENT:
+            max_request = 0  # never allocatable: its partitions are
         devices.append(
             DeviceRecord(
                 pool=pool_name,
@@ -237,6 +272,14 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
                 attributes=_cel_attributes(attributes, driver),
                 hami_core=_attribute(attributes, "hamiCore", driver, "bool") is True,
                 memory_enforcement=_attribute(attributes, "memoryEnforcement", driver, "string"),
+                kind=kind,
+                allow_multiple=bool(dev.get("allowMultipleAllocations")),
+                profile=_attribute(attributes, mig.PROFILE_ATTRIBUTE, driver, "string"),
+                placement_start=_attribute(attributes, mig.PLACEMENT_ATTRIBUTE, driver, "int"),
+                memory_slices=_attribute(attributes, mig.MEMORY_SLICES_ATTRIBUTE, driver, "int"),
+                compute_slices=_attribute(attributes, mig.COMPUTE_SLICES_ATTRIBUTE, driver, "int"),
+                partition_memory_mib=_attribute(attributes, mig.PARTITION_MEMORY_ATTRIBUTE, driver, "int"),
+                mig_state=_attribute(attributes, mig.STATE_ATTRIBUTE, driver, "string"),
             )
         )
     return SliceView(name=str(body["metadata"]["name"]), pool=pool_name, generation=generation, devices=tuple(devices))
@@ -283,7 +326,12 @@ def _memory_request(exact: Mapping[str, Any], name: str, driver: str) -> MemoryR
     memory = quantity_bytes(requested) if requested is not None else None
     if memory is None:
         return None
-    return MemoryRequest(request=name, memory=memory, selectors=_cel_selectors(exact.get("selectors")))
+    return MemoryRequest(
+        request=name,
+        memory=memory,
+        selectors=_cel_selectors(exact.get("selectors")),
+        device_class=str(exact.get("deviceClassName", "")),
+    )
 
 
 def device_class_view(body: Mapping[str, Any], driver: str) -> DeviceClassView:
@@ -310,8 +358,9 @@ def _owner_pod(meta: Mapping[str, Any]) -> str | None:
 
 
 @_shape_errors("ResourceClaim")
-def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> ClaimView | None:
-    """The view of a claim that has results of `driver` or requests `device_class`; None otherwise.
+def claim_view(body: Mapping[str, Any], driver: str, device_class: str | tuple[str, ...]) -> ClaimView | None:
+    """The view of a claim that has results of `driver` or requests `device_class` (or one of several of our
+    classes); None otherwise.
 
     Raises only MalformedObjectError (for bodies that are not shaped like a ResourceClaim)."""
     meta = body.get("metadata") or {}
@@ -333,6 +382,7 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
         for r in ((allocation or {}).get("devices") or {}).get("results") or []
         if r.get("driver") == driver
     )
+    classes = (device_class,) if isinstance(device_class, str) else device_class
     ours_requested = False
     memory_requests: list[tuple[MemoryRequest, ...]] = []
     for req in spec_devices.get("requests") or []:
@@ -341,7 +391,7 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
             if req.get("exactly")
             else [(sub, f"{req['name']}/{sub['name']}") for sub in req.get("firstAvailable") or []]
         )
-        ours = [(exact, name) for exact, name in alternatives if exact.get("deviceClassName") == device_class]
+        ours = [(exact, name) for exact, name in alternatives if exact.get("deviceClassName") in classes]
         ours_requested = ours_requested or bool(ours)
         if ours and len(ours) == len(alternatives):  # only if every alternative needs one of our GPUs
             found = [m for exact, name in ours if (m := _memory_request(exact, name, driver)) is not None]
@@ -370,6 +420,16 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
         for c in d.get("conditions") or []
         if isinstance(c, Mapping) and c.get("type") == DEVICE_GONE_CONDITION
     }
+    status_mig = {
+        (str(d["pool"]), str(d["device"]), str(d.get("shareID") or "")): str(c["message"])
+        for d in status.get("devices") or []
+        if d.get("driver") == driver
+        for c in d.get("conditions") or []
+        if isinstance(c, Mapping)
+        and c.get("type") == mig.PARTITION_CONDITION
+        and c.get("status") == "True"
+        and mig.is_mig_uuid(c.get("message"))
+    }
     status_mps = {
         (str(d["pool"]), str(d["device"]), str(d.get("shareID") or "")): dict(c)
         for d in status.get("devices") or []
@@ -389,6 +449,7 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str) -> Claim
         status_data=status_data,
         status_enforcement=status_enforcement,
         status_gone=status_gone,
+        status_mig=status_mig,
         status_mps=status_mps,
         allocated_at=str((allocation or {}).get("allocationTimestamp") or ""),
         skipped=tuple(f"{short_path(path)}: {marker.strip('<>')}" for path, marker in skipped_parts(body)),

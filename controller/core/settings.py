@@ -8,7 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from api.mps_trust import TrustScope
-from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
+from api.names import DEVICE_CLASS_NAME, DRIVER_NAME, MIG_DEVICE_CLASS_NAME
 from api.options import OptionSettings, build_parser, parse
 
 FIELD_MANAGER = "fracgpu-controller"
@@ -27,6 +27,10 @@ class Settings(OptionSettings):
     )
     driver_name: str = Field(DRIVER_NAME, description="DRA driver name")
     device_class: str = Field(DEVICE_CLASS_NAME, description="the DeviceClass of the driver's claims")
+    mig_device_class: str = Field(
+        MIG_DEVICE_CLASS_NAME,
+        description="the DeviceClass of the driver's MIG partitions (chart value mig.deviceClass)",
+    )
     admission: bool = Field(True, description="serve and register the validating webhooks")
     webhook_address: str = Field("0.0.0.0", description="where the webhook server listens")
     webhook_port: int = Field(9443, ge=1, le=65535, description="port of the webhook server")
@@ -165,6 +169,11 @@ class Settings(OptionSettings):
     @classmethod
     def _config_name_defaults_to_the_driver(cls, value: str, info: ValidationInfo) -> str:
         return value or str(info.data.get("driver_name", DRIVER_NAME))
+
+    @property
+    def claim_classes(self) -> tuple[str, ...]:
+        """Our DeviceClasses claims name: shares of GPUs and MIG partitions."""
+        return (self.device_class, self.mig_device_class)
 
     @property
     def replica(self) -> str:

@@ -7,6 +7,7 @@ publish devices, and the `AdmissionFacts` the webhook's thread reads (published 
 from collections.abc import Mapping
 
 from api.gpu import gpu_object_name
+from api.mig import TYPE_MIG
 from controller.core.context import Context
 from controller.core.model import DeviceKey, DeviceRecord, current_devices
 from controller.devices.facts import AdmissionFacts, admission_facts
@@ -38,8 +39,9 @@ class DeviceCatalogue:
         devices = current_devices(self._context.slices())
         if devices != self._devices:
             self._devices = devices
-            self._names = {key: gpu_object_name(d.node, d.device) for key, d in devices.items()}
-            self._keys = {name: key for key, name in self._names.items()}
+            self._names = {key: gpu_object_name(d.node, d.ledger_device) for key, d in devices.items()}
+            # a MIG partition's object is its GPU's: the name leads back to the GPU, not to a partition
+            self._keys = {name: key for key, name in self._names.items() if devices[key].kind != TYPE_MIG}
             self.publish_admission()
         return devices
 

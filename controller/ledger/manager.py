@@ -29,6 +29,7 @@ from controller.ledger.plan import (
     LedgerPlan,
     desired_gpu,
     desired_ledger,
+    family,
     identity_body,
     plan_ledger,
     shares_on,
@@ -194,11 +195,19 @@ class LedgerManager:
             key = self._catalogue.device_of(name)
             if key is None or key not in devices:
                 continue
-            views = [v for c in self._on_device.get(key, ()) if (v := self._context.claim(c)) is not None]
+            keys = family(key, devices)  # the GPU and, for a MIG GPU, its partitions
+            claim_keys = {c for k in keys for c in self._on_device.get(k, ())}
+            views = [v for c in claim_keys if (v := self._context.claim(c)) is not None]
             device = devices[key]
-            shares = shares_on(key, views)
+            partitions = {k: devices[k] for k in keys[1:]}
             out[name] = desired_gpu(
-                device, shares, driver, FIELD_MANAGER, reporting(device.node), mps_trust_domain=self._trust_domain(key)
+                device,
+                shares_on(key, views, partitions),
+                driver,
+                FIELD_MANAGER,
+                reporting(device.node),
+                partitions=partitions,
+                mps_trust_domain=self._trust_domain(key),
             )
         return out
 

@@ -3,6 +3,9 @@
 Nothing is accumulated over time: the desired objects follow from the current slices and claims alone,
 so a restarted controller converges to the same ledger. `desired_gpu` computes one object, so that a caller
 can recompute only the GPUs whose claims changed; `desired_ledger` computes them all.
+
+A MIG GPU is one object (its `mig-parent` device): its partitions' allocations are its claims, and `status.mig`
+says its MIG state and the memory and compute slices they take. A partition device has no object of its own.
 """
 
 from collections import Counter
@@ -11,11 +14,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from api import mig
 from api.gpu import (
     GPU_API_VERSION,
     GPU_KIND,
     NODE_LABEL,
     GpuCondition,
+    GpuMigStatus,
     GpuShare,
     GpuSpec,
     GpuStatus,
@@ -79,26 +84,49 @@ def desired_ledger(
     *,
     trust_domain: Callable[[DeviceKey], str | None] | None = None,
 ) -> dict[str, GpuObject]:
-    """One object per published device with the allocations of every claim on it; `reporting`: node -> its
-    `PluginReporting` condition (`controller.nodes.plan.plan_plugin_reporting`); `trust_domain`: the trust domain
-    an MPS GPU serves."""
+    """One object per published GPU (a MIG GPU's partitions are its own) with the allocations of every claim on
+    it; `reporting`: node -> its `PluginReporting` condition (`controller.nodes.plan.plan_plugin_reporting`);
+    `trust_domain`: the trust domain an MPS GPU serves."""
     conditions = reporting or {}
+    owner = {key: ledger_key(device) for key, device in devices.items()}
     shares: dict[DeviceKey, list[tuple[ClaimView, Share]]] = {key: [] for key in devices}
     for claim in claims:
         for share in claim.shares:
-            if share.device_key in shares:
-                shares[share.device_key].append((claim, share))
+            if share.device_key in owner and owner[share.device_key] in shares:
+                shares[owner[share.device_key]].append((claim, share))
     domain = trust_domain or (lambda _: None)
     objects = (
-        desired_gpu(device, shares[key], driver, manager, conditions.get(device.node), mps_trust_domain=domain(key))
+        desired_gpu(
+            device,
+            shares[key],
+            driver,
+            manager,
+            conditions.get(device.node),
+            partitions={k: devices[k] for k in family(key, devices)[1:]},
+            mps_trust_domain=domain(key),
+        )
         for key, device in devices.items()
+        if device.kind != mig.TYPE_MIG
     )
     return {o.name: o for o in objects}
 
 
-def shares_on(key: DeviceKey, claims: Iterable[ClaimView]) -> list[tuple[ClaimView, Share]]:
-    """The shares of `claims` allocated on the device `key`, each with its claim."""
-    return [(claim, share) for claim in claims for share in claim.shares if share.device_key == key]
+def ledger_key(device: DeviceRecord) -> DeviceKey:
+    """The device whose GPU object accounts for `device`: a partition's GPU, else itself."""
+    return (device.pool, device.ledger_device)
+
+
+def family(key: DeviceKey, devices: Mapping[DeviceKey, DeviceRecord]) -> list[DeviceKey]:
+    """`key` and, for a MIG GPU, the keys of its partitions (those its GPU object accounts for)."""
+    return [key, *sorted(k for k, d in devices.items() if d.kind == mig.TYPE_MIG and ledger_key(d) == key and k != key)]
+
+
+def shares_on(
+    key: DeviceKey, claims: Iterable[ClaimView], partitions: Mapping[DeviceKey, DeviceRecord] | None = None
+) -> list[tuple[ClaimView, Share]]:
+    """The shares of `claims` allocated on the device `key` (and on its `partitions`), each with its claim."""
+    keys = {key, *(partitions or {})}
+    return [(claim, share) for claim in claims for share in claim.shares if share.device_key in keys]
 
 
 def desired_gpu(
@@ -108,19 +136,28 @@ def desired_gpu(
     manager: str,
     reporting: Mapping[str, Any] | None = None,
     *,
+    partitions: Mapping[DeviceKey, DeviceRecord] | None = None,
     mps_trust_domain: str | None = None,
 ) -> GpuObject:
     """The object of one published device carrying `shares` (each with its claim; any order), owned by the Node
-    that owns the device's slice; `reporting`: its node's `PluginReporting` condition, if watched;
-    `mps_trust_domain`: the trust domain an MPS GPU serves (`controller.mps`)."""
+    that owns the device's slice; `reporting`: its node's `PluginReporting` condition, if watched; `partitions`:
+    a MIG GPU's partition devices (whose shares are among `shares`); `mps_trust_domain`: the trust domain an MPS
+    GPU serves (`controller.mps`)."""
+    parts = partitions or {}
     claims_on = []
     allocated = 0
+    used = [0, 0]  # compute, memory slices of the allocated partitions
     for claim, share in sorted(
         shares, key=lambda cs: (cs[0].namespace, cs[0].name, cs[1].request, cs[1].share_id or "")
     ):
+        part = parts.get(share.device_key)
+        on = part or device
         # admin access is not counted against capacity by the scheduler: it reserves nothing
-        granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
+        granted = 0 if share.admin_access else share.memory if share.memory is not None else on.memory_total
         allocated += granted
+        if part is not None and not share.admin_access:
+            used[0] += part.compute_slices or 0
+            used[1] += part.memory_slices or 0
         claims_on.append(
             GpuShare(
                 namespace=claim.namespace,
@@ -131,6 +168,10 @@ def desired_gpu(
                 memory=format_bytes(granted),
                 admin_access=True if share.admin_access else None,
                 enforcement=claim.status_enforcement.get(share.entry_key),
+                device=part.device if part else None,
+                profile=part.profile if part else None,
+                placement=part.placement if part else None,
+                mig_uuid=claim.status_mig.get(share.entry_key) if part else None,
             )
         )
     status = GpuStatus(
@@ -147,6 +188,7 @@ def desired_gpu(
         share_enforcement=share_enforcement(claims_on),
         mps_trust_domain=mps_trust_domain,
         conditions=[GpuCondition.model_validate(reporting)] if reporting is not None else None,
+        mig=mig_status(device, used, len(claims_on)) if device.kind == mig.TYPE_MIG_PARENT else None,
     )
     name = gpu_object_name(device.node, device.device)
     return GpuObject(
@@ -158,7 +200,28 @@ def desired_gpu(
     )
 
 
-_TIER_ORDER = ("nvml", "mps", "hami-core", "none")
+def mig_status(device: DeviceRecord, used: list[int], partitions: int) -> GpuMigStatus:
+    """`status.mig` of a MIG GPU: its state and what its allocated partitions take (`used`: compute, memory)."""
+    state = device.mig_state or "error"
+    total_compute, total_memory = device.compute_slices or 0, device.memory_slices or 0
+    summary = (
+        f"{used[0]}/{total_compute} compute, {used[1]}/{total_memory} memory slices, {partitions} partitions"
+        if state == "enabled"
+        else f"MIG {state}"
+    )
+    return GpuMigStatus(
+        state=state,
+        message=mig.state_message(state, device.index),
+        used_compute_slices=used[0],
+        total_compute_slices=total_compute,
+        used_memory_slices=used[1],
+        total_memory_slices=total_memory,
+        partitions=partitions,
+        summary=summary,
+    )
+
+
+_TIER_ORDER = ("mig", "nvml", "mps", "hami-core", "none")
 
 
 def share_enforcement(shares: Iterable[GpuShare]) -> str:

@@ -94,7 +94,7 @@ class ClaimEvents:
     async def _unsatisfiable(self, claim: ClaimView) -> bool:
         ok = True
         devices = self._catalogue.devices().values()
-        for found in plan_unsatisfiable(claim, devices, self._context.device_class(), self._context.driver):
+        for found in plan_unsatisfiable(claim, devices, self._context.claim_classes(), self._context.driver):
             key = (REASON_UNSATISFIABLE, found.request, found.message)  # a changed reason is told again
             ok = await self._post_once(claim, key, REASON_UNSATISFIABLE, found.message) and ok
         return ok

@@ -1,15 +1,17 @@
 """Which pending requests no published GPU can ever satisfy, and the constraint no device meets (pure).
 
 A request alternative needs a device that passes every selector (its DeviceClass's, then its own) and
-admits its memory amount. A device is ruled out only by a selector that evaluates to false; a selector
+admits its memory amount. A MIG GPU itself (``type: mig-parent``) is never a candidate: only its partitions are
+allocated. A device is ruled out only by a selector that evaluates to false; a selector
 that cannot be evaluated (controller/status/selectors.py) rules nothing out, so every claim made is true: the
 message then says which selector was not evaluated.
 """
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from api.mig import TYPE_MIG_PARENT
 from api.quantity import format_bytes
 from controller.core.model import ClaimView, DeviceClassView, DeviceRecord, MemoryRequest
 from controller.status.selectors import NotEvaluated, evaluate
@@ -78,16 +80,28 @@ def _alternative(
 
 
 def plan_unsatisfiable(
-    claim: ClaimView, devices: Iterable[DeviceRecord], device_class: DeviceClassView | None, driver: str
+    claim: ClaimView,
+    devices: Iterable[DeviceRecord],
+    device_class: DeviceClassView | Mapping[str, DeviceClassView] | None,
+    driver: str,
 ) -> tuple[Unsatisfiable, ...]:
     """The requests of a pending claim that no device in `devices` can satisfy (none while nothing is
-    published: a GPU may still join). `device_class` is our DeviceClass as the cluster has it (None: unknown)."""
-    devices = list(devices)
+    published: a GPU may still join). `device_class`: our DeviceClasses as the cluster has them, by name (each
+    alternative is checked against the one it names; absent: unknown), or one for every alternative."""
+    devices = [d for d in devices if d.kind != TYPE_MIG_PARENT]
     if claim.allocated or not devices:
         return ()
     out = []
     for alternatives in claim.memory_requests:
-        reasons = [_alternative(m, devices, device_class, driver) for m in alternatives]
+        reasons = [
+            _alternative(
+                m,
+                devices,
+                device_class.get(m.device_class) if isinstance(device_class, Mapping) else device_class,
+                driver,
+            )
+            for m in alternatives
+        ]
         if all(r is not None for r in reasons):
             because = "; or ".join(r for r in reasons if r is not None)
             out.append(

@@ -14,7 +14,8 @@ from typing import Any, Protocol
 from pydantic import BaseModel, ConfigDict
 
 from api.gpu import AllocatedGpuData, gpu_object_name
-from api.quantity import format_bytes
+from api.mig import TYPE_MIG
+from api.quantity import MiB, format_bytes
 from controller.core.model import ClaimView, DeviceKey, DeviceRecord, Share
 
 
@@ -41,14 +42,20 @@ class StatusPlan(BaseModel):
 
 
 def share_data(
-    share: Share, device: DeviceRecord, enforcement: str | None = None, mps_domain: str | None = None
+    share: Share,
+    device: DeviceRecord,
+    enforcement: str | None = None,
+    mps_domain: str | None = None,
+    mig_uuid: str | None = None,
 ) -> dict[str, object]:
     """The `data` of the entry of `share`, allocated from `device` (admin access: memory "0", adminAccess);
     `enforcement`: the tier the node plugin reported for it (its `MemoryEnforcement` condition); `mps_domain`: on
-    an MPS GPU, the claim's trust domain."""
+    an MPS GPU, the claim's trust domain; a MIG partition also names its profile, placement and memory and
+    `mig_uuid`, what the plugin reported it made (its `MigPartition` condition); `gpu` is then its GPU's object."""
     granted = 0 if share.admin_access else share.memory if share.memory is not None else device.memory_total
+    partition = device.kind == TYPE_MIG
     return AllocatedGpuData(
-        gpu=gpu_object_name(device.node, device.device),
+        gpu=gpu_object_name(device.node, device.ledger_device),
         node=device.node,
         device=device.device,
         index=device.index,
@@ -59,6 +66,12 @@ def share_data(
         memory_total=format_bytes(device.memory_total),
         admin_access=True if share.admin_access else None,
         enforcement=enforcement,
+        profile=device.profile if partition else None,
+        placement=device.placement if partition else None,
+        partition_memory=format_bytes(device.partition_memory_mib * MiB)
+        if partition and device.partition_memory_mib
+        else None,
+        mig_uuid=mig_uuid if partition else None,
         mps_trust_domain=mps_domain,
     ).to_data()
 
@@ -87,7 +100,13 @@ def plan_status(
             data = existing
         else:
             enforcement = claim.status_enforcement.get(share.entry_key)
-            data = share_data(share, device, enforcement, part.domain if part is not None else None)
+            data = share_data(
+                share,
+                device,
+                enforcement,
+                part.domain if part is not None else None,
+                claim.status_mig.get(share.entry_key),
+            )
             changed = changed or data != existing
         condition = part.condition if part is not None else None
         if data is None and condition is None:

@@ -89,7 +89,7 @@ def device_input(device: DeviceRecord, driver: str) -> dict[str, Any]:
         "driver": driver,
         "attributes": device.attributes,
         "capacity": {driver: {MEMORY_CAPACITY: device.memory_total}},
-        "allowMultipleAllocations": True,
+        "allowMultipleAllocations": device.allow_multiple,
     }
 
 

@@ -8,7 +8,10 @@ of CONFIGS, each on its own fake Node with 8 simulated H100s: ``--driver-edits=n
 on a faithful fake driver root (the real nvidia-ctk generates its edits once, at start; every claim spec then
 carries them); the same with the usage sampler on every second; ``mps``: every GPU an MPS GPU, the MPS supervisor
 running the mock driver's daemons, so each prepare and unprepare also sets the GPU's ceiling through the control
-client (the supervisor's idle CPU and RSS are reported; the mock daemons' RSS is not the real daemon's); and
+client (the supervisor's idle CPU and RSS are reported; the mock daemons' RSS is not the real daemon's); ``mig``:
+every GPU a MIG GPU with MIG mode on, each claim (of the MIG DeviceClass) served by a 1g.10gb partition which
+each prepare creates and each unprepare destroys through NVML (the mock driver's: it keeps its instances in a
+state file, so what is measured is the plugin's work, not a real driver's instance creation); and
 ``go-reference``, a minimal Go plugin on the
 upstream kubeletplugin helper library (e2e/bench/goref: per claim a GET, a CDI spec file and a checkpoint write),
 on a node whose slices the bench publishes as ours would. Claims are allocated by the real scheduler; the plugins
@@ -34,6 +37,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
 
+from api.names import MIG_DEVICE_CLASS_NAME
 from e2e.bench import goref_plugin
 from e2e.bench.stats import summary_ms, table
 from harness import kube, mocknvml
@@ -98,6 +102,7 @@ CONFIGS: dict[str, list[str]] = {
     "toolkit": ["--driver-edits=toolkit"],  # claim specs carry the driver, as with the chart's defaults
     "toolkit-usage": ["--driver-edits=toolkit", "--usage-interval=1"],  # and the usage sampler, every second
     "mps": ["--driver-edits=none", "--mps-gpus=all"],  # every share an MPS client: the ceiling set per prepare
+    "mig": ["--driver-edits=none", "--mig-gpus=all"],  # every claim a MIG partition, made and destroyed per call
     GO_REFERENCE: [],  # not fracgpu: the Go reference plugin of e2e/bench/goref
 }
 """The plugin configurations measured side by side, by name: fracgpu's plugin flags, or the Go reference."""
@@ -139,18 +144,26 @@ def _start_plugin(api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane
         tools = binaries.ensure_built("nvidia-ctk", "nvidia-cdi-hook")
         flags += [f"--nvidia-ctk={tools['nvidia-ctk']}", f"--nvidia-cdi-hook-source={tools['nvidia-cdi-hook']}"]
     nvml = mocknvml.build(workdir / "nvml")
+    device_class, env = DRIVER, {}
+    if "--mig-gpus=all" in flags:
+        profile, device_class = _mig_profile(profile, workdir / "mig.profile"), MIG_DEVICE_CLASS_NAME
+        (workdir / "mig-state").mkdir(exist_ok=True)
+        env = {"FRACGPU_MOCK_NVML_STATE_DIR": str(workdir / "mig-state")}
+        flags.append(f"--mig-minors-file={workdir / mode / 'driver-root' / mocknvml.MIG_MINORS}")
     supervisor: subprocess.Popen[bytes] | None = None
     if "--mps-gpus=all" in flags:
         supervisor, root = _start_mps_supervisor(nvml, profile)
         flags += [f"--mps-root={root}", f"--mps-control={nvml / 'nvidia-cuda-mps-control'}"]
-    plugin = NodePluginProcess(workdir / mode, node, plane.kubeconfig, profile, nvml, *flags)
+    plugin = NodePluginProcess(workdir / mode, node, plane.kubeconfig, profile, nvml, *flags, env=env)
     if toolkit:
         install_driver(plugin.driver_root, profile, workdir / "driver-build")
     kubelet = plugin.start()
     kube.wait_for(
         lambda: client.ResourceV1Api(api).list_resource_slice(field_selector=f"spec.nodeName={node}").items, 30
     )
-    claims = kube.allocate_claims(api, dyn, NAMESPACE, node, device_class=DRIVER, memories=["1Gi"] * 33, timeout=120)
+    claims = kube.allocate_claims(
+        api, dyn, NAMESPACE, node, device_class=device_class, memories=["1Gi"] * 33, timeout=120
+    )
     if supervisor is None:
         return Started(plugin.procs.procs["plugin"].pid, plugin.stop, kubelet, claims)
 
@@ -161,6 +174,13 @@ def _start_plugin(api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane
         supervisor.wait(timeout=30)
 
     return Started(plugin.procs.procs["plugin"].pid, stop_both, kubelet, claims, supervisor.pid)
+
+
+def _mig_profile(profile: Path, out: Path) -> Path:
+    """`profile` with every GPU's MIG mode on (written to `out`)."""
+    minors = [k.removesuffix(".minor") for k in mocknvml.read_profile(profile) if k.endswith(".minor")]
+    out.write_text(profile.read_text() + "".join(f"\n{gpu}.mig_mode = enabled" for gpu in minors) + "\n")
+    return out
 
 
 def _start_mps_supervisor(nvml: Path, profile: Path) -> tuple[subprocess.Popen[bytes], Path]:
@@ -220,6 +240,10 @@ def run(cycles: int, workdir: Path, configs: list[str]) -> dict[str, Any]:
         api = config.new_client_from_config(config_file=str(plane.kubeconfig))
         dyn = DynamicClient(api)
         kube.ensure_device_class(dyn, DRIVER, DRIVER)
+        kube.ensure_device_class(  # as the chart's (charts/fracgpu/templates/deviceclass.yaml)
+            dyn, MIG_DEVICE_CLASS_NAME, DRIVER,
+            f'"type" in device.attributes["{DRIVER}"] && device.attributes["{DRIVER}"].type == "mig"',
+        )  # fmt: skip
         client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
         kube.wait_for(
             lambda: kube.exists(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", NAMESPACE)),

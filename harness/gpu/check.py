@@ -23,17 +23,23 @@ writes. Steps, each printed with what it saw:
    limit as the daemon prints it, each share's container allocating 20 % over and under its grant (with what each
    client sees) through its read-only pipe directory, control commands from a share and the plugin's repair, the
    client cap, and a share of a second trust domain commanding its own daemon;
-6. the verdict: PASS when both see exactly the granted GPU and ``NVIDIA_VISIBLE_DEVICES=void``, at the nvml
-   tier the allocation over the grant is refused and the one under it allowed, and the MPS step's parts held
+6. MIG (``harness/gpu/mig_step.py``; ``--no-mig`` skips it): each GPU's MIG mode; on the first GPU whose mode is
+   on, the smallest partition fracgpu publishes, made as prepare makes it (GPU instance at its placement, then the
+   compute instance), in a container that must see exactly that MIG device, then destroyed; skipped (no failure)
+   where no GPU has MIG mode on: the check never switches it;
+7. the verdict: PASS when both see exactly the granted GPU and ``NVIDIA_VISIBLE_DEVICES=void``, at the nvml
+   tier the allocation over the grant is refused and the one under it allowed, the MPS step's parts held
    (each MPS client's allocation over its grant refused and under it allowed, its pipe directory read-only and
    its client listed by the daemon, the repair finding nothing twice after a set and finding and undoing a
    share's command, at least ``mpsClients`` clients taken, the first domain's daemon unchanged by the second's
-   share); without nvml the verdict says why and that the memory cap was not checked (no failure).
+   share), and the MIG container sees only its partition; without nvml the verdict says why and that the memory
+   cap was not checked (no failure).
 
 Exit status 0 on PASS, 1 on FAIL (the reasons are printed), 2 for bad usage.
 """
 
 import argparse
+import os
 import signal
 import sys
 import time
@@ -45,7 +51,7 @@ from typing import Any
 
 from api.names import DRIVER_NAME, MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
-from harness.gpu import container, mps_step, report
+from harness.gpu import container, mig_step, mps_step, report
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector, probe_nvml_limits, static_facts
@@ -89,6 +95,7 @@ def step(name: str) -> Iterator[None]:
         OSError,
         mps_step.MpsStepError,
         MpsControlError,
+        mig_step.MigStepError,
     ) as err:
         raise CheckError(f"{name}: {err}") from err
     say(f"-- {name} done in {time.monotonic() - start:.1f} s")
@@ -169,7 +176,9 @@ def tier_line(device: str, tiers: GpuTiers) -> str:
     return f"enforcement {device}: available {', '.join(tiers.available)}{missing}"
 
 
-def run(work: Path, driver_root: Path, memory: str, *, with_mps: bool = True) -> tuple[list[str], str]:
+def run(
+    work: Path, driver_root: Path, memory: str, *, with_mps: bool = True, with_mig: bool = True
+) -> tuple[list[str], str]:
     """Run the steps; the reasons the check fails (empty: PASS) and the memory-cap note for the verdict. Raises
     CheckError when a step cannot finish."""
     bin_dir, rootfs = work / "bin", work / "rootfs"
@@ -228,7 +237,13 @@ def run(work: Path, driver_root: Path, memory: str, *, with_mps: bool = True) ->
         "" if nvml else report.not_checked(tiers[gpu.device_name].missing.get("nvml", f"the share's tier is {tier}"))
     )
     smi = _mounted(edits, "nvidia-smi")
-    runtime = container.Runtime(bin_dir / "nvidia-container-runtime", bin_dir / "runc", work)
+    simulated = os.environ.get(container.STATE_ENV)  # the mock driver's state (tests only), see container.py
+    runtime = container.Runtime(
+        bin_dir / "nvidia-container-runtime",
+        bin_dir / "runc",
+        work,
+        simulated_state=Path(simulated) if simulated else None,
+    )
     with step("container (nvidia-container-runtime cdi mode + runc)"):
         caps = report.cap_sizes(granted.memory_mib) if nvml else ()
         script = report.container_script(BUSYBOX, smi, PROBE, caps)
@@ -271,6 +286,12 @@ def run(work: Path, driver_root: Path, memory: str, *, with_mps: bool = True) ->
             found += mps_step.run(
                 settings, gpus, edits=edits, nodes=nodes, runtime=runtime, rootfs=rootfs, tools=tools, say=say
             )
+    if with_mig:
+        with step("MIG"):
+            found += mig_step.run(
+                settings, gpus, edits=edits, nodes=nodes, tiers=tiers, runtime=runtime, rootfs=rootfs,
+                script=lambda: report.container_script(BUSYBOX, smi, PROBE), say=say,
+            )  # fmt: skip
     return found, cap_note
 
 
@@ -314,6 +335,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--driver-root", type=Path, default=Path("/"), help="where the NVIDIA driver is installed")
     p.add_argument("--memory", default="10Gi", help="the share's memory (a Kubernetes quantity)")
     p.add_argument("--no-mps", action="store_true", help="skip the MPS step")
+    p.add_argument("--no-mig", action="store_true", help="skip the MIG step")
     args = p.parse_args(argv)
     try:
         if to_bytes(args.memory) <= 0:
@@ -326,7 +348,9 @@ def main(argv: list[str] | None = None) -> int:
     if missing:
         p.error(f"not an unpacked bundle: {', '.join(missing)} missing (harness/gpu/check.sh unpacks it)")
     try:
-        reasons, cap_note = run(work, args.driver_root.resolve(), args.memory, with_mps=not args.no_mps)
+        reasons, cap_note = run(
+            work, args.driver_root.resolve(), args.memory, with_mps=not args.no_mps, with_mig=not args.no_mig
+        )
     except CheckError as err:
         reasons, cap_note = [str(err)], ""
     say(report.verdict(reasons, cap_note))

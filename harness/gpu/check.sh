@@ -2,7 +2,7 @@
 # The real-GPU check, on a machine with an NVIDIA driver and GPU and nothing else installed (no network).
 #
 #   harness/gpu/check.sh [--bundle DIR] [--driver-root DIR] [--nvml-library-dir DIR] [--ldconfig]
-#                    [--create-device-nodes] [--memory 10Gi] [--keep]
+#                        [--create-device-nodes] [--memory 10Gi] [--no-mps] [--no-mig] [--keep]
 #
 # Needs root, python3 >= 3.11 (FRACGPU_GPU_CHECK_PYTHON names another) and the bundle `make gpu-check-bundle`
 # builds (default build/gpu-check). Unpacks the bundle into a temporary work dir, installs the bundle's wheels
@@ -11,7 +11,8 @@
 # --ldconfig first runs the host's ldconfig, as a driver installation does (nvidia-ctk finds the driver's
 # libraries through the loader cache or standard directories); --create-device-nodes first runs the bundled
 # `nvidia-ctk system create-device-nodes --control-devices` (as NVIDIA's nvidia-cdi-refresh does: the plugin
-# needs nvidiactl, nvidia-uvm and nvidia-uvm-tools); --keep leaves the work dir.
+# needs nvidiactl, nvidia-uvm and nvidia-uvm-tools); --no-mps and --no-mig skip those steps; --keep leaves the
+# work dir.
 # Exit status: check.py's (0 PASS, 1 FAIL), 2 for a bad setup, 124 past the deadline (240 s).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -19,6 +20,7 @@ bundle="$repo/build/gpu-check"
 driver_root=/
 memory=10Gi
 keep=0
+skip=()
 ldconfig=0
 device_nodes=0
 deadline_s=${FRACGPU_GPU_CHECK_DEADLINE_S:-240}
@@ -29,9 +31,10 @@ while [ $# -gt 0 ]; do
     --nvml-library-dir) export LD_LIBRARY_PATH="$2${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"; shift 2 ;;
     --memory) memory=$2; shift 2 ;;
     --keep) keep=1; shift ;;
+    --no-mps|--no-mig) skip+=("$1"); shift ;;
     --ldconfig) ldconfig=1; shift ;;
     --create-device-nodes) device_nodes=1; shift ;;
-    -h|--help) sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "check.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -88,7 +91,7 @@ say "venv: $work/venv ($(wc -l < "$bundle/requirements.txt") distributions from 
 left=$(( deadline_s - ($(date +%s) - start) ))
 rc=0
 PYTHONPATH="$repo" PYTHONUNBUFFERED=1 timeout "$left" "$work/venv/bin/python" -m harness.gpu.check \
-  --work "$work" --driver-root "$driver_root" --memory "$memory" || rc=$?
+  --work "$work" --driver-root "$driver_root" --memory "$memory" "${skip[@]}" || rc=$?
 [ "$rc" != 124 ] || say "FAIL: the check did not finish within the ${deadline_s} s deadline"
 say "finished in $(( $(date +%s) - start )) s"
 exit "$rc"

@@ -7,6 +7,11 @@ runc. The bundle's ``config.json`` starts as ``runc spec``'s template. The conta
 ``/fracgpu-gpu-check/<name>`` (``linux.cgroupsPath``, cgroupfs driver: on cgroup v2 a directory of the unified
 hierarchy, the one NVIDIA's ``apply-cuda-memory-limits`` hook resolves from ``/proc/<pid>/cgroup`` and caps);
 the parent is removed again after the container. Every call has a timeout.
+
+Against the simulated driver only (tests/integration/test_gpu_check.py), ``Runtime.simulated_state`` names the
+mock driver's state directory (``FRACGPU_MOCK_NVML_STATE_DIR``: its MIG instances, the stand-in for the kernel's),
+bind-mounted read-only into the container at the same path and named in its environment, as the e2e test pods
+mount it. A real driver needs nothing of the kind.
 """
 
 import contextlib
@@ -21,6 +26,7 @@ ANNOTATION = "cdi.k8s.io/fracgpu-gpu-check"
 CGROUP_PARENT = "fracgpu-gpu-check"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTAINER_PATH = "PATH=/usr/local/bin:/usr/bin:/bin"
+STATE_ENV = "FRACGPU_MOCK_NVML_STATE_DIR"
 
 
 class ContainerError(Exception):
@@ -35,6 +41,8 @@ class Runtime:
     runc: Path
     work: Path  # config, runc state, logs
     timeout_s: float = 30.0
+    simulated_state: Path | None = None
+    """The mock driver's state directory, given to the container (see the module docstring); None on a real one."""
 
     @property
     def config_file(self) -> Path:
@@ -83,14 +91,26 @@ def _tail(path: Path, limit: int = 3000) -> str:
 
 
 def bundle_config(
-    template: dict[str, Any], rootfs: Path, args: list[str], cdi_device: str, name: str
+    template: dict[str, Any],
+    rootfs: Path,
+    args: list[str],
+    cdi_device: str,
+    name: str,
+    *,
+    simulated_state: Path | None = None,
 ) -> dict[str, Any]:
     """``runc spec``'s template with our root, process, cgroup ``/fracgpu-gpu-check/<name>`` and the CDI device
-    annotation."""
+    annotation (and the simulated driver's state, see the module docstring)."""
     config = dict(template)
     config["linux"] = {**template.get("linux", {}), "cgroupsPath": f"/{CGROUP_PARENT}/{name}"}
     config["root"] = {"path": str(rootfs), "readonly": False}
-    config["process"] = {**template["process"], "terminal": False, "args": args, "env": [CONTAINER_PATH]}
+    env = [CONTAINER_PATH]
+    if simulated_state is not None:
+        state = str(simulated_state)
+        mount = {"destination": state, "type": "bind", "source": state, "options": ["rbind", "ro"]}
+        config["mounts"] = [*(template.get("mounts") or []), mount]
+        env.append(f"{STATE_ENV}={state}")
+    config["process"] = {**template["process"], "terminal": False, "args": args, "env": env}
     config["annotations"] = {**(template.get("annotations") or {}), ANNOTATION: cdi_device}
     config["hostname"] = "fracgpu-gpu-check"
     return config
@@ -111,7 +131,7 @@ def run_with_device(runtime: Runtime, rootfs: Path, args: list[str], cdi_device:
         raise ContainerError(f"runc spec exited with {spec.returncode}: {spec.stderr.strip()}")
     name = f"fracgpu-gpu-check-{time.time_ns()}"
     template = json.loads((bundle / "config.json").read_text())
-    config = bundle_config(template, rootfs, args, cdi_device, name)
+    config = bundle_config(template, rootfs, args, cdi_device, name, simulated_state=rt.simulated_state)
     (bundle / "config.json").write_text(json.dumps(config, indent=2))
     env = {"NVIDIA_CTK_CONFIG_FILE_PATH": str(rt.config_file), "PATH": "/usr/sbin:/usr/bin:/sbin:/bin"}
     runc = [str(rt.runc), "--root", str(rt.state_dir)]

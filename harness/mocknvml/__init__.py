@@ -10,6 +10,11 @@ PROFILES = HERE / "profiles"
 NVIDIA_MAJOR = 195
 NVIDIACTL_MINOR = 255
 DEVICE_NODE_MODE = 0o666  # as the NVIDIA driver creates them (NVreg_DeviceFileMode default)
+NVIDIA_CAPS_MAJOR = 508
+"""The character major of the simulated driver's MIG capability nodes (the real one's is dynamic)."""
+CAPS_NODE_MODE = 0o444  # as nvidia-modprobe creates them
+MIG_MINORS = "proc/driver/nvidia-caps/mig-minors"
+"""Where a driver root keeps the simulated driver's table of MIG capability minors (the real one is in /proc)."""
 
 
 def build(outdir: Path) -> Path:
@@ -35,19 +40,44 @@ def gpu_minors(profile: Path) -> list[int]:
     return sorted(int(v) for k, v in values.items() if k.startswith("gpu.") and k.endswith(".minor"))
 
 
-def _mknod(path: Path, major: int, minor: int) -> None:
-    """A character device node like the NVIDIA driver's: mode 0666 whatever the umask."""
+def mig_gpu_minors(profile: Path) -> list[int]:
+    """Minor numbers of the profile's GPUs that have a `gpu.<i>.mig_mode` (MIG GPUs of the tests, whatever mode)."""
+    values = read_profile(profile)
+    indices = {k.split(".")[1] for k in values if k.startswith("gpu.") and k.endswith(".mig_mode")}
+    return sorted(int(values[f"gpu.{i}.minor"]) for i in indices)
+
+
+def cap_minor(gpu_minor: int, gpu_instance: int, compute_instance: int | None = None) -> int:
+    """A MIG capability minor as the driver's mig-minors table numbers them (harness/mocknvml/mock_mig.h)."""
+    return 3 + 135 * gpu_minor + 9 * gpu_instance + (0 if compute_instance is None else 1 + compute_instance)
+
+
+def mig_minors_table() -> str:
+    """The driver's /proc/driver/nvidia-caps/mig-minors: config, monitor and every GPU, GPU and compute instance."""
+    lines = ["config 1", "monitor 2"]
+    for gpu in range(32):
+        for gi in range(15):
+            lines.append(f"gpu{gpu}/gi{gi}/access {cap_minor(gpu, gi)}")
+            lines += [f"gpu{gpu}/gi{gi}/ci{ci}/access {cap_minor(gpu, gi, ci)}" for ci in range(8)]
+    return "\n".join(lines) + "\n"
+
+
+def _mknod(path: Path, major: int, minor: int, mode: int = DEVICE_NODE_MODE) -> None:
+    """A character device node like the NVIDIA driver's: mode 0666 (or `mode`) whatever the umask."""
     if path.is_symlink() or path.exists():
         st = path.lstat()
         if not (stat.S_ISCHR(st.st_mode) and (os.major(st.st_rdev), os.minor(st.st_rdev)) == (major, minor)):
             path.unlink()
     if not path.exists():
-        os.mknod(path, DEVICE_NODE_MODE | stat.S_IFCHR, os.makedev(major, minor))
-    os.chmod(path, DEVICE_NODE_MODE)  # mknod applies the umask
+        os.mknod(path, mode | stat.S_IFCHR, os.makedev(major, minor))
+    os.chmod(path, mode)  # mknod applies the umask
 
 
 def make_driver_root(root: Path, profile: Path) -> Path:
-    """Create `<root>/dev/nvidia<minor>` per GPU, nvidiactl, nvidia-uvm and nvidia-uvm-tools, all 0666 (needs root)."""
+    """Create `<root>/dev/nvidia<minor>` per GPU, nvidiactl, nvidia-uvm and nvidia-uvm-tools, all 0666 (needs root);
+    for the profile's MIG GPUs (`mig_gpu_minors`) also every MIG capability node `dev/nvidia-caps/nvidia-cap<minor>`
+    (config, monitor and those of each GPU and compute instance), 0444, and the driver's table of their minors at
+    `<root>/proc/driver/nvidia-caps/mig-minors` (the real driver keeps it in /proc)."""
     dev = root / "dev"
     dev.mkdir(parents=True, exist_ok=True)
     uvm_major = int(read_profile(profile).get("uvm_major", "510"))
@@ -56,6 +86,15 @@ def make_driver_root(root: Path, profile: Path) -> Path:
     _mknod(dev / "nvidiactl", NVIDIA_MAJOR, NVIDIACTL_MINOR)
     _mknod(dev / "nvidia-uvm", uvm_major, 0)
     _mknod(dev / "nvidia-uvm-tools", uvm_major, 1)
+    mig = mig_gpu_minors(profile)
+    if mig:
+        caps = dev / "nvidia-caps"
+        caps.mkdir(exist_ok=True)
+        for minor in [1, 2, *(m for g in mig for m in range(cap_minor(g, 0), cap_minor(g, 15)))]:
+            _mknod(caps / f"nvidia-cap{minor}", NVIDIA_CAPS_MAJOR, minor, CAPS_NODE_MODE)
+        table = root / MIG_MINORS
+        table.parent.mkdir(parents=True, exist_ok=True)
+        table.write_text(mig_minors_table())
     return root
 
 
@@ -63,7 +102,10 @@ def build_nvml_variant(outdir: Path, *cflags: str) -> Path:
     """Compile only the mock libnvidia-ml.so.1 into `outdir` with extra C flags (e.g.
     `-DMOCK_NO_RUNNING_PROCESSES`: a driver without the per-process calls); return `outdir`."""
     outdir.mkdir(parents=True, exist_ok=True)
-    sources = [str(HERE / "mock_nvml.c"), str(HERE / "mock_nvml_events.c"), str(HERE / "mock_profile.c")]
+    sources = [
+        str(HERE / name)
+        for name in ("mock_nvml.c", "mock_nvml_events.c", "mock_nvml_mig.c", "mock_mig.c", "mock_profile.c")
+    ]
     argv = ["cc", "-O2", "-Wall", "-Wextra", "-Werror", *cflags, "-shared", "-fPIC", "-Wl,-soname,libnvidia-ml.so.1"]
     subprocess.run(
         [*argv, "-o", str(outdir / "libnvidia-ml.so.1"), *sources, "-lpthread"], check=True, capture_output=True

@@ -38,14 +38,17 @@ mps() {
   ln -f "$outdir/nvidia-cuda-mps-control" "$outdir/nvidia-cuda-mps-server"
 }
 
+# Every NVML build has these; the full one adds mock_nvml_limits.c.
+nvml=("$src/mock_nvml.c" "$src/mock_nvml_events.c" "$src/mock_nvml_mig.c" "$src/mock_mig.c" "$src/mock_profile.c")
+
 "${cc[@]}" -o "$outdir/nvidia-smi" "$src/mock_nvidia_smi.c" -ldl
 "${cc[@]}" -o "$outdir/cuda-probe" "$src/cuda_probe.c" -ldl
 
 if [ -z "$profile" ]; then
-  lib libnvidia-ml.so.1 libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_events.c" "$src/mock_nvml_limits.c" "$src/mock_profile.c" -lpthread
+  lib libnvidia-ml.so.1 libnvidia-ml.so.1 "${nvml[@]}" "$src/mock_nvml_limits.c" -lpthread
   mkdir -p "$outdir/without-memory-limits"
-  lib without-memory-limits/libnvidia-ml.so.1 libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_events.c" "$src/mock_profile.c" -lpthread
-  lib libcuda.so.1 libcuda.so.1 "$src/mock_cuda.c" "$src/mock_profile.c" -lpthread
+  lib without-memory-limits/libnvidia-ml.so.1 libnvidia-ml.so.1 "${nvml[@]}" -lpthread
+  lib libcuda.so.1 libcuda.so.1 "$src/mock_cuda.c" "$src/mock_mig.c" "$src/mock_profile.c" -lpthread
   mps "$src/mock_mps_control.c" "$src/mock_profile.c"
   echo "built $outdir/{libnvidia-ml.so.1,libcuda.so.1,nvidia-smi,cuda-probe,nvidia-cuda-mps-control,nvidia-cuda-mps-server}"
   exit 0
@@ -67,9 +70,8 @@ driver_lib() {
   lib "$@"
   [ "$2" = "$1" ] || ln -sfn "$1" "$outdir/$2"
 }
-driver_lib "libnvidia-ml.so.$version" libnvidia-ml.so.1 "$src/mock_nvml.c" "$src/mock_nvml_events.c" "$src/mock_nvml_limits.c" "$src/mock_profile.c" \
-  "${embed[@]}" -lpthread
-driver_lib "libcuda.so.$version" libcuda.so.1 "$src/mock_cuda.c" "$src/mock_profile.c" "${embed[@]}" -lpthread
+driver_lib "libnvidia-ml.so.$version" libnvidia-ml.so.1 "${nvml[@]}" "$src/mock_nvml_limits.c" "${embed[@]}" -lpthread
+driver_lib "libcuda.so.$version" libcuda.so.1 "$src/mock_cuda.c" "$src/mock_mig.c" "$src/mock_profile.c" "${embed[@]}" -lpthread
 mps "$src/mock_mps_control.c" "$src/mock_profile.c" "${embed[@]}"
 
 # Other libraries of a compute driver installation, as stubs: <name> <soname> (the real drivers' sonames).

@@ -11,7 +11,8 @@
  * several clients can be alive at once; the hold ends after hold_seconds or at the first line on stdin (end
  * of input does not end it), then the same allocation is tried once more and a second line reports it:
  *   {"after_hold":{"mib":1024,"result":"CUDA_ERROR_OUT_OF_MEMORY"}}
- * (frees then are best effort; exit 0). Each device also reports cuDeviceGetAttribute(MULTIPROCESSOR_COUNT),
+ * (frees then are best effort; exit 0). Each device also reports cuDeviceGetAttribute(MULTIPROCESSOR_COUNT) and
+ * "mig_uuid": the MIG UUID cuDeviceGetUuid_v2 gives a MIG device (null for a whole GPU, whose v2 UUID is its own),
  * and "mps" shows the MPS client environment the driver reads (CUDA_MPS_PIPE_DIRECTORY, default
  * /tmp/nvidia-mps; the two limits, null when unset).
  *
@@ -50,6 +51,7 @@ static struct {
     CUresult (*get)(CUdevice *, int);
     CUresult (*name)(char *, int, CUdevice);
     CUresult (*uuid)(CUuuid *, CUdevice);
+    CUresult (*uuid_v2)(CUuuid *, CUdevice); /* optional: CUDA 11.4+ */
     CUresult (*attribute)(int *, int, CUdevice);
     CUresult (*ctx_create)(CUcontext *, unsigned int, CUdevice);
     CUresult (*ctx_destroy)(CUcontext);
@@ -120,6 +122,7 @@ static int load(void) {
             return 0;
         }
     }
+    *(void **)&cu.uuid_v2 = dlsym(lib, "cuDeviceGetUuid_v2");
     return 1;
 }
 
@@ -184,7 +187,7 @@ int main(int argc, char **argv) {
     enum { MAX_DEVICES = 64 };
     struct {
         char name[256];
-        CUuuid uuid;
+        CUuuid uuid, uuid_v2;
         int sm_count;
         size_t free_bytes, total;
     } devs[MAX_DEVICES];
@@ -200,6 +203,10 @@ int main(int argc, char **argv) {
         }
         if ((r = cu.uuid(&devs[i].uuid, dev)) != 0) {
             return failed("cuDeviceGetUuid", r);
+        }
+        devs[i].uuid_v2 = devs[i].uuid;
+        if (cu.uuid_v2 != NULL && (r = cu.uuid_v2(&devs[i].uuid_v2, dev)) != 0) {
+            return failed("cuDeviceGetUuid_v2", r);
         }
         if ((r = cu.attribute(&devs[i].sm_count, 16 /* CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT */, dev)) != 0) {
             return failed("cuDeviceGetAttribute", r);
@@ -248,6 +255,13 @@ int main(int argc, char **argv) {
         json_string(devs[i].name);
         printf(",\"uuid\":\"GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\"",
                b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]);
+        const unsigned char *m = devs[i].uuid_v2.bytes;
+        if (memcmp(m, b, 16) == 0) {
+            printf(",\"mig_uuid\":null");
+        } else {
+            printf(",\"mig_uuid\":\"MIG-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x\"", m[0],
+                   m[1], m[2], m[3], m[4], m[5], m[6], m[7], m[8], m[9], m[10], m[11], m[12], m[13], m[14], m[15]);
+        }
         printf(",\"total_mib\":%zu,\"free_mib\":%zu,\"multiprocessor_count\":%d}", devs[i].total >> 20,
                devs[i].free_bytes >> 20, devs[i].sm_count);
     }

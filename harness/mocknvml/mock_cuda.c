@@ -17,7 +17,15 @@
  * returned device pointers must not be dereferenced on the host (nor can they be on a real GPU).
  * cuDeviceGetAttribute(MULTIPROCESSOR_COUNT) is the profile's gpu.<i>.sm_count. CUDA_VISIBLE_DEVICES selects
  * and orders the devices as CUDA does (ordinals among those the process can open, or UUIDs; the list ends at the
- * first entry that names none), so an image that sets it to a device the container lacks gets no device.
+ * first entry that names none; a MIG device is named by its MIG UUID too), so an image that sets it to a device
+ * the container lacks gets no device.
+ *
+ * MIG (mock_mig.h): a GPU whose MIG mode is on is not a CUDA device itself; each of its compute instances whose
+ * GPU-instance and compute-instance capability nodes (/dev/nvidia-caps/nvidia-cap<minor>) the process can open
+ * is one, in GI then CI id order, with its GPU instance's memory and its compute instance's multiprocessors, the
+ * name "<GPU name> MIG <profile>", the GPU's PCI address, cuDeviceGetUuid the GPU's UUID and cuDeviceGetUuid_v2
+ * its MIG UUID, as CUDA does. The instances come from the driver's state (the state dir of mock_mig.h); a
+ * process that cannot read it sees a MIG-mode GPU's profile mode and no instance.
  *
  * Compute mode (mock_mps.h: state files shared with the mock NVML): without MPS, cuCtxCreate_v2 returns
  * CUDA_ERROR_DEVICES_UNAVAILABLE on a PROHIBITED GPU, and on an EXCLUSIVE_PROCESS GPU that a live MPS
@@ -49,6 +57,7 @@
  *
  * Build: harness/mocknvml/build.sh [outdir]
  */
+#include "mock_mig.h"
 #include "mock_mps.h"
 #include "mock_profile.h"
 
@@ -146,7 +155,9 @@ static void visible_locked(void) {
         unsigned long index = strtoul(item, &end, 10);
         int found = -1;
         for (unsigned int i = 0; i < g_state.count && found < 0; i++) {
-            if (strcmp(item, g_state.gpus[i].uuid) == 0 || (end != item && *end == '\0' && index == i)) {
+            const char *mig = g_state.gpus[i].mig_uuid;
+            if (strcmp(item, g_state.gpus[i].uuid) == 0 || (mig[0] != '\0' && strcmp(item, mig) == 0) ||
+                (end != item && *end == '\0' && index == i)) {
                 found = (int)i;
             }
         }
@@ -160,12 +171,44 @@ static void visible_locked(void) {
     g_state.count = n;
 }
 
+/* Replaces each GPU in MIG mode by the compute instances this process may open (see the file comment). */
+static void expand_mig(void) {
+    static mock_state whole;
+    whole = g_state;
+    g_state.count = 0;
+    for (unsigned int i = 0; i < whole.count; i++) {
+        const mock_device *gpu = &whole.gpus[i];
+        const mock_mig_table *t = mock_mig_table_of(gpu);
+        mock_mig_state s;
+        if (t == NULL || !mock_mig_load(&whole, gpu, &s) || s.current != 1) {
+            g_state.gpus[g_state.count++] = *gpu;
+            continue;
+        }
+        for (unsigned int g = 0; g < MOCK_MIG_GI_IDS; g++) {
+            const mock_mig_profile *p = s.gi[g].used ? mock_mig_profile_by_id(t, s.gi[g].profile_id) : NULL;
+            for (unsigned int c = 0; p != NULL && c < MOCK_MIG_CI_IDS && g_state.count < MOCK_MAX_GPUS; c++) {
+                if (!s.gi[g].ci[c].used || !mock_mig_cap_openable(mock_mig_cap_minor(gpu->minor, g, -1)) ||
+                    !mock_mig_cap_openable(mock_mig_cap_minor(gpu->minor, g, (int)c))) {
+                    continue;
+                }
+                mock_device *d = &g_state.gpus[g_state.count++];
+                *d = *gpu;
+                snprintf(d->name, sizeof(d->name), "%s MIG %s", gpu->name, p->name);
+                d->memory_mib = p->memory_mib;
+                d->sm_count = mock_mig_ci_multiprocessors(t, p, s.gi[g].ci[c].slices);
+                mock_mig_uuid(gpu->uuid, g, c, s.gi[g].serial, d->mig_uuid);
+            }
+        }
+    }
+}
+
 /* Reads the profile once; returns the CUresult cuInit reports for it. Caller holds g_lock. */
 static CUresult load_locked(void) {
     if (!g_loaded) {
         switch (mock_profile_load("fracgpu mock CUDA", &g_state)) {
         case MOCK_PROFILE_OK:
             g_loaded = 1;
+            expand_mig();
             visible_locked();
             break;
         case MOCK_PROFILE_MISSING:
@@ -433,7 +476,14 @@ CUresult cuDeviceGetUuid(CUuuid *uuid, CUdevice dev) {
 }
 
 CUresult cuDeviceGetUuid_v2(CUuuid *uuid, CUdevice dev) {
-    return cuDeviceGetUuid(uuid, dev); /* no MIG: the GPU's own UUID */
+    CUresult ret = cuDeviceGetUuid(uuid, dev);
+    const char *mig = ret == CUDA_SUCCESS ? g_state.gpus[dev].mig_uuid : "";
+    if (*mig == '\0') {
+        return ret; /* a whole GPU: its own UUID */
+    }
+    char as_gpu[MOCK_UUID_SIZE]; /* the MIG UUID's hex digits, in the form mock_uuid_bytes reads */
+    snprintf(as_gpu, sizeof(as_gpu), "GPU-%s", mig + 4);
+    return mock_uuid_bytes(as_gpu, (unsigned char *)uuid->bytes) ? CUDA_SUCCESS : CUDA_ERROR_UNKNOWN;
 }
 
 CUresult cuDeviceTotalMem_v2(size_t *bytes, CUdevice dev) {

@@ -7,7 +7,9 @@
  * can open. It links only libc. Supported:
  *
  *   nvidia-smi                    a short table: driver and CUDA version, one row per GPU with memory
- *   nvidia-smi -L | --list-gpus   GPU <i>: <name> (UUID: GPU-...)
+ *   nvidia-smi -L | --list-gpus   GPU <i>: <name> (UUID: GPU-...), then the GPU's MIG devices NVML lets this
+ *                                 process see, as the real tool prints them:
+ *                                   MIG 1g.10gb     Device  0: (UUID: MIG-...)
  *   nvidia-smi --query-gpu=<fields> --format=csv[,noheader][,nounits]
  *       fields: index name uuid memory.total memory.used memory.free driver_version pci.bus_id count
  *
@@ -45,6 +47,9 @@ static struct {
     nvml_return (*uuid)(nvml_device, char *, unsigned int);
     nvml_return (*memory)(nvml_device, nvml_memory *);
     nvml_return (*pci)(nvml_device, nvml_pci *);
+    /* MIG; optional: a driver without them lists no MIG devices */
+    nvml_return (*max_mig)(nvml_device, unsigned int *);
+    nvml_return (*mig_by_index)(nvml_device, unsigned int, nvml_device *);
 } nvml;
 
 typedef struct {
@@ -85,12 +90,38 @@ static int load_nvml(void) {
             return 0;
         }
     }
+    *(void **)&nvml.max_mig = dlsym(lib, "nvmlDeviceGetMaxMigDeviceCount");
+    *(void **)&nvml.mig_by_index = dlsym(lib, "nvmlDeviceGetMigDeviceHandleByIndex");
     return 1;
 }
+
 
 static int fail(nvml_return ret, const char *what) {
     fprintf(stderr, "%s: %s\n", what, nvml.error_string(ret));
     return ret;
+}
+
+/* The MIG devices of GPU `dev` this process may see, one line each; returns an NVML error or 0. */
+static int list_mig(nvml_device dev) {
+    unsigned int max = 0;
+    if (nvml.max_mig == NULL || nvml.mig_by_index == NULL || nvml.max_mig(dev, &max) != 0) {
+        return 0; /* no MIG on this GPU or driver */
+    }
+    for (unsigned int i = 0; i < max; i++) {
+        nvml_device mig;
+        char name[96], uuid[96];
+        nvml_return ret = nvml.mig_by_index(dev, i, &mig);
+        if (ret == 6 /* NVML_ERROR_NOT_FOUND: no more */ || ret == 3 /* NOT_SUPPORTED: MIG mode off */) {
+            return 0;
+        }
+        if (ret != 0 || (ret = nvml.name(mig, name, sizeof(name))) != 0 ||
+            (ret = nvml.uuid(mig, uuid, sizeof(uuid))) != 0) {
+            return fail(ret, "Unable to query MIG device");
+        }
+        const char *profile = strstr(name, " MIG ");
+        printf("  MIG %-12s Device %2u: (UUID: %s)\n", profile != NULL ? profile + 5 : name, i, uuid);
+    }
+    return 0;
 }
 
 static int gpu(unsigned int index, gpu_info *out) {
@@ -118,6 +149,10 @@ static int list(unsigned int count) {
             return ret;
         }
         printf("GPU %u: %s (UUID: %s)\n", i, g.name, g.uuid);
+        nvml_device dev;
+        if ((ret = nvml.by_index(i, &dev)) != 0 || (ret = list_mig(dev)) != 0) {
+            return ret;
+        }
     }
     return 0;
 }

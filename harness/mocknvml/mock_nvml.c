@@ -25,8 +25,10 @@
  *   gpu.<i>.pci_device_id   = 0x233010de         (optional: device id << 16 | vendor id)
  *   gpu.<i>.sm_count        = 132                (optional: multiprocessors, for libcuda; default 132
  *                                                 for hopper, 108 for ampere, else 80)
- *   state_dir               = /run/fracgpu-mock  (optional: where compute modes and MPS servers are kept,
- *                                                 shared by all processes; FRACGPU_MOCK_NVML_STATE_DIR
+ *   gpu.<i>.mig_mode        = enabled            (optional: disabled (default), enabled or pending-enable;
+ *                                                 the MIG mode a GPU starts with, see mock_mig.h)
+ *   state_dir               = /run/fracgpu-mock  (optional: where compute modes, MPS servers and MIG instances
+ *                                                 are kept, shared by all processes; FRACGPU_MOCK_NVML_STATE_DIR
  *                                                 wins; see mock_mps.h)
  *
  * GPU indices must run 0..n-1 (n <= 64) and every GPU needs all non-optional keys; UUIDs, minors and
@@ -54,6 +56,8 @@ enum {
     MOCK_ERROR_NOT_FOUND = 6,
     MOCK_ERROR_INSUFFICIENT_SIZE = 7,
     MOCK_ERROR_TIMEOUT = 10,
+    MOCK_ERROR_IN_USE = 19,
+    MOCK_ERROR_INSUFFICIENT_RESOURCES = 23,
     MOCK_ERROR_LIBRARY_NOT_FOUND = 12,
     MOCK_ERROR_GPU_IS_LOST = 15,
     MOCK_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
@@ -97,6 +101,9 @@ static pthread_mutex_t g_lock = PTHREAD_MUTEX_INITIALIZER;
 /* mock_nvml_events.c: the control file's history on init; whether a GPU fell off the bus */
 MOCK_HIDDEN void mock_events_init(void);
 MOCK_HIDDEN int mock_events_lost(unsigned int index);
+/* mock_nvml_mig.c: what a MIG device handle stands for (returns 0 for other handles) */
+MOCK_HIDDEN int mock_nvml_mig_device(const void *handle, mock_return *ret, char *uuid, char *name,
+                                     unsigned long long *memory_mib);
 
 /* Reads the profile into g_state. Returns MOCK_SUCCESS or the error nvmlInit* should return. */
 static mock_return load_profile(void) {
@@ -202,6 +209,10 @@ const char *nvmlErrorString(mock_return result) {
         return "Insufficient Size";
     case MOCK_ERROR_TIMEOUT:
         return "Timeout";
+    case MOCK_ERROR_IN_USE:
+        return "In use by another client";
+    case MOCK_ERROR_INSUFFICIENT_RESOURCES:
+        return "Insufficient resources";
     case MOCK_ERROR_LIBRARY_NOT_FOUND:
         return "NVML Shared Library Not Found";
     case MOCK_ERROR_GPU_IS_LOST:
@@ -320,12 +331,22 @@ mock_return nvmlDeviceGetIndex(mock_handle device, unsigned int *index) {
 }
 
 mock_return nvmlDeviceGetUUID(mock_handle device, char *uuid, unsigned int length) {
-    mock_return ret = check_device(device, uuid);
+    char mig[MOCK_UUID_SIZE];
+    mock_return ret;
+    if (mock_nvml_mig_device(device, &ret, mig, NULL, NULL)) {
+        return ret == MOCK_SUCCESS ? put_text(uuid, length, mig) : ret;
+    }
+    ret = check_device(device, uuid);
     return ret == MOCK_SUCCESS ? put_text(uuid, length, device->uuid) : ret;
 }
 
 mock_return nvmlDeviceGetName(mock_handle device, char *name, unsigned int length) {
-    mock_return ret = check_device(device, name);
+    char mig[MOCK_NAME_SIZE];
+    mock_return ret;
+    if (mock_nvml_mig_device(device, &ret, NULL, mig, NULL)) {
+        return ret == MOCK_SUCCESS ? put_text(name, length, mig) : ret;
+    }
+    ret = check_device(device, name);
     return ret == MOCK_SUCCESS ? put_text(name, length, device->name) : ret;
 }
 
@@ -354,10 +375,24 @@ mock_return nvmlDeviceGetPciInfo_v3(mock_handle device, mock_pci_info *pci) {
     return MOCK_SUCCESS;
 }
 
-mock_return nvmlDeviceGetMemoryInfo(mock_handle device, mock_memory_v1 *memory) {
-    mock_return ret = check_device(device, memory);
+/* The memory of a GPU, or of a MIG device (its GPU instance's). */
+static mock_return memory_mib(mock_handle device, const void *out, unsigned long long *mib) {
+    mock_return ret;
+    if (mock_nvml_mig_device(device, &ret, NULL, NULL, mib)) {
+        return ret == MOCK_SUCCESS && out == NULL ? MOCK_ERROR_INVALID_ARGUMENT : ret;
+    }
+    ret = check_device(device, out);
     if (ret == MOCK_SUCCESS) {
-        memory->total = device->memory_mib * 1048576ull;
+        *mib = device->memory_mib;
+    }
+    return ret;
+}
+
+mock_return nvmlDeviceGetMemoryInfo(mock_handle device, mock_memory_v1 *memory) {
+    unsigned long long mib;
+    mock_return ret = memory_mib(device, memory, &mib);
+    if (ret == MOCK_SUCCESS) {
+        memory->total = mib * 1048576ull;
         memory->free = memory->total;
         memory->used = 0;
     }
@@ -365,14 +400,15 @@ mock_return nvmlDeviceGetMemoryInfo(mock_handle device, mock_memory_v1 *memory) 
 }
 
 mock_return nvmlDeviceGetMemoryInfo_v2(mock_handle device, mock_memory_v2 *memory) {
-    mock_return ret = check_device(device, memory);
+    unsigned long long mib;
+    mock_return ret = memory_mib(device, memory, &mib);
     if (ret != MOCK_SUCCESS) {
         return ret;
     }
     if (memory->version != MOCK_MEMORY_V2_VERSION) {
         return MOCK_ERROR_ARGUMENT_VERSION_MISMATCH;
     }
-    memory->total = device->memory_mib * 1048576ull;
+    memory->total = mib * 1048576ull;
     memory->reserved = 0;
     memory->free = memory->total;
     memory->used = 0;
@@ -450,6 +486,12 @@ MOCK_HIDDEN mock_return mock_nvml_check_device(const mock_device *device, const 
 
 MOCK_HIDDEN const char *mock_nvml_limits_record(void) {
     return g_state.memory_limits_record;
+}
+
+/* ---- for mock_nvml_mig.c ---- */
+
+MOCK_HIDDEN const mock_state *mock_nvml_state(void) {
+    return &g_state;
 }
 
 /* ---- for mock_nvml_events.c ---- */
@@ -591,6 +633,18 @@ static mock_return running_processes(mock_handle device, unsigned int *count, vo
     return ret;
 }
 
+/* For mock_nvml_mig.c: how many processes the control file lists on `uuid` (a GPU's or a MIG device's). */
+MOCK_HIDDEN unsigned int mock_nvml_processes_on(const char *uuid) {
+    static unsigned int pids[MOCK_MAX_PROCESSES];
+    static unsigned long long used[MOCK_MAX_PROCESSES];
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    int error;
+    pthread_mutex_lock(&lock);
+    unsigned int n = read_processes(uuid, pids, used, &error);
+    pthread_mutex_unlock(&lock);
+    return n;
+}
+
 mock_return nvmlDeviceGetComputeRunningProcesses_v3(mock_handle device, unsigned int *count, mock_process_v2 *infos) {
     return running_processes(device, count, infos, 1);
 }
@@ -601,6 +655,13 @@ mock_return nvmlDeviceGetComputeRunningProcesses_v2(mock_handle device, unsigned
 
 mock_return nvmlDeviceGetComputeRunningProcesses(mock_handle device, unsigned int *count, mock_process_v1 *infos) {
     return running_processes(device, count, infos, 0);
+}
+
+#else
+
+MOCK_HIDDEN unsigned int mock_nvml_processes_on(const char *uuid) {
+    (void)uuid;
+    return 0; /* a driver without the per-process calls: nothing known to run */
 }
 
 #endif /* MOCK_NO_RUNNING_PROCESSES */

@@ -19,14 +19,16 @@
  *                              wait on an event set it is registered in returns NVML_ERROR_GPU_IS_LOST (once)
  *   <gpu> reset                the GPU was reset: usable again, recovery action none
  *
- * <gpu> is an NVML index or a UUID. The file is the GPUs' history: a process that initialises NVML replays it
+ * <gpu> is an NVML index or a UUID, for an xid optionally followed by /gi<id>: an XID on that GPU instance (MIG),
+ * whose event carries gpuInstanceId <id> (computeInstanceId 0xFFFFFFFF: the whole GPU instance); without it both
+ * are 0xFFFFFFFF (the whole GPU). The file is the GPUs' history: a process that initialises NVML replays it
  * (a GPU lost before stays lost) but, as the driver does, an event set receives only events that occur after
  * its registration. Lines are read when a set is waited on or registered, and on nvmlInit.
  *
  * Semantics kept: one event per successful wait, in order; a wait with events ready returns at once, else it
  * sleeps until one arrives but at most timeoutms, then NVML_ERROR_TIMEOUT; registering a type the device does
  * not support (only XID critical errors are supported here) is NVML_ERROR_NOT_SUPPORTED with nothing
- * registered; gpuInstanceId / computeInstanceId are 0xFFFFFFFF (no MIG). A set holds at most MOCK_QUEUE
+ * registered; gpuInstanceId / computeInstanceId are 0xFFFFFFFF unless the line names a GPU instance. A set holds at most MOCK_QUEUE
  * events; later ones are dropped (as a full driver queue drops them) and counted on stderr at nvmlEventSetFree.
  */
 #include "mock_profile.h"
@@ -122,7 +124,7 @@ static int parse_action(const char *name, unsigned int *action) {
     return 0;
 }
 
-static void deliver(int gpu, unsigned long long type, unsigned long long data) {
+static void deliver(int gpu, unsigned long long type, unsigned long long data, unsigned int gpu_instance) {
     for (mock_event_set *set = g_sets; set != NULL; set = set->next) {
         if (!(set->registered[gpu] & type)) {
             continue;
@@ -135,7 +137,7 @@ static void deliver(int gpu, unsigned long long type, unsigned long long data) {
         e->device = (void *)mock_nvml_device((unsigned int)gpu);
         e->event_type = type;
         e->event_data = data;
-        e->gpu_instance_id = NO_INSTANCE;
+        e->gpu_instance_id = gpu_instance;
         e->compute_instance_id = NO_INSTANCE;
         set->count++;
     }
@@ -151,6 +153,18 @@ static void apply_line(const char *path, const char *line) {
         return;
     }
     int fields = sscanf(p, "%95s %15s %31s %31s", who, what, arg, action_name);
+    unsigned int gpu_instance = NO_INSTANCE;
+    char *slash = fields >= 2 ? strchr(who, '/') : NULL;
+    if (slash != NULL) { /* <gpu>/gi<id> */
+        char *end_gi = NULL;
+        unsigned long gi = strncmp(slash, "/gi", 3) == 0 ? strtoul(slash + 3, &end_gi, 10) : 0;
+        if (end_gi == NULL || end_gi == slash + 3 || *end_gi != '\0' || gi > 14) {
+            fprintf(stderr, "fracgpu mock NVML: %s: skipping line with a bad GPU instance: %s", path, line);
+            return;
+        }
+        gpu_instance = (unsigned int)gi;
+        *slash = '\0';
+    }
     int gpu = fields >= 2 ? find_gpu(who) : -1;
     unsigned int action = 0;
     char *end = NULL;
@@ -168,7 +182,7 @@ static void apply_line(const char *path, const char *line) {
         if (fields == 4) {
             g_action[gpu] = action;
         }
-        deliver(gpu, EVENT_XID_CRITICAL, xid);
+        deliver(gpu, EVENT_XID_CRITICAL, xid, gpu_instance);
     } else {
         fprintf(stderr, "fracgpu mock NVML: %s: skipping malformed or unknown-GPU line: %s", path, line);
     }

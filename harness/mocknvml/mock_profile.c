@@ -227,13 +227,21 @@ static int apply_gpu_key(mock_state *st, const char *key, const char *value, con
         bit = 0;
         ok = parse_uint(value, 10, 1024, &d->sm_count) && d->sm_count > 0;
         *why = "sm_count must be a decimal integer 1..1024";
+    } else if (strcmp(field, "mig_mode") == 0) { /* for mock_mig.c */
+        bit = 0;
+        ok = 1;
+        d->mig_mode = strcmp(value, "enabled") == 0 ? 1 : strcmp(value, "pending-enable") == 0 ? 2 : 0;
+        if (d->mig_mode == 0 && strcmp(value, "disabled") != 0) {
+            ok = 0;
+        }
+        *why = "mig_mode must be disabled, enabled or pending-enable";
     } else if (strcmp(field, "pci_device_id") == 0) {
         bit = 0;
         ok = parse_uint(value, 0, 0xffffffffu, &d->pci_device_id);
         *why = "pci_device_id must be a 32-bit number such as 0x233010de";
     } else {
         *why = "unknown GPU field (uuid name memory_mib minor pci_bus_id architecture cuda_cc "
-               "pci_device_id memory_limits sm_count)";
+               "pci_device_id memory_limits sm_count mig_mode)";
         return 0;
     }
     if (!ok) {

@@ -51,6 +51,8 @@ typedef struct mock_device {
     int cc_major, cc_minor;
     int memory_limits_unsupported; /* gpu.<i>.memory_limits = not_supported (mock_nvml_limits.c) */
     unsigned int sm_count;         /* gpu.<i>.sm_count; default by architecture (132 hopper, 108 ampere, 80) */
+    int mig_mode;                  /* gpu.<i>.mig_mode: 0 disabled, 1 enabled, 2 pending-enable (mock_mig.h) */
+    char mig_uuid[48];             /* mock_cuda.c: the MIG UUID of a CUDA device that is a MIG device, else empty */
 } mock_device;
 
 typedef struct {

@@ -7,6 +7,8 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from api.mig import MigState
+
 NodeMode = Literal["auto", "none", "hami-core", "nvml"]
 """The node's enforcement floor (``--enforcement``): ``auto`` = each GPU's strongest tier, or a tier."""
 NODE_MODES: tuple[NodeMode, ...] = get_args(NodeMode)
@@ -33,6 +35,51 @@ class GpuInfo(BaseModel):
     def device_name(self) -> str:
         """Name of this GPU's device in the ResourceSlice."""
         return f"gpu-{self.index}"
+
+
+class MigProfile(BaseModel):
+    """One GPU-instance profile a MIG GPU offers, as NVML reports it (``nvmlDeviceGetGpuInstanceProfileInfoV``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str = Field(description="e.g. '1g.10gb' (NVML's name without 'MIG ')")
+    profile_id: int = Field(ge=0, description="the profile ID nvmlDeviceCreateGpuInstanceWithPlacement takes")
+    compute_slices: int = Field(gt=0)
+    memory_slices: int = Field(gt=0, description="the size of each placement")
+    memory_mib: int = Field(gt=0, description="the partition's memory (memorySizeMB)")
+    multiprocessors: int = Field(ge=0)
+    placements: tuple[int, ...] = Field(description="the possible placement starts, ascending")
+
+
+class MigGpu(BaseModel):
+    """What a GPU named in ``--mig-gpus`` offers for MIG: its state and, while MIG mode is on, its profiles."""
+
+    model_config = ConfigDict(frozen=True)
+
+    state: MigState
+    detail: str = Field("", description="what NVML said, when it failed")
+    memory_slices: int = Field(0, ge=0, description="the GPU's memory slices (8 on A100/H100/H200)")
+    compute_slices: int = Field(0, ge=0, description="the GPU's compute slices (7)")
+    profiles: tuple[MigProfile, ...] = ()
+
+
+class MigRecord(BaseModel):
+    """A MIG partition the plugin created for a device: its GPU instance and compute instance (what unprepare
+    destroys and recovery checks), and the MIG device they make. Stored in the checkpoint (camelCase; fields of a
+    newer plugin are kept, as the checkpoint's own models keep them)."""
+
+    model_config = ConfigDict(extra="allow", strict=True, frozen=True, populate_by_name=True)
+
+    parent_uuid: str = Field(alias="parentUUID", description="the physical GPU")
+    gpu_instance: int = Field(alias="gpuInstance", description="GPU instance id")
+    compute_instance: int = Field(alias="computeInstance", description="compute instance id in it")
+    profile: str = Field(description="GPU-instance profile, e.g. 1g.10gb")
+    profile_id: int = Field(alias="profileID", description="its NVML profile ID")
+    placement_start: int = Field(alias="placementStart")
+    memory_slices: int = Field(alias="memorySlices", description="the placement's size")
+    uuid: str = Field(description="the MIG device's UUID (MIG-...)")
+    memory_mib: int = Field(alias="memoryMiB", description="the partition's memory as the driver reports it")
+    multiprocessors: int = Field(default=0, description="the compute instance's streaming multiprocessors")
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,6 +45,23 @@ def is_mps_gpu(selection: str, index: int, uuid: str) -> bool:
     return "all" in parts or str(index) in parts or uuid in parts
 
 
+def gpu_selection(value: str, what: str) -> list[str]:
+    """A GPU list option (``--mig-gpus``) as a list: ``["all"]``, or NVML indices and ``GPU-`` UUIDs; ValueError says
+    what is allowed."""
+    parts = [p.strip() for p in value.split(",") if p.strip()]
+    if "all" in parts and len(parts) > 1:
+        raise ValueError(f"'all' cannot be combined with other GPUs, got {parts}")
+    bad = [p for p in parts if p != "all" and not p.isdigit() and not p.startswith("GPU-")]
+    if bad:
+        raise ValueError(f"{what} are 'all' or NVML indices (0,1) and UUIDs (GPU-...) separated by commas, got {bad}")
+    return parts
+
+
+def is_selected(selection: str, index: int, uuid: str) -> bool:
+    """Whether the GPU of NVML `index` and `uuid` is named by a normalised GPU list option."""
+    return is_mps_gpu(selection, index, uuid)
+
+
 #: Bytes, given as a Kubernetes quantity (256Mi) or a plain number.
 Quantity = Annotated[int, BeforeValidator(to_bytes)]
 
@@ -99,6 +116,19 @@ class Settings(OptionSettings):
         15.0,
         gt=0,
         description="seconds a prepare waits for the MPS supervisor to start a fresh daemon for a new trust domain",
+    )
+    mig_gpus: str = Field(
+        "",
+        description="the GPUs offered as MIG partitions (tier mig): all, or a comma-separated list of NVML indices "
+        "and UUIDs; empty: none. Their MIG mode must be on (the plugin never switches it); a GPU here is never "
+        "offered whole or as a share, and cannot also be an MPS GPU",
+    )
+    mig_minors_file: Path = Field(
+        Path("/proc/driver/nvidia-caps/mig-minors"),
+        description="the driver's table of MIG capability minors (/dev/nvidia-caps/nvidia-cap<minor>)",
+    )
+    proc_devices_file: Path = Field(
+        Path("/proc/devices"), description="the kernel's device majors (that of nvidia-caps, for missing MIG nodes)"
     )
     driver_edits: Literal["none", "toolkit"] = Field(
         "none",
@@ -185,6 +215,23 @@ class Settings(OptionSettings):
     @classmethod
     def _mps_list(cls, value: str) -> str:
         return ",".join(mps_selection(value))
+
+    @field_validator("mig_gpus")
+    @classmethod
+    def _mig_list(cls, value: str) -> str:
+        return ",".join(gpu_selection(value, "MIG GPUs"))
+
+    @model_validator(mode="after")
+    def _mig_is_not_mps(self) -> "Settings":
+        mig, mps = set(filter(None, self.mig_gpus.split(","))), set(filter(None, self.mps_gpus.split(",")))
+        both = sorted(mig & mps) if not ({"all"} & (mig | mps)) else (sorted(mig | mps) if mig and mps else [])
+        if both:
+            raise ValueError(
+                f"GPUs {', '.join(both)} are named both MIG GPUs (--mig-gpus, chart value mig.gpus) and MPS GPUs "
+                "(--mps-gpus, chart value mps.gpus): a MIG GPU is partitioned by the hardware and is never an MPS GPU; "
+                "name each GPU in at most one of them"
+            )
+        return self
 
     @model_validator(mode="after")
     def _label_scope_has_a_label(self) -> "Settings":

@@ -18,6 +18,10 @@ Tiers, weakest first:
   hierarchy where the hook looks (``/sys/fs/cgroup``), a driver whose NVML has that call and answers the
   probe for the GPU, and ``--driver-edits=toolkit`` (the plugin installs the hook binary on the host).
 
+- ``mig``: a MIG partition's own (``--mig-gpus``): its memory, SMs and caches are the hardware's partition, so
+  nothing a process does gets it more; never a whole GPU's tier, never asked for by a GpuConfig (a claim gets it
+  by its DeviceClass, ``mig.gpu.fracgpu.dev``), and stronger than every other tier a GpuConfig can ask for.
+
 The node's mode is the floor: ``auto`` is the strongest tier each GPU offers, an explicit tier is that tier;
 on an MPS GPU the floor is ``mps`` whatever the mode (a process outside MPS cannot use the GPU there).
 A claim's GpuConfig may raise its tier above the floor, never lower it; a tier the GPU cannot give is an
@@ -27,17 +31,19 @@ A claim's GpuConfig may raise its tier above the floor, never lower it; a tier t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import get_args
+from typing import Literal, get_args
 
 from pydantic import BaseModel, ConfigDict
 
 from api.gpu_config import Enforcement
 from kubelet_plugin.core.model import NodeMode
 
-Tier = Enforcement
+Tier = Literal["none", "hami-core", "mps", "nvml", "mig"]
 
 TIERS: tuple[Tier, ...] = get_args(Tier)
 """Weakest first."""
+OFFERED_BY_GPUS: tuple[Enforcement, ...] = get_args(Enforcement)
+"""The tiers a whole GPU can offer and a GpuConfig can ask for (``mig`` is a partition's own)."""
 ATTRIBUTE = "memoryEnforcement"
 """ResourceSlice device attribute (string): the GPU's tier, `GpuTiers.published`."""
 MPS_ATTRIBUTE = "mps"
@@ -118,7 +124,9 @@ def gpu_tiers(node: NodeFacts, nvml: NvmlLimits, mps: MpsFacts = NOT_MPS) -> Gpu
         )
         if mps.problem is not None:
             missing["mps"] = mps.problem
-        return GpuTiers(available=tuple(t for t in TIERS if t not in missing), missing=missing, required="mps")
+        return GpuTiers(
+            available=tuple(t for t in OFFERED_BY_GPUS if t not in missing), missing=missing, required="mps"
+        )
     missing["mps"] = "it is not an MPS GPU (chart value mps.gpus, plugin flag --mps-gpus)"
     if node.hami_core_problem is not None:
         missing["hami-core"] = node.hami_core_problem
@@ -126,7 +134,7 @@ def gpu_tiers(node: NodeFacts, nvml: NvmlLimits, mps: MpsFacts = NOT_MPS) -> Gpu
     if nvml_problems:
         missing["nvml"] = "; ".join(nvml_problems)
     ordered = {t: missing[t] for t in TIERS if t in missing}
-    return GpuTiers(available=tuple(t for t in TIERS if t not in missing), missing=ordered)
+    return GpuTiers(available=tuple(t for t in OFFERED_BY_GPUS if t not in missing), missing=ordered)
 
 
 class EnforcementUnavailableError(ValueError):

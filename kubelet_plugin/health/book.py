@@ -1,6 +1,8 @@
 """What the driver said about each GPU's health, and the ResourceSlice taints that follow (no I/O).
 
 A GPU turns unhealthy on an XID of class degraded/fatal (xid_catalog), on a recovery action the driver reports,
+or, for a MIG partition (a device of its own, recorded the first time the driver reports an XID on its GPU
+instance; a GPU-wide XID is the GPU's, whose taints its partitions carry too), on an XID on it,
 or when it falls off the bus (NVML_ERROR_GPU_IS_LOST). It turns healthy again only on the driver's word that it
 was reset: it answers again after being lost, or its recovery action went from pending to none; its XID state
 is then forgotten. An XID without either (a driver that reports no recovery action) stays until the plugin
@@ -87,7 +89,7 @@ class HealthBook:
 
     def _update(self, device: str, new: GpuHealth) -> Transition | None:
         with self._lock:
-            old = self._gpus[device]
+            old = self._gpus.get(device, GpuHealth())
             if new == old:
                 return None
             visible = (new.state, new.xid, new.lost, new.recovery_action) != (
@@ -102,7 +104,7 @@ class HealthBook:
     def record_xid(self, device: str, xid: int, ignored: frozenset[int], action: int | None) -> Transition | None:
         """An XID critical error event, with the recovery action read after it (None: not reported)."""
         cls = classify_xid(xid, ignored).cls
-        old = self.snapshot()[device]
+        old = self.snapshot().get(device, GpuHealth())
         worse = cls != "ignore" and (old.xid is None or SEVERITY[cls] > SEVERITY[old.xid_class])
         action_now = old.recovery_action if action is None else action
         update: dict[str, Any] = {"recovery_action": action_now}
@@ -111,6 +113,17 @@ class HealthBook:
         # a reset is observable while an action is pending or the GPU is lost; a new XID needs a new one
         update["reset_seen"] = action_now != 0 or old.lost or (old.reset_seen and not worse)
         return self._update(device, old.model_copy(update=update))
+
+    def forget(self, devices: Iterable[str]) -> list[Transition]:
+        """MIG partitions that are gone (their instances destroyed): what was reported on them no longer holds;
+        the transitions of those that were unhealthy."""
+        out = []
+        for device in devices:
+            with self._lock:
+                old = self._gpus.pop(device, None)
+            if old is not None and old.state != "healthy":
+                out.append(Transition(device=device, before=old.state, after=GpuHealth(since=self._clock())))
+        return out
 
     def record_lost(self, device: str) -> Transition | None:
         """The GPU answered NVML_ERROR_GPU_IS_LOST."""

@@ -21,8 +21,9 @@ HEALTHY_REASON = "GpuHealthy"
 
 
 def claims_on(checkpoint_path: Path, device: str) -> list[tuple[str, str, str]]:
-    """(namespace, name, uid) of the claims the checkpoint lists with a device on GPU ``device``; none when the
-    checkpoint is missing or unreadable (read only: the preparer owns the file)."""
+    """(namespace, name, uid) of the claims the checkpoint lists with a device on GPU ``device`` (its MIG
+    partitions' too, ``<device>-mig-...``); none when the checkpoint is missing or unreadable (read only: the
+    preparer owns the file)."""
     try:
         checkpoint = Checkpoint.model_validate_json(checkpoint_path.read_bytes())
     except (OSError, ValidationError):
@@ -30,7 +31,7 @@ def claims_on(checkpoint_path: Path, device: str) -> list[tuple[str, str, str]]:
     return sorted(
         (entry.namespace, entry.name, uid)
         for uid, entry in checkpoint.claims.items()
-        if any(d.device_name == device for d in entry.devices)
+        if any(d.device_name == device or d.device_name.startswith(f"{device}-mig-") for d in entry.devices)
     )
 
 

@@ -6,7 +6,9 @@ GPU's recovery action (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION, where the driver rep
 NVML_ERROR_GPU_IS_LOST, and every ``probe_interval`` seconds, each GPU is probed: lost (GPU_IS_LOST), or answering
 with its recovery action, which is how a reset GPU becomes healthy again (`kubelet_plugin/health/book.py`). A GPU is opened by its UUID;
 one the driver gives no handle for yet (lost since before the plugin started) is opened again at each probe. Any NVML failure is logged
-and retried; the thread never ends before ``stop``.
+and retried; the thread never ends before ``stop``. An XID the driver reports on a GPU instance (MIG) is recorded
+on the partition device that instance is (``partition_of``), else on the GPU; at each probe, partitions no claim
+holds any more (``partitions``) are forgotten.
 """
 
 import ctypes
@@ -25,6 +27,7 @@ from kubelet_plugin.health.metrics import HealthMetrics
 log = logging.getLogger(__name__)
 WAIT_MS = 500
 RETRY_S = 5.0
+NO_INSTANCE = 0xFFFFFFFF  # nvmlEventData_t.gpuInstanceId of an event that is not about one GPU instance
 
 
 def _address(handle: Any) -> int:
@@ -46,7 +49,11 @@ class NvmlHealthWatcher:
         probe_interval: float,
         nvml: Any = pynvml,
         clock: Callable[[], float] = time.monotonic,
+        partition_of: Callable[[str, int], str | None] | None = None,
+        partitions: Callable[[], set[str]] | None = None,
     ) -> None:
+        """``partition_of(gpu device, GPU instance id)``: the partition device that instance is (None: none of
+        ours); ``partitions()``: the partition devices prepared now."""
         self._gpus = gpus
         self._book = book
         self._ignored = ignored_xids
@@ -57,6 +64,8 @@ class NvmlHealthWatcher:
         self._clock = clock
         self._handles: dict[str, Any] = {}
         self._by_address: dict[int, str] = {}
+        self._partition_of = partition_of or (lambda gpu, instance: None)
+        self._partitions = partitions or set
 
     def run(self, stop: threading.Event) -> None:
         """Watch until ``stop``; a failed NVML session is logged and started again after RETRY_S."""
@@ -146,6 +155,13 @@ class NvmlHealthWatcher:
         xid = int(data.eventData)
         self._metrics.xid_events.labels(gpu=name, xid=str(xid)).inc()
         action = self._recovery_action(name)
+        instance = int(getattr(data, "gpuInstanceId", NO_INSTANCE))
+        partition = self._partition_of(name, instance) if instance != NO_INSTANCE else None
+        if partition is not None:  # on one MIG partition: its device; the GPU's recovery action stays the GPU's
+            self._emit(self._book.record_xid(partition, xid, self._ignored, None))
+            if action:
+                self._emit(self._book.record_answer(name, action))
+            return
         self._emit(self._book.record_xid(name, xid, self._ignored, action))
 
     def _recovery_action(self, name: str) -> int | None:
@@ -159,6 +175,10 @@ class NvmlHealthWatcher:
 
     def _probe_all(self, event_set: Any) -> None:
         nv = self._nvml
+        gpu_names = {g.device_name for g in self._gpus}
+        held = self._partitions()
+        for transition in self._book.forget(d for d in self._book.snapshot() if d not in gpu_names and d not in held):
+            self._emit(transition)
         for gpu in self._gpus:
             name = gpu.device_name
             if name not in self._handles and not self._open(gpu, event_set):

@@ -2,7 +2,7 @@
 with `with_reported_health`, while the driver reports nothing wrong with it: `kubelet_plugin/health/book.py`). An unhealthy GPU
 carries a message saying why, which the kubelet shows in the pod's status (`allocatedResourcesStatus`)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from kubelet_plugin.core.model import GpuInfo
@@ -24,34 +24,48 @@ HealthSource = Callable[[], list[ReportedHealth]]
 
 
 class DeviceHealth:
-    """``()`` -> every GPU's ReportedHealth, sorted by device name, from a fresh device-node snapshot."""
+    """``()`` -> every GPU's ReportedHealth (and every MIG partition's: its GPU's node), sorted by device name,
+    from a fresh device-node snapshot."""
 
-    def __init__(self, pool: str, gpus: list[GpuInfo], nodes: Callable[[], DeviceNodeSnapshot]) -> None:
+    def __init__(
+        self,
+        pool: str,
+        gpus: list[GpuInfo],
+        nodes: Callable[[], DeviceNodeSnapshot],
+        partitions: Mapping[str, GpuInfo] | None = None,
+    ) -> None:
         self._pool = pool
-        self._gpus = sorted(gpus, key=lambda g: g.device_name)
+        devices = [(g.device_name, g) for g in gpus] + list((partitions or {}).items())
+        self._devices = sorted(devices, key=lambda d: d[0])
         self._nodes = nodes
 
     def __call__(self) -> list[ReportedHealth]:
         """The complete current health list (a HealthSource)."""
         seen = self._nodes()
         out = []
-        for g in self._gpus:
+        for name, g in self._devices:
             node = f"nvidia{g.minor}"
             present = seen.present(node)
             why = "" if present else f"its device node /dev/{node} is missing (GPU or driver gone)"
-            out.append(ReportedHealth(self._pool, g.device_name, present, why))
+            out.append(ReportedHealth(self._pool, name, present, why))
         return out
 
 
-def with_reported_health(source: HealthSource, book: HealthBook) -> HealthSource:
+def with_reported_health(
+    source: HealthSource, book: HealthBook, parents: Mapping[str, str] | None = None
+) -> HealthSource:
     """``source``'s health list where a GPU is also unhealthy while the driver reports it degraded or fatal (the
-    message then says what the driver reported, after ``source``'s own reason if any)."""
+    message then says what the driver reported, after ``source``'s own reason if any); a MIG partition (in
+    ``parents``: partition -> its GPU) also while its GPU is."""
 
     def health() -> list[ReportedHealth]:
         reported = book.snapshot()
         out = []
         for entry in source():
             driver = reported.get(entry.device)
+            parent = reported.get((parents or {}).get(entry.device, ""))
+            if parent is not None and parent.state != "healthy" and (driver is None or driver.state == "healthy"):
+                driver = parent
             if driver is None or driver.state == "healthy":
                 out.append(entry)
                 continue

@@ -2,10 +2,12 @@
 metrics. ``start_gpu_health`` starts its threads; ``__main__`` hands its parts to the publisher and the server."""
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from prometheus_client import CollectorRegistry
+from pydantic import ValidationError
 
 from api.kube_rest import KubeConnection, KubeRest
 from kubelet_plugin.core.coalesce import Coalescer
@@ -16,6 +18,7 @@ from kubelet_plugin.health.events import HealthEventPoster
 from kubelet_plugin.health.metrics import HealthMetrics
 from kubelet_plugin.health.nvml_watcher import NvmlHealthWatcher
 from kubelet_plugin.health.source import HealthSource, with_reported_health
+from kubelet_plugin.prepare.checkpoint import Checkpoint
 
 
 @dataclass(frozen=True)
@@ -31,9 +34,38 @@ class GpuHealthParts:
         """Device name -> its taints now."""
         return plan_taints(self.book.snapshot(), self.effects) if self.book is not None else {}
 
-    def health_source(self, source: HealthSource) -> HealthSource:
-        """The kubelet's health stream: ``source`` and what the driver reported."""
-        return with_reported_health(source, self.book) if self.book is not None else source
+    def health_source(self, source: HealthSource, parents: dict[str, str] | None = None) -> HealthSource:
+        """The kubelet's health stream: ``source`` and what the driver reported (``parents``: MIG partition ->
+        its GPU, whose health it shares)."""
+        return with_reported_health(source, self.book, parents) if self.book is not None else source
+
+
+def checkpoint_partitions(
+    checkpoint_path: Path, gpus: list[GpuInfo]
+) -> tuple[Callable[[str, int], str | None], Callable[[], set[str]]]:
+    """From the checkpoint (read only, at each call): which partition device a GPU instance of a GPU is, and the
+    partition devices prepared now."""
+    uuids = {g.device_name: g.uuid for g in gpus}
+
+    def read() -> Checkpoint | None:
+        try:
+            return Checkpoint.model_validate_json(checkpoint_path.read_bytes())
+        except (OSError, ValidationError):
+            return None
+
+    def partition_of(gpu: str, instance: int) -> str | None:
+        checkpoint = read()
+        for _, entry in sorted(checkpoint.claims.items()) if checkpoint else []:
+            for d in entry.devices:
+                if d.mig is not None and d.mig.parent_uuid == uuids.get(gpu) and d.mig.gpu_instance == instance:
+                    return d.device_name
+        return None
+
+    def partitions() -> set[str]:
+        checkpoint = read()
+        return {d.device_name for e in checkpoint.claims.values() for d in e.devices if d.mig} if checkpoint else set()
+
+    return partition_of, partitions
 
 
 def start_gpu_health(
@@ -66,6 +98,7 @@ def start_gpu_health(
     for device in lost:
         if (transition := book.record_lost(device)) is not None:
             on_transition(transition)
+    partition_of, partitions = checkpoint_partitions(settings.checkpoint_path, gpus)
     watcher = NvmlHealthWatcher(
         gpus,
         book,
@@ -73,6 +106,8 @@ def start_gpu_health(
         on_transition=on_transition,
         metrics=metrics,
         probe_interval=settings.health_probe_interval_seconds,
+        partition_of=partition_of,
+        partitions=partitions,
     )
     threading.Thread(target=poster.run, args=(stop,), name="health-events", daemon=True).start()
     threading.Thread(target=watcher.run, args=(stop,), name="nvml-health", daemon=True).start()

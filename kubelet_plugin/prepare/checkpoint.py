@@ -38,7 +38,7 @@ from pydantic import (
 )
 
 from kubelet_plugin.core.filelock import atomic_write
-from kubelet_plugin.core.model import PreparedDevice
+from kubelet_plugin.core.model import MigRecord, PreparedDevice
 
 SCHEMA_VERSION = 1
 OLDEST_SCHEMA_VERSION = 1
@@ -71,10 +71,13 @@ class CheckpointDevice(_Model):
     cdi_device_ids: list[str] = Field(alias="cdiDeviceIDs")
     share_id: str | None = Field(default=None, alias="shareID")
     uuid: str | None = Field(default=None, description="the physical GPU the device was when prepared")
+    mig: MigRecord | None = Field(default=None, description="the MIG partition created for it (a MIG device)")
 
     @classmethod
-    def from_prepared(cls, device: PreparedDevice, uuid: str | None = None) -> CheckpointDevice:
-        """Record a device as returned to the kubelet, and which physical GPU it was."""
+    def from_prepared(
+        cls, device: PreparedDevice, uuid: str | None = None, mig: MigRecord | None = None
+    ) -> CheckpointDevice:
+        """Record a device as returned to the kubelet, which physical GPU it was and its MIG partition."""
         return cls(
             request_names=list(device.request_names),
             pool_name=device.pool_name,
@@ -82,6 +85,7 @@ class CheckpointDevice(_Model):
             cdi_device_ids=list(device.cdi_device_ids),
             share_id=device.share_id,
             uuid=uuid,
+            mig=mig,
         )
 
 
@@ -126,6 +130,10 @@ class Checkpoint(_Model):
         """A checkpoint with no claims."""
         return cls(node_boot_id=node_boot_id)
 
+    def mig_records(self) -> list[tuple[str, MigRecord]]:
+        """(claim UID, partition) of every MIG partition the checkpoint's claims own."""
+        return [(uid, d.mig) for uid, e in self.claims.items() for d in e.devices if d.mig is not None]
+
     def with_claim(self, claim_uid: str, entry: ClaimEntry) -> Checkpoint:
         """A copy with ``claim_uid`` set to ``entry`` (added or replaced)."""
         return self.model_copy(update={"claims": {**self.claims, claim_uid: entry}})
@@ -142,6 +150,10 @@ class Checkpoint(_Model):
         """Wire form (camelCase) in the current schema, stable key order of claims; unknown fields kept."""
         data = self.model_dump(by_alias=True, mode="json")
         data["claims"] = dict(sorted(data["claims"].items()))
+        for entry in data["claims"].values():
+            for device in entry.get("devices") or []:
+                if device.get("mig", ...) is None:
+                    del device["mig"]  # only a MIG device has one: other entries stay as older plugins wrote them
         return json.dumps(data, separators=(",", ":")) + "\n"  # compact: the C encoder, not the indenting one
 
 

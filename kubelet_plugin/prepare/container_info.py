@@ -5,7 +5,10 @@ their env (the last device wins a name) and keeps one mount per container path. 
 each container that gets the device, and nothing is an aggregate over "all GPUs of the container":
 
 - per-device env ``FRACGPU_DEV_<KEY>_{UUID,MEMORY_LIMIT_MIB,CLAIM,REQUEST,ENFORCEMENT,SHARE_ID}`` (and
-  ``ACTIVE_THREAD_PERCENTAGE`` for an mps share with computeLimitPercent), ``<KEY>`` being the CDI device name (``<claimUID>-<device>[-<shareID>]``) upper-cased with ``-`` as ``_``: unique per device, stable;
+  ``ACTIVE_THREAD_PERCENTAGE`` for an mps share with computeLimitPercent, ``MIG_DEVICE`` and ``MIG_PROFILE`` for a
+  MIG partition: its MIG UUID and profile; its ``UUID`` is the physical GPU's as for any device), ``<KEY>`` being
+  the CDI device name (``<claimUID>-<device>[-<shareID>]``) upper-cased with ``-`` as ``_``: unique per device,
+  stable;
 - per request one JSON file, ``/run/fracgpu/<claimUID>_<request>.json`` in the container, mounted read-only by
   each of the request's devices (a request's devices always reach a container together): the claim, the
   request, and its GPUs in CUDA order (PCI bus ID, with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``) with grant and share
@@ -33,9 +36,14 @@ ENV_SUFFIXES = (
     "ENFORCEMENT",
     "SHARE_ID",
     "ACTIVE_THREAD_PERCENTAGE",
+    "MIG_DEVICE",
+    "MIG_PROFILE",
 )  # none is a suffix of another
 INFO_FILE_MODE = 0o644  # readable by any container user
-INFO_SCHEMA_VERSION = 1  # `version` of a request's file; fracgpu 0.1.0 wrote none (schema 1)
+INFO_SCHEMA_VERSION = 2  # the newest `version` of a request's file; fracgpu 0.1.0 wrote none (schema 1)
+MIG_INFO_SCHEMA_VERSION = 2
+"""The schema that added a device's `mig`: a file is written in the lowest schema its contents need (1 without a
+MIG device), so a reader of schema 1 reads every file that has none."""
 KEYABLE_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")  # claim UIDs, DNS-label device names, share UUIDs
 _REQUEST_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label, as Kubernetes validates it
 VOID = "NVIDIA_VISIBLE_DEVICES=void"
@@ -56,6 +64,18 @@ class ClaimName(_Model):
     uid: str
 
 
+class MigInfo(_Model):
+    """The MIG partition a device is (schema 2)."""
+
+    uuid: str = Field(description="the MIG device's UUID (MIG-...): what CUDA and nvidia-smi -L name")
+    profile: str = Field(description="its GPU-instance profile, e.g. 1g.10gb")
+    gpu_instance: int = Field(alias="gpuInstance")
+    compute_instance: int = Field(alias="computeInstance")
+    placement_start: int = Field(alias="placementStart")
+    memory_slices: int = Field(alias="memorySlices")
+    multiprocessors: int = Field(0, description="its streaming multiprocessors")
+
+
 class DeviceInfo(_Model):
     """One GPU share of a request, as the container sees it."""
 
@@ -73,12 +93,13 @@ class DeviceInfo(_Model):
         alias="activeThreadPercentage",
         description="mps tier: the client's active thread percentage (computeLimitPercent; None: the GPU's default)",
     )
+    mig: MigInfo | None = Field(None, description="a MIG partition: which (memoryMiB is then its memory)")
 
 
 class RequestInfo(_Model):
     """The contents of one request's file."""
 
-    version: int = Field(INFO_SCHEMA_VERSION, description="schema of the file (absent: 1)")
+    version: int = Field(1, description="schema of the file (absent: 1); written as the lowest that holds it")
     claim: ClaimName
     request: str
     enforcement: str = Field(description="the weakest tier among the request's devices")
@@ -93,11 +114,14 @@ class RequestInfo(_Model):
         return v
 
     def to_json(self) -> bytes:
-        """One line of JSON with the documented (camelCase) names."""
+        """One line of JSON with the documented (camelCase) names, in the lowest schema that holds it."""
         data = self.model_dump(by_alias=True, mode="json")
         for device in data["devices"]:
             if device["activeThreadPercentage"] is None:
                 del device["activeThreadPercentage"]  # only an mps share with computeLimitPercent has one
+            if device["mig"] is None:
+                del device["mig"]  # only a MIG partition has one
+        data["version"] = MIG_INFO_SCHEMA_VERSION if any(d.mig for d in self.devices) else 1
         return (json.dumps(data, separators=(",", ":")) + "\n").encode()
 
 
@@ -137,6 +161,9 @@ def device_env(prefix: str, info: DeviceInfo, claim: ClaimName, request: str) ->
         env[f"{prefix}SHARE_ID"] = info.share_id
     if info.active_thread_percentage is not None:
         env[f"{prefix}ACTIVE_THREAD_PERCENTAGE"] = str(info.active_thread_percentage)
+    if info.mig is not None:
+        env[f"{prefix}MIG_DEVICE"] = info.mig.uuid
+        env[f"{prefix}MIG_PROFILE"] = info.mig.profile
     return env
 
 

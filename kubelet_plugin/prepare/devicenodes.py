@@ -74,9 +74,104 @@ class DeviceNodeSnapshot:
         nodes += [n for n in (self.found.get(name) for name in OPTIONAL_NODES) if isinstance(n, HostDeviceNode)]
         return nodes
 
+    def cap_nodes(self, cap_minors: tuple[int, ...]) -> list[HostDeviceNode]:
+        """``/dev/nvidia-caps/nvidia-cap<minor>`` of each MIG capability minor; DeviceNodeError when one is missing."""
+        nodes = []
+        for minor in cap_minors:
+            name = cap_node_name(minor)
+            node = self.found.get(name)
+            if node is None:
+                raise DeviceNodeError(
+                    f"MIG capability node {self.driver_root / 'dev' / name} does not exist and could not be made "
+                    "(the kernel lists no nvidia-caps major in /proc/devices: is the NVIDIA driver loaded?)"
+                )
+            if isinstance(node, str):
+                raise DeviceNodeError(node)
+            nodes.append(node)
+        return nodes
+
+    def with_found(self, more: Mapping[str, HostDeviceNode | str]) -> DeviceNodeSnapshot:
+        """This snapshot with `more` entries (nodes stat-ed later, e.g. MIG capability nodes)."""
+        return DeviceNodeSnapshot(self.driver_root, {**self.found, **more})
+
     def present(self, name: str) -> bool:
         """True if `name` is a character device in the snapshot."""
         return isinstance(self.found.get(name), HostDeviceNode)
+
+
+CAPS_DIR = "nvidia-caps"
+CAPS_DEVICE = "nvidia-caps"  # its name in /proc/devices
+
+
+def cap_node_name(minor: int) -> str:
+    """The name under /dev of MIG capability `minor`."""
+    return f"{CAPS_DIR}/nvidia-cap{minor}"
+
+
+def mig_cap_minors(minors_file: Path, gpu_minor: int, gpu_instance: int, compute_instance: int) -> tuple[int, int]:
+    """The capability minors of a GPU instance and its compute instance, from the driver's table
+    (``/proc/driver/nvidia-caps/mig-minors``: ``gpu<minor>/gi<g>/access <n>``, ``gpu<minor>/gi<g>/ci<c>/access <n>``).
+    Raises DeviceNodeError naming the file or the missing line."""
+    keys = (f"gpu{gpu_minor}/gi{gpu_instance}/access", f"gpu{gpu_minor}/gi{gpu_instance}/ci{compute_instance}/access")
+    found: dict[str, int] = {}
+    try:
+        with open(minors_file, encoding="utf-8") as f:
+            for line in f:
+                name, _, value = line.strip().partition(" ")
+                if name in keys and value.strip().isdigit():
+                    found[name] = int(value)
+    except OSError as err:
+        raise DeviceNodeError(
+            f"cannot read the driver's MIG capability table {minors_file} ({err.strerror or err}); is the NVIDIA "
+            "driver loaded? (plugin setting --mig-minors-file)"
+        ) from None
+    missing = [k for k in keys if k not in found]
+    if missing:
+        raise DeviceNodeError(f"the driver's MIG capability table {minors_file} has no {', '.join(missing)}")
+    return found[keys[0]], found[keys[1]]
+
+
+def caps_major(proc_devices: Path) -> int | None:
+    """The character major of ``nvidia-caps`` in the kernel's ``/proc/devices``; None when not listed."""
+    try:
+        text = proc_devices.read_text()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        number, _, name = line.strip().partition(" ")
+        if name.strip() == CAPS_DEVICE and number.isdigit():
+            return int(number)
+    return None
+
+
+def stat_cap_nodes(driver_root: Path, cap_minors: Iterable[int], major: int | None) -> dict[str, HostDeviceNode | str]:
+    """The MIG capability nodes ``<driver_root>/dev/nvidia-caps/nvidia-cap<minor>``, made (mode 0444, as the driver's
+    nvidia-modprobe makes them) where missing and `major` is known. A node that is missing afterwards is absent."""
+    found: dict[str, HostDeviceNode | str] = {}
+    for minor in cap_minors:
+        name = cap_node_name(minor)
+        host_path = driver_root / "dev" / name
+        try:
+            st = os.stat(host_path)
+        except FileNotFoundError:
+            if major is None:
+                continue
+            try:
+                host_path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                os.mknod(host_path, 0o444 | stat.S_IFCHR, os.makedev(major, minor))
+                os.chmod(host_path, 0o444)
+                st = os.stat(host_path)
+            except OSError as err:
+                found[name] = f"cannot make MIG capability node {host_path} ({err.strerror or err})"
+                continue
+        except OSError as err:
+            found[name] = f"cannot stat MIG capability node {host_path} ({err.strerror or err})"
+            continue
+        if not stat.S_ISCHR(st.st_mode) or os.minor(st.st_rdev) != minor:
+            found[name] = f"{host_path} exists but is not the character device of MIG capability {minor}"
+            continue
+        found[name] = HostDeviceNode(f"/dev/{name}", host_path, os.major(st.st_rdev), os.minor(st.st_rdev))
+    return found
 
 
 def node_names(minors: Iterable[int]) -> list[str]:

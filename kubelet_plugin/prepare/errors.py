@@ -24,6 +24,7 @@ class ErrorKind(StrEnum):
     INVALID_NAME = "invalid_name"
     ENFORCEMENT_UNAVAILABLE = "enforcement_unavailable"
     DRIVER_EDITS = "driver_edits"
+    MIG = "mig"
     STATUS_UPDATE = "status_update"
     INTERNAL = "internal"
 

@@ -15,8 +15,8 @@ from api.gpu_config import GpuConfig, GpuConfigError
 from api.mps_trust import DATA_KEY, TrustDomain, TrustDomainError, trust_domain
 from api.names import MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
-from kubelet_plugin.core.model import GpuInfo, PreparedDevice
-from kubelet_plugin.core.settings import Settings
+from kubelet_plugin.core.model import GpuInfo, MigRecord, PreparedDevice
+from kubelet_plugin.core.settings import Settings, is_selected
 from kubelet_plugin.enforcement.tiers import EnforcementUnavailableError, GpuTiers, Tier, applied_tier, weakest
 from kubelet_plugin.mps import layout as mps
 from kubelet_plugin.prepare import cdi
@@ -24,7 +24,7 @@ from kubelet_plugin.prepare import container_info as info
 from kubelet_plugin.prepare.container_info import VOID, library_problem
 from kubelet_plugin.prepare.devicenodes import DeviceNodeError, DeviceNodeSnapshot, HostDeviceNode
 from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
-from kubelet_plugin.publishing.slices import usable_memory
+from kubelet_plugin.publishing.slices import MigDevice, usable_memory
 
 HAMI_LIBRARY_IN_CONTAINER = "/usr/local/vgpu/libvgpu.so"
 HAMI_CACHE_IN_CONTAINER = "/tmp/fracgpu-hami"
@@ -38,12 +38,22 @@ CUDA_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
+class PreparedPartition:
+    """The MIG partition made for a device (its instances, ``record``) and the capability minors of its GPU
+    instance and compute instance (``/dev/nvidia-caps/nvidia-cap<minor>``)."""
+
+    record: MigRecord
+    cap_minors: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class _Share:
     result: dict[str, Any]
     gpu: GpuInfo
     memory_mib: int
     config: GpuConfig
     tier: Tier = "none"
+    partition: PreparedPartition | None = None
 
     @property
     def base_request(self) -> str:
@@ -111,6 +121,8 @@ def plan_claim(
     tiers: Mapping[str, GpuTiers],
     *,
     nodes: DeviceNodeSnapshot,
+    mig_devices: Mapping[str, MigDevice] | None = None,
+    partitions: Mapping[str, PreparedPartition] | None = None,
 ) -> ClaimPlan:
     """Compute the CDI spec and kubelet answer for an allocated claim; raises PrepareError. Pure: everything
     about the host comes in as arguments (``nodes``: the device nodes as the caller found them).
@@ -122,6 +134,11 @@ def plan_claim(
     ``tiers`` (device name -> the enforcement tiers that GPU offers now, ``EnforcementDetector.tiers()``)
     decide each share's tier with the node's mode and the share's GpuConfig
     (enforcement.applied_tier); a tier a GPU cannot give is a PrepareError ``enforcement_unavailable``.
+
+    A result on a published MIG partition (``mig_devices``: device name -> the partition it stands for) is a
+    device of tier ``mig`` whose instances the caller made (``partitions``: device name -> them): its GPU's node,
+    the capability nodes of its instances, the partition's memory as its grant and its MIG UUID and profile. A
+    MIG GPU itself (``--mig-gpus``) is never prepared.
     """
     driver = settings.driver_name
     toolkit = settings.driver_edits == "toolkit"
@@ -145,12 +162,32 @@ def plan_claim(
             raise PrepareError(
                 ErrorKind.UNKNOWN_DEVICE, f"device {result['pool']}/{result['device']} belongs to another node's pool"
             )
+        partition = _partition(result, mig_devices or {}, partitions or {})
+        if partition is not None:
+            config = _config_for(result, entries)
+            if config.compute_limit_percent is not None:
+                raise PrepareError(
+                    ErrorKind.INVALID_CONFIG,
+                    f"request {result['request']!r} is a MIG partition, whose compute is its profile's "
+                    f"({partition[0].profile.compute_slices} of its GPU's compute slices): computeLimitPercent does "
+                    "not apply; leave it out of this request's GpuConfig",
+                )
+            memory = partition[1].record.memory_mib
+            shares.append(_Share(result, partition[0].gpu, memory, config, tier="mig", partition=partition[1]))
+            continue
         gpu = gpus.get(result["device"])
         if gpu is None:
             raise PrepareError(
                 ErrorKind.UNKNOWN_DEVICE,
                 f"allocated device {result['device']} is not a GPU of node {settings.node_name} "
                 f"(known: {', '.join(sorted(gpus)) or 'none'})",
+            )
+        if is_selected(settings.mig_gpus, gpu.index, gpu.uuid):
+            raise PrepareError(
+                ErrorKind.UNKNOWN_DEVICE,
+                f"device {result['device']} is MIG GPU {gpu.uuid} itself, which is allocated only by its partitions "
+                "(DeviceClass mig.gpu.fracgpu.dev); a claim that tolerates its taint gpu.fracgpu.dev/mig-parent "
+                "gets nothing: ask for a MIG partition, or a GPU not named in mig.gpus",
             )
         consumed = (result.get("consumedCapacity") or {}).get(MEMORY_CAPACITY)
         granted = (
@@ -222,6 +259,19 @@ def plan_claim(
     )
 
 
+def _partition(
+    result: Mapping[str, Any], mig_devices: Mapping[str, MigDevice], partitions: Mapping[str, PreparedPartition]
+) -> tuple[MigDevice, PreparedPartition] | None:
+    """The partition a result stands for and the instances made for it; None for a result that is no partition."""
+    device = mig_devices.get(str(result["device"]))
+    if device is None:
+        return None
+    made = partitions.get(device.name)
+    if made is None:
+        raise PrepareError(ErrorKind.INTERNAL, f"no MIG partition was made for device {device.name}")
+    return device, made
+
+
 def mps_trust_domain(claim: dict[str, Any], settings: Settings) -> TrustDomain:
     """The claim's MPS trust domain; raises PrepareError. With ``--mps-trust-scope=namespaceLabel`` it is the one
     the controller recorded in the claim's status (``data.mpsTrustDomain`` of an entry of this driver): the
@@ -255,11 +305,15 @@ def mps_trust_domain(claim: dict[str, Any], settings: Settings) -> TrustDomain:
 
 
 def _with_tiers(shares: list[_Share], settings: Settings, tiers: Mapping[str, GpuTiers], uid: str) -> list[_Share]:
-    """Each share with its enforcement tier. HAMi-core, once preloaded for one share, limits every GPU the
-    container sees, so the claim's other ``none`` shares are ``hami-core`` too. nvml shares of one claim must
-    have one grant: NVIDIA's hook reads a single NVIDIA_GPU_MEMORY_LIMIT per container."""
+    """Each share with its enforcement tier (a MIG partition keeps ``mig``, which every tier a GpuConfig can ask
+    for is weaker than). HAMi-core, once preloaded for one share, limits every GPU the container sees, so the
+    claim's other ``none`` shares are ``hami-core`` too, and it cannot go with a MIG partition in one claim. nvml
+    shares of one claim must have one grant: NVIDIA's hook reads a single NVIDIA_GPU_MEMORY_LIMIT per container."""
     out = []
     for share in shares:
+        if share.partition is not None:
+            out.append(share)
+            continue
         where = f"GPU {share.result['device']} ({share.gpu.uuid})"
         try:
             tier = applied_tier(settings.enforcement, share.config.enforcement, tiers[share.gpu.device_name], where)
@@ -269,6 +323,12 @@ def _with_tiers(shares: list[_Share], settings: Settings, tiers: Mapping[str, Gp
             ) from None
         out.append(replace(share, tier=tier))
     if any(s.tier == "hami-core" for s in out):
+        if any(s.partition is not None for s in out):
+            raise PrepareError(
+                ErrorKind.INVALID_CONFIG,
+                f"claim {uid} has a MIG partition and a hami-core share, but HAMi-core preloaded for one limits every "
+                "GPU of the container, the partition too: put the MIG partition in a claim of its own",
+            )
         out = [replace(s, tier="hami-core") if s.tier == "none" else s for s in out]
     mps_gpus = {s.gpu.uuid for s in out if s.tier == "mps"}
     if mps_gpus and len({s.gpu.uuid for s in out}) > 1:
@@ -290,8 +350,12 @@ def _with_tiers(shares: list[_Share], settings: Settings, tiers: Mapping[str, Gp
 
 
 def _nodes(nodes: DeviceNodeSnapshot, share: _Share) -> list[HostDeviceNode]:
+    """The GPU's node and the control nodes; for a MIG partition also its instances' capability nodes."""
     try:
-        return nodes.gpu_nodes(share.gpu.minor)
+        found = nodes.gpu_nodes(share.gpu.minor)
+        if share.partition is not None:
+            found += nodes.cap_nodes(share.partition.cap_minors)
+        return found
     except DeviceNodeError as err:
         raise PrepareError(ErrorKind.DEVICE_NODE_MISSING, str(err)) from None
 
@@ -313,6 +377,19 @@ def _device_info(share: _Share, driver: str, uid: str) -> info.DeviceInfo:
         env_prefix=prefix,
         enforcement=share.tier,
         active_thread_percentage=share.config.compute_limit_percent if share.tier == "mps" else None,
+        mig=_mig_info(share.partition.record) if share.partition is not None else None,
+    )
+
+
+def _mig_info(record: MigRecord) -> info.MigInfo:
+    return info.MigInfo(
+        uuid=record.uuid,
+        profile=record.profile,
+        gpu_instance=record.gpu_instance,
+        compute_instance=record.compute_instance,
+        placement_start=record.placement_start,
+        memory_slices=record.memory_slices,
+        multiprocessors=record.multiprocessors,
     )
 
 
@@ -346,10 +423,10 @@ def _edits(
     nodes: list[HostDeviceNode],
 ) -> cdi.ContainerEdits:
     """Edits for one device: constants, its own FRACGPU_DEV_<KEY>_* names, its request's file and (identical
-    across the request's devices, which always travel together) NVIDIA_VISIBLE_DEVICES (the request's UUIDs
-    with driver edits ``none``, ``void`` with ``toolkit``) and HAMi-core's env."""
+    across the request's devices, which always travel together) NVIDIA_VISIBLE_DEVICES (the request's UUIDs, a
+    MIG partition's MIG UUID, with driver edits ``none``; ``void`` with ``toolkit``) and HAMi-core's env."""
     env = dict(CONSTANT_ENV)
-    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(s.gpu.uuid for s in group)
+    env["NVIDIA_VISIBLE_DEVICES"] = ",".join(s.partition.record.uuid if s.partition else s.gpu.uuid for s in group)
     env.update(info.device_env(device.env_prefix, device, request.claim, request.request))
     env.update(share.config.env)
     if settings.driver_edits == "toolkit":  # the spec carries the driver: no nvidia runtime may inject it again

@@ -27,6 +27,11 @@ Each call writes the checkpoint once, durably, and orders its steps so that a cr
   ``recover()`` once the API server answers. Until then a container restart of a pod using it cannot find
   its CDI device.
 
+MIG partitions (``partitions``): a claim's partitions are made before its files are written and recorded in the
+same entry; unprepare destroys them before the entry goes; recovery destroys instances no entry owns and makes
+again those of entries whose partitions are gone (see ``partitions``'s docstring for why every crash is
+repaired).
+
 A checkpoint of a newer schema is never touched: recover posts a ``CheckpointTooNew`` Event and changes
 nothing, and prepare/unprepare fail every claim with what to do, while the plugin keeps running.
 
@@ -43,7 +48,7 @@ from typing import Any
 
 from api.kube_rest import KubeConnection, KubeRest
 from kubelet_plugin.core.metrics import PluginMetrics
-from kubelet_plugin.core.model import ClaimRef, GpuInfo, PreparedDevice, PrepareResult
+from kubelet_plugin.core.model import ClaimRef, GpuInfo, MigGpu, MigRecord, PreparedDevice, PrepareResult
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.enforcement.tiers import GpuTiers
@@ -60,12 +65,14 @@ from kubelet_plugin.prepare.devicenodes import DeviceNodeSnapshot, ensure_char_l
 from kubelet_plugin.prepare.driver_edits import DriverEdits, DriverEditsError
 from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
 from kubelet_plugin.prepare.journal import ClaimJournal
+from kubelet_plugin.prepare.mig import MigManager, NvmlMig
 from kubelet_plugin.prepare.mps_shares import MpsShares
 from kubelet_plugin.prepare.node_lock import NodeLock, NodeLockTimeoutError
+from kubelet_plugin.prepare.partitions import Partitioner
 from kubelet_plugin.prepare.plan import ClaimPlan, plan_claim
 from kubelet_plugin.prepare.reader import ClaimReader, show
 from kubelet_plugin.prepare.ready_writer import ReadyReporter
-from kubelet_plugin.prepare.status import Tiers
+from kubelet_plugin.prepare.status import Partitions, Tiers
 from kubelet_plugin.prepare.store import ClaimStore
 
 log = logging.getLogger(__name__)
@@ -89,11 +96,15 @@ class Preparer:
         enforcement: EnforcementDetector | None = None,
         device_nodes: DeviceNodes | None = None,
         mps: MpsShares | None = None,
+        mig: Mapping[str, MigGpu] | None = None,
+        mig_manager: MigManager | None = None,
     ) -> None:
         """``driver_edits``: required with ``settings.driver_edits == "toolkit"``, read (never generated) per
         prepare. ``enforcement``: the tiers each GPU offers (default: HAMi-core where its library is, no nvml).
         ``device_nodes``: where the device nodes are read from (default: stat-ed under the driver root).
-        ``mps``: the MPS GPUs' daemons (default: through the driver's control client)."""
+        ``mps``: the MPS GPUs' daemons (default: through the driver's control client).
+        ``mig``: the MIG GPUs (``--mig-gpus``) by device name, as discovered; ``mig_manager``: makes and
+        destroys their partitions (default: through NVML)."""
         rest = KubeRest.bounded(api, settings.api_timeout_seconds)
         self._settings = settings
         self._gpus = {g.device_name: g for g in gpus}
@@ -105,6 +116,16 @@ class Preparer:
         self._reader = ClaimReader(rest, settings.api_timeout_seconds)
         self._files = ClaimStore(settings)
         self._mps = mps or MpsShares(settings)
+        self._partitions = Partitioner(
+            gpus,
+            mig or {},
+            mig_manager or (NvmlMig() if mig else None),
+            node=settings.node_name,
+            driver=settings.driver_name,
+            driver_root=settings.driver_root,
+            minors_file=settings.mig_minors_file,
+            proc_devices=settings.proc_devices_file,
+        )
         self._journal = ClaimJournal(
             store, self._files, rest=rest, node_name=settings.node_name, driver=settings.driver_name, metrics=metrics
         )
@@ -135,6 +156,7 @@ class Preparer:
                 if entry.state != "PrepareCompleted":
                     log.warning("dropping half-prepared claim", extra={"claim": uid, "claim_name": entry.name})
                     checkpoint = checkpoint.without_claim(uid)
+            partitions_gone = self._partitions.sweep(checkpoint)
             specs = self._files.spec_uids()
             for what, which in self._files.remove_orphans(set(checkpoint.claims)):
                 log.warning("removed an orphaned file of a claim", extra={"what": what, "claim": which})
@@ -146,6 +168,8 @@ class Preparer:
             else:
                 missing = [uid for uid, e in checkpoint.claims.items() if e.devices and uid not in specs]
                 checkpoint = self._restore_specs(checkpoint, missing, "its CDI spec is missing")
+                gone = [uid for uid in partitions_gone if uid not in missing]
+                checkpoint = self._restore_specs(checkpoint, gone, "its MIG partition is gone")
             self._journal.save(checkpoint)
             self._metrics.prepared_claims.set(len(checkpoint.claims))
 
@@ -169,7 +193,9 @@ class Preparer:
                 continue
             try:
                 claim = self._reader.read(ClaimRef(namespace=entry.namespace, name=entry.name, uid=uid))
-                self._write(claim, entry, nodes, offered, checkpoint)
+                devices, _, partitions, _, domain = self._write(claim, entry, nodes, offered, checkpoint)
+                restored = self._entry(entry.namespace, entry.name, devices, partitions, domain)
+                checkpoint = checkpoint.with_claim(uid, restored)
             except PrepareError as err:
                 if err.kind.claim_gone:  # nothing to restore
                     log.warning("claim gone; dropping it", extra={**what, "error": str(err)})
@@ -195,17 +221,19 @@ class Preparer:
         with self._measure("prepare"):
             fetched = self._reader.read_all(claims)  # outside the lock: API round trips must not serialise calls
             results: dict[str, PrepareResult] = {}
-            ready: list[tuple[dict[str, Any], Tiers]] = []
+            ready: list[tuple[dict[str, Any], Tiers, Partitions]] = []
+            made: list[MigRecord] = []
             try:
                 with self.node_lock.hold():
                     checkpoint = self._journal.load()
-                    updated, written = self._prepare_locked(claims, fetched, checkpoint, results, ready)
+                    updated, written = self._prepare_locked(claims, fetched, checkpoint, results, ready, made=made)
                     if updated is not checkpoint:
                         try:
                             self._journal.save(updated)
                         except OSError as err:  # the new specs are orphans now: remove them (or recover does)
                             updated = checkpoint
                             self._unwrite(written)
+                            self._partitions.undo(made)
                             message = f"cannot save the checkpoint ({err}); nothing was prepared, the kubelet retries"
                             for ref in claims:
                                 if ref.uid in written:
@@ -217,9 +245,9 @@ class Preparer:
                 for ref in claims:  # a claim that could not be read keeps that error
                     own = fetched[ref.uid]
                     self._fail(results, ref, own if isinstance(own, PrepareError) else refusal)
-            for claim, tiers in ready:
+            for claim, tiers, partitions in ready:
                 self._metrics.requests.labels("prepare", "ok").inc()
-                self._ready.prepared(claim, tiers)
+                self._ready.prepared(claim, tiers, partitions)
             return results
 
     def _prepare_locked(
@@ -228,10 +256,13 @@ class Preparer:
         fetched: dict[str, dict[str, Any] | PrepareError],
         checkpoint: Checkpoint,
         results: dict[str, PrepareResult],
-        ready: list[tuple[dict[str, Any], Tiers]],
+        ready: list[tuple[dict[str, Any], Tiers, Partitions]],
+        *,
+        made: list[MigRecord],
     ) -> tuple[Checkpoint, set[str]]:
         """Write each readable claim's files; the checkpoint with their completed entries and the UIDs of the
-        claims it did not hold completed before (whose files are orphans until it is saved)."""
+        claims it did not hold completed before (whose files are orphans until it is saved). `made`: gets the MIG
+        partitions created (owned by nothing until the checkpoint is saved)."""
         updated = checkpoint
         written: set[str] = set()
         nodes, offered = self._device_nodes(), self._enforcement.tiers()  # once per call: each costs a stat
@@ -241,24 +272,50 @@ class Preparer:
             try:
                 if isinstance(claim, PrepareError):
                     raise claim
-                devices, tiers, domain = self._write(claim, before, nodes, offered, updated)
+                devices, tiers, partitions, created, domain = self._write(claim, before, nodes, offered, updated)
             except Exception as err:  # one claim's failure must not abort the batch
                 self._fail(results, ref, err)
                 continue
-            entry = ClaimEntry(
-                namespace=ref.namespace,
-                name=ref.name,
-                state="PrepareCompleted",
-                devices=[CheckpointDevice.from_prepared(d, self._gpus[d.device_name].uuid) for d in devices],
-                mps_trust_domain=domain,
-            )
+            made += created
+            entry = self._entry(ref.namespace, ref.name, devices, partitions, domain)
             if entry != before:
                 updated = updated.with_claim(ref.uid, entry)
                 if before is None or before.state != "PrepareCompleted":
                     written.add(ref.uid)
             results[ref.uid] = PrepareResult(devices=devices)
-            ready.append((claim, tiers))
+            by_key = {
+                (d.pool_name, d.device_name, d.share_id): partitions[d.device_name]
+                for d in devices
+                if d.device_name in partitions
+            }
+            ready.append((claim, tiers, by_key))
         return updated, written
+
+    def _entry(
+        self,
+        namespace: str,
+        name: str,
+        devices: tuple[PreparedDevice, ...],
+        partitions: Mapping[str, MigRecord],
+        mps_trust_domain: str | None,
+    ) -> ClaimEntry:
+        """The completed checkpoint entry of a claim prepared as `devices`, recording its physical GPUs, MIG
+        partitions and MPS trust domain."""
+        return ClaimEntry(
+            namespace=namespace,
+            name=name,
+            state="PrepareCompleted",
+            devices=[
+                CheckpointDevice.from_prepared(d, self._gpu_uuid(d.device_name), partitions.get(d.device_name))
+                for d in devices
+            ],
+            mps_trust_domain=mps_trust_domain,
+        )
+
+    def _gpu_uuid(self, device: str) -> str:
+        """The physical GPU of a device: a GPU's own UUID, a partition's GPU's."""
+        partition = self._partitions.devices.get(device)
+        return partition.gpu.uuid if partition is not None else self._gpus[device].uuid
 
     def _unwrite(self, uids: set[str]) -> None:
         for uid in uids:
@@ -297,6 +354,18 @@ class Preparer:
 
     def _unprepare_locked(self, claims: list[ClaimRef]) -> dict[str, str]:
         checkpoint = self._journal.load()
+        kept: dict[str, str] = {}  # claims whose MIG partitions could not be destroyed: they stay prepared
+        for ref in claims:
+            entry = checkpoint.claims.get(ref.uid)
+            if entry is None:
+                continue
+            try:
+                self._partitions.destroy(ref.uid, entry)
+            except PrepareError as err:
+                self._count_error("unprepare", err.kind)
+                log.warning("unprepare failed", extra={"claim": show(ref), "error": str(err)})
+                kept[ref.uid] = str(err)
+        claims, failed = [r for r in claims if r.uid not in kept], claims
         updated = checkpoint
         mps_gpus = {
             d.uuid
@@ -316,7 +385,7 @@ class Preparer:
                     ErrorKind.INTERNAL,
                     f"cannot save the checkpoint without these claims ({err}); nothing was removed, retry the unprepare",
                 )
-        errors: dict[str, str] = {}
+        errors: dict[str, str] = {r.uid: kept[r.uid] for r in failed if r.uid in kept}
         for ref in claims:
             try:
                 self._files.remove(ref.uid)
@@ -350,35 +419,51 @@ class Preparer:
         nodes: DeviceNodeSnapshot,
         offered: Mapping[str, GpuTiers],
         checkpoint: Checkpoint,
-    ) -> tuple[tuple[PreparedDevice, ...], Tiers, str | None]:
-        """Plan the claim, admit its MPS shares to their GPU's daemon (`checkpoint`: the other claims prepared) and
-        write its files; the devices for the kubelet, the tier of each share and the claim's MPS trust domain.
-        `nodes` and `offered` (the tiers each GPU offers) are read once per call.
+    ) -> tuple[tuple[PreparedDevice, ...], Tiers, dict[str, MigRecord], list[MigRecord], str | None]:
+        """Make the claim's MIG partitions, plan it, admit its MPS shares to their GPU's daemon (`checkpoint`: the
+        other claims prepared) and write its files; the devices for the kubelet, the tier of each share, the MIG
+        partition of each partition device, those made now (destroyed again when a later step fails) and the
+        claim's MPS trust domain. `nodes` and `offered` (the tiers each GPU offers) are read once per call.
 
         `prepared`: the claim's checkpoint entry; a device that is now another physical GPU than when it
         was prepared (NVML indices shift when a GPU disappears) is refused rather than handed out.
         """
         for device in prepared.devices if prepared else []:
             now = self._gpus.get(device.device_name)
-            if device.uuid and now is not None and now.uuid != device.uuid:
+            if device.mig is None and device.uuid and now is not None and now.uuid != device.uuid:
                 raise PrepareError(
                     ErrorKind.DEVICE_CHANGED,
                     f"{device.device_name} was GPU {device.uuid} when this claim was prepared and is now "
                     f"{now.uuid}: the node's GPUs changed; delete the pod so its claim is allocated again",
                 )
-        plan = plan_claim(claim, self._settings, self._gpus, self._current_driver_edits(), offered, nodes=nodes)
-        uid = claim["metadata"]["uid"]
-        self._admit_mps(plan, uid, checkpoint)
+        partitions, made = self._partitions.make(claim, prepared)
         try:
-            self._files.write(uid, plan)
-        except OSError as err:
-            raise PrepareError(
-                ErrorKind.INTERNAL, f"cannot write CDI spec or info files for claim {uid}: {err}"
-            ) from None
+            plan = plan_claim(
+                claim,
+                self._settings,
+                self._gpus,
+                self._current_driver_edits(),
+                offered,
+                nodes=self._partitions.with_cap_nodes(nodes, partitions),
+                mig_devices=self._partitions.devices,
+                partitions=partitions,
+            )
+            uid = claim["metadata"]["uid"]
+            self._admit_mps(plan, uid, checkpoint)
+            try:
+                self._files.write(uid, plan)
+            except OSError as err:
+                raise PrepareError(
+                    ErrorKind.INTERNAL, f"cannot write CDI spec or info files for claim {uid}: {err}"
+                ) from None
+        except Exception:
+            self._partitions.undo(made)
+            raise
         if plan.spec is not None:
             ensure_char_links(self._settings.dev_char_dir, list(plan.nodes))
         tiers = {(pool, device, share): tier for pool, device, share, tier in plan.tiers}
-        return plan.devices, tiers, plan.mps_domain.id if plan.mps_domain is not None else None
+        domain = plan.mps_domain.id if plan.mps_domain is not None else None
+        return plan.devices, tiers, {name: p.record for name, p in partitions.items()}, made, domain
 
     def _admit_mps(self, plan: ClaimPlan, uid: str, checkpoint: Checkpoint) -> None:
         """Admit each MPS GPU's shares of `plan` to that GPU's daemon (mps_shares); raises PrepareError."""

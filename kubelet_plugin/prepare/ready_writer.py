@@ -14,7 +14,7 @@ from typing import Any
 
 from api.kube_errors import ApiError, ApiTransient, UndecodableResponse
 from api.kube_rest import KubeRest
-from kubelet_plugin.prepare.status import Tiers, apply_ready, is_ready
+from kubelet_plugin.prepare.status import Partitions, Tiers, apply_ready, is_ready
 
 log = logging.getLogger(__name__)
 
@@ -95,17 +95,22 @@ class ReadyReporter:
 
     def __init__(self, rest: KubeRest, driver: str, node: str, on_failure: Callable[[], None]) -> None:
         self._driver = driver
-        self._applied: dict[str, Tiers] = {}  # claim UID -> tier per share
+        self._applied: dict[str, tuple[Tiers, Partitions]] = {}  # claim UID -> tier and MIG partition per share
         self._writer = ReadyWriter(
-            lambda claim: apply_ready(rest, claim, driver, node, self._applied.get(claim["metadata"]["uid"])),
+            lambda claim: self._apply(rest, claim, node),
             on_failure,
         )
 
-    def prepared(self, claim: dict[str, Any], tiers: Tiers) -> None:
-        """`claim` (as just read) was prepared with `tiers`: write its conditions unless they are there."""
+    def _apply(self, rest: KubeRest, claim: dict[str, Any], node: str) -> None:
+        tiers, partitions = self._applied.get(claim["metadata"]["uid"], ({}, {}))
+        apply_ready(rest, claim, self._driver, node, tiers, partitions=partitions)
+
+    def prepared(self, claim: dict[str, Any], tiers: Tiers, partitions: Partitions | None = None) -> None:
+        """`claim` (as just read) was prepared with `tiers` (and MIG `partitions`): write its conditions unless
+        they are there."""
         uid = claim["metadata"]["uid"]
-        self._applied[uid] = tiers
-        if tiers and not is_ready(claim, self._driver, tiers):
+        self._applied[uid] = (tiers, partitions or {})
+        if tiers and not is_ready(claim, self._driver, tiers, partitions):
             self._writer.submit(claim)
 
     def forget(self, claim_uid: str) -> None:

@@ -1,9 +1,10 @@
-"""The node plugin's part of a claim's `status.devices`: the `Ready` and `MemoryEnforcement` conditions, by
-server-side apply.
+"""The node plugin's part of a claim's `status.devices`: the `Ready` and `MemoryEnforcement` conditions and, for a
+MIG partition, `MigPartition`, by server-side apply.
 
 Field manager `fracgpu-kubelet-plugin` owns only the conditions of this driver's entries; the controller
-(`fracgpu-controller`) owns their `data` (an atomic field) and copies the tier of `MemoryEnforcement` into
-it. Other drivers' entries are never sent, so never touched.
+(`fracgpu-controller`) owns their `data` (an atomic field) and copies the tier of `MemoryEnforcement` and the MIG
+UUID of `MigPartition` (its message, nothing else) into it. Other drivers' entries are never sent, so never
+touched.
 """
 
 import datetime
@@ -14,11 +15,15 @@ from api.config_merge import EntryError, allocation_entries, config_for
 from api.gpu import ENFORCEMENT_CONDITION, ENFORCEMENT_REASONS
 from api.gpu_config import GpuConfigError
 from api.kube_rest import KubeRest, claim_path
+from api.mig import PARTITION_CONDITION, PARTITION_REASON
+from kubelet_plugin.core.model import MigRecord
 
 FIELD_MANAGER = "fracgpu-kubelet-plugin"
 
 #: (pool, device, shareID or None) -> the enforcement tier the CDI spec applies to that share.
 Tiers = Mapping[tuple[str, str, str | None], str]
+#: (pool, device, shareID or None) -> the MIG partition made for that device.
+Partitions = Mapping[tuple[str, str, str | None], MigRecord]
 
 
 def _key(entry: Mapping[str, Any]) -> tuple[str, str, str | None]:
@@ -32,9 +37,18 @@ def _has(entry: Mapping[str, Any], kind: str, status: str, reason: str | None = 
     )
 
 
-def is_ready(claim: dict[str, Any], driver: str, tiers: Tiers | None = None) -> bool:
+def _has_partition(entry: Mapping[str, Any], record: MigRecord | None) -> bool:
+    return record is None or any(
+        c["type"] == PARTITION_CONDITION and c["status"] == "True" and c.get("message") == record.uuid
+        for c in entry.get("conditions") or []
+    )
+
+
+def is_ready(
+    claim: dict[str, Any], driver: str, tiers: Tiers | None = None, partitions: Partitions | None = None
+) -> bool:
     """True when every entry of `driver` in status.devices already has Ready=True, covers the results and
-    (given `tiers`) reports the same MemoryEnforcement tier."""
+    (given `tiers`) reports the same MemoryEnforcement tier and (given `partitions`) the same MIG UUID."""
     results = [r for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == driver]
     ready = {
         _key(d)
@@ -42,6 +56,7 @@ def is_ready(claim: dict[str, Any], driver: str, tiers: Tiers | None = None) -> 
         if d["driver"] == driver
         and _has(d, "Ready", "True")
         and (tiers is None or _has(d, ENFORCEMENT_CONDITION, *_enforcement_status(tiers.get(_key(d), "none"))))
+        and _has_partition(d, (partitions or {}).get(_key(d)))
     }
     return all(_key(r) in ready for r in results)
 
@@ -51,6 +66,11 @@ def _enforcement_status(tier: str) -> tuple[str, str]:
 
 
 def _enforcement_message(tier: str) -> str:
+    if tier == "mig":
+        return (
+            "GPU memory and compute isolated by the hardware: a MIG partition with its own memory, streaming "
+            "multiprocessors, L2 cache and copy engines, which nothing in the container can enlarge"
+        )
     if tier == "nvml":
         return (
             "GPU memory limited by the driver: NVIDIA's apply-cuda-memory-limits hook in the CDI spec sets the "
@@ -79,9 +99,18 @@ def _mps_limits(claim: dict[str, Any], result: Mapping[str, Any], driver: str) -
     return f"MPS limits: memory {memory}, active threads {f'{percent} %' if percent else 'the GPU default'}"
 
 
-def apply_ready(rest: KubeRest, claim: dict[str, Any], driver: str, node: str, tiers: Tiers | None = None) -> None:
-    """Set Ready=True and MemoryEnforcement (from `tiers`, default none) on each of `driver`'s status.devices
-    entries of `claim` (server-side apply)."""
+def apply_ready(
+    rest: KubeRest,
+    claim: dict[str, Any],
+    driver: str,
+    node: str,
+    tiers: Tiers | None = None,
+    *,
+    partitions: Partitions | None = None,
+) -> None:
+    """Set Ready=True, MemoryEnforcement (from `tiers`, default none) and, for a MIG partition (`partitions`),
+    MigPartition (message: its MIG UUID) on each of `driver`'s status.devices entries of `claim` (server-side
+    apply)."""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     generation = claim["metadata"].get("generation", 0)
     entries = []
@@ -114,6 +143,18 @@ def apply_ready(rest: KubeRest, claim: dict[str, Any], driver: str, node: str, t
                 "observedGeneration": generation,
             },
         ]
+        record = (partitions or {}).get(_key(result))
+        if record is not None:
+            entry["conditions"].append(
+                {
+                    "type": PARTITION_CONDITION,
+                    "status": "True",
+                    "reason": PARTITION_REASON,
+                    "message": record.uuid,
+                    "lastTransitionTime": now,
+                    "observedGeneration": generation,
+                }
+            )
         entries.append(entry)
     body = {
         "apiVersion": "resource.k8s.io/v1",

@@ -13,7 +13,7 @@ from api.kube_errors import ApiConflict, ApiError
 from api.kube_rest import SLICES, KubeConnection, KubeRest, node_path
 from kubelet_plugin.core.coalesce import Coalescer
 from kubelet_plugin.core.filelock import serialize_lock
-from kubelet_plugin.core.model import GpuInfo
+from kubelet_plugin.core.model import GpuInfo, MigGpu
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.publishing.slices import build_slices
@@ -42,10 +42,12 @@ class SlicePublisher:
         taints: Callable[[], Mapping[str, list[dict[str, str]]]] | None = None,
         changes: Coalescer | None = None,
         on_write: Callable[[], None] | None = None,
+        mig: Mapping[str, MigGpu] | None = None,
     ) -> None:
         """`enforcement`: the tiers each GPU offers (default: HAMi-core where its library is, no nvml);
         `taints`: device name -> its taints now (GPU health); `changes`: notified when they change, each
-        coalesced burst is one re-sync; `on_write`: called for every slice written (created, replaced, deleted)."""
+        coalesced burst is one re-sync; `on_write`: called for every slice written (created, replaced, deleted);
+        `mig`: the MIG GPUs (``--mig-gpus``) -> what they offer (``mig_discovery``), published as MIG GPUs."""
         self._rest = KubeRest(api)
         self._taints = taints or dict
         self._changes = changes
@@ -53,6 +55,7 @@ class SlicePublisher:
         self._sync_lock = threading.Lock()
         self._settings = settings
         self._gpus = gpus
+        self._mig = dict(mig or {})
         self._enforcement = enforcement or EnforcementDetector.without_nvml(settings, gpus, "nvml was not detected")
         self._generation = 0
         self._list_version = ""
@@ -77,6 +80,7 @@ class SlicePublisher:
             hami_core=s.hami_core_library.is_file(),
             enforcement={name: tiers.published for name, tiers in self._enforcement.tiers().items()},
             taints=self._taints(),
+            mig=self._mig,
             mps_binding=s.mps_trust_scope != "cluster",
         )
         for body in slices:

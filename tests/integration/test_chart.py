@@ -99,7 +99,7 @@ CUSTOM: dict[str, Any] = {
 }
 # Everything optional switched off.
 MINIMAL: dict[str, Any] = {
-    "deviceClass": {"create": False},
+    "deviceClass": {"create": False, "mig": {"create": False}},
     "nvml": {"libraryPath": ""},
     "controller": {
         "webhook": {"enabled": False},
@@ -154,6 +154,20 @@ def one(docs: list[dict[str, Any]], kind: str, suffix: str = "") -> dict[str, An
     found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith(suffix)]
     assert len(found) == 1, f"{len(found)} {kind} objects named *{suffix}"
     return found[0]
+
+
+def named(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+def whole_gpus(driver: str) -> dict[str, Any]:
+    """The selector every GPU class has besides its driver's: whole GPUs, never a MIG partition or MIG GPU."""
+    return {
+        "cel": {
+            "expression": f'!("type" in device.attributes["{driver}"]) || device.attributes["{driver}"].type == "gpu"'
+        }
+    }
 
 
 def env_of(container: dict[str, Any]) -> dict[str, Any]:
@@ -247,11 +261,20 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
     docs = render(tools["helm"], tmp_path, {}, "--include-crds", namespace="gpus")
     crd = one(docs, "CustomResourceDefinition")
     assert crd["metadata"]["name"] == "gpus.fracgpu.dev"
-    assert one(docs, "DeviceClass")["spec"] == {
-        "selectors": [{"cel": {"expression": 'device.driver == "gpu.fracgpu.dev"'}}],
+    assert named(docs, "DeviceClass", "gpu.fracgpu.dev")["spec"] == {
+        "selectors": [{"cel": {"expression": 'device.driver == "gpu.fracgpu.dev"'}}, whole_gpus("gpu.fracgpu.dev")],
         # pods' resources.limits {gpu.fracgpu.dev/gpu: N}: N whole GPUs, no claim written by the user
         "extendedResourceName": "gpu.fracgpu.dev/gpu",
     }
+    # the MIG partitions' class, there whether or not a GPU is a MIG GPU (its claims then stay Pending)
+    assert named(docs, "DeviceClass", "mig.gpu.fracgpu.dev")["spec"] == {
+        "selectors": [
+            {"cel": {"expression": 'device.driver == "gpu.fracgpu.dev"'}},
+            {"cel": {"expression": '"type" in device.attributes["gpu.fracgpu.dev"] && '
+                     'device.attributes["gpu.fracgpu.dev"].type == "mig"'}},
+        ]
+    }  # fmt: skip
+    assert len([d for d in docs if d["kind"] == "DeviceClass"]) == 2
     # the webhook configuration: made by the chart without webhooks (the controller patches them in; a
     # `webhooks` field here would fight it on `helm upgrade`), no mutating one
     (config,) = [d for d in docs if d["kind"].endswith("WebhookConfiguration")]
@@ -462,6 +485,7 @@ def test_enforced_device_class_selects_gpus_with_enforcement(tools: dict[str, Pa
                     'device.attributes["gpu.fracgpu.dev"].memoryEnforcement != "none"'
                 }
             },
+            whole_gpus("gpu.fracgpu.dev"),
         ]
     }
     plugin = one(docs, "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
@@ -470,17 +494,18 @@ def test_enforced_device_class_selects_gpus_with_enforcement(tools: dict[str, Pa
 
 def test_extended_resource_name_follows_the_driver_and_switches_off(tools: dict[str, Path], tmp_path: Path) -> None:
     docs = render(tools["helm"], tmp_path, {"driverName": "gpu.example.test"})
-    assert one(docs, "DeviceClass")["spec"]["extendedResourceName"] == "gpu.example.test/gpu"
+    assert named(docs, "DeviceClass", "gpu.example.test")["spec"]["extendedResourceName"] == "gpu.example.test/gpu"
+    assert "extendedResourceName" not in named(docs, "DeviceClass", "mig.gpu.example.test")["spec"]
     docs = render(tools["helm"], tmp_path, {"deviceClass": {"extendedResource": {"enabled": False}}})
-    assert one(docs, "DeviceClass")["spec"] == {
-        "selectors": [{"cel": {"expression": 'device.driver == "gpu.fracgpu.dev"'}}]
+    assert named(docs, "DeviceClass", "gpu.fracgpu.dev")["spec"] == {
+        "selectors": [{"cel": {"expression": 'device.driver == "gpu.fracgpu.dev"'}}, whole_gpus("gpu.fracgpu.dev")]
     }
 
 
 def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Path) -> None:
     docs = render(tools["helm"], tmp_path, CUSTOM)
     classes = {d["metadata"]["name"]: d["spec"] for d in docs if d["kind"] == "DeviceClass"}
-    assert sorted(classes) == ["example-gpu", "example-gpu-enforced"]
+    assert sorted(classes) == ["example-gpu", "example-gpu-enforced", "mig.gpu.example.test"]
     assert classes["example-gpu"]["extendedResourceName"] == "example.test/whole-gpu"
     assert "extendedResourceName" not in classes["example-gpu-enforced"], "one class per extended resource"
     deploy = one(docs, "Deployment")
@@ -542,6 +567,7 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
         "FRACGPU_HAMI_CORE_LIBRARY": "/opt/hami/lib/libvgpu.so",
         "FRACGPU_METRICS_PORT": "9102",
         "FRACGPU_MPS_GPUS": "",
+        "FRACGPU_MIG_GPUS": "",
         "FRACGPU_MPS_ROOT": "/run/fracgpu/mps",
         "FRACGPU_HANDOVER_TIMEOUT": "0",
         "FRACGPU_LOG_LEVEL": "debug",
@@ -715,7 +741,7 @@ class Installed:
         self.driver = driver
         self.plugin_sa = one(docs, "ServiceAccount", "-kubelet-plugin")["metadata"]["name"]
         self.controller_sa = one(docs, "ServiceAccount", "-controller")["metadata"]["name"]
-        self.device_class = one(docs, "DeviceClass")["metadata"]["name"]
+        self.device_class = named(docs, "DeviceClass", driver)["metadata"]["name"]
         self.other_driver = "other-" + driver  # another DRA driver's devices, for the refusals
 
 
@@ -1209,3 +1235,22 @@ def test_mps_gpus_add_a_supervisor_daemonset_apart_from_the_plugin(tools: dict[s
 def test_bad_mps_gpus_are_refused_by_the_schema(tools: dict[str, Path], tmp_path: Path) -> None:
     proc = helm_template(tools["helm"], tmp_path, {"mps": {"gpus": "gpu0"}})
     assert proc.returncode != 0 and "/mps/gpus" in proc.stderr
+
+
+def test_mig_gpus_reach_the_plugin_and_are_never_also_mps_gpus(tools: dict[str, Path], tmp_path: Path) -> None:
+    docs = render(tools["helm"], tmp_path, {"mig": {"gpus": "1,GPU-2"}})
+    plugin = one(docs, "DaemonSet", "-kubelet-plugin")["spec"]["template"]["spec"]["containers"][0]
+    assert env_of(plugin)["FRACGPU_MIG_GPUS"] == "1,GPU-2"
+    (controller,) = one(docs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--mig-device-class=mig.gpu.fracgpu.dev" in controller["args"]
+    renamed = render(tools["helm"], tmp_path, {"deviceClass": {"mig": {"name": "isolated-gpu"}}})
+    assert named(renamed, "DeviceClass", "isolated-gpu")
+    (controller,) = one(renamed, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert "--mig-device-class=isolated-gpu" in controller["args"]
+    off = render(tools["helm"], tmp_path, {"deviceClass": {"mig": {"create": False}}})
+    assert [d["metadata"]["name"] for d in off if d["kind"] == "DeviceClass"] == ["gpu.fracgpu.dev"]
+    for mig, mps in (("1", "0,1"), ("all", "0"), ("0", "all")):
+        proc = helm_template(tools["helm"], tmp_path, {"mig": {"gpus": mig}, "mps": {"gpus": mps}})
+        assert proc.returncode != 0 and "a MIG GPU is never an MPS GPU" in proc.stderr, proc.stderr
+    proc = helm_template(tools["helm"], tmp_path, {"mig": {"gpus": "gpu1"}})
+    assert proc.returncode != 0 and "/mig/gpus" in proc.stderr

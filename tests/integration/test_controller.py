@@ -939,6 +939,7 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
         "SHARES",
         "ENFORCEMENT",
         "REPORTING",
+        "MIG",  # blank but on MIG GPUs (used/free slices, partitions)
         "TRUST-DOMAIN",
         "AGE",
     ]

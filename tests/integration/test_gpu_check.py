@@ -11,6 +11,11 @@ runs in a private mount namespace where the host's cgroup2 hierarchy (/sys/fs/cg
 at /sys/fs/cgroup (as tests/integration/test_nvml_enforcement.py does): the check then plans the share at the
 nvml tier, NVIDIA's real hook runs for the container and calls the mock NVML (which records the call and caps
 nothing), so the check must fail with "memory cap not enforced": it catches a driver that ignores the limit.
+
+The MIG step: the plain profile's GPU 1 is MIG-capable with MIG mode off, so the step reports the modes and is
+skipped; a second driver root has GPU 1's MIG mode on and a state directory (the mock's MIG instances, its
+stand-in for the kernel), which the check's containers get read-only (harness/gpu/container.py): the step makes the
+smallest partition, the container sees exactly it, and it is destroyed.
 """
 
 import json
@@ -223,6 +228,9 @@ def test_the_check_passes_and_the_container_sees_exactly_the_granted_gpu(bundle:
             assert line in out, out
         assert "[gpu-check] claim tier: none; spec hooks apply-cuda-memory-limits: none" in out, out
         assert "container CUDA probe 12288 MiB" not in out, out  # no cap to check
+        # the MIG step: GPU 1 could do MIG but its mode is off, which the check never changes
+        assert "[gpu-check] MIG gpu-1: disabled\n" in out, out
+        assert "[gpu-check] MIG: skipped: no GPU has MIG mode on" in out, out
         verdict = re.search(r"^\[gpu-check\] PASS: .*$", out, re.MULTILINE)
         assert verdict is not None, out
         assert verdict.group(0).endswith(f"; nvml not available: {V1_REASON}; memory cap not checked"), out
@@ -316,3 +324,38 @@ def test_at_the_nvml_tier_the_hook_runs_and_an_uncapped_driver_fails_the_check(b
         assert not list(UNIFIED.glob("fracgpu-gpu-check")), "the check left its cgroup behind"
     finally:
         shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_mig_step_makes_the_smallest_partition_and_the_container_sees_only_it(bundle: Path, base: Path) -> None:
+    state = base / "mig-state"
+    state.mkdir()
+    profile = base / "mig.profile"
+    profile.write_text(PROFILE.read_text().replace("gpu.1.mig_mode = disabled", "gpu.1.mig_mode = enabled"))
+    driver = make_faithful_driver_root(base / "root-mig", profile, base / "build-mig")
+    rc, out = check(bundle, driver.root, driver.libdir, "--no-mps", FRACGPU_MOCK_NVML_STATE_DIR=str(state))
+    assert rc == 0, out
+    assert (
+        "[gpu-check] MIG gpu-1: enabled, 8 memory / 7 compute slices; profiles 1g.10gb, 2g.20gb, 3g.40gb, 4g.40gb, 7g.80gb, 1g.20gb\n"
+        in out
+    )
+    assert "MPS:" not in out, out
+    # the smallest profile, at the highest of its placements (small partitions fill a GPU from the top)
+    assert "the smallest, 1g.10gb (9984 MiB, 16 SMs), at placements 6, 5, 4, 3, 2, 1, 0" in out, out
+    made = re.search(
+        r"\[gpu-check\] MIG: made 1g\.10gb at placement 6 of (\S+): .* (MIG-[0-9a-f-]+), 9984 MiB, 16 SMs", out
+    )
+    assert made is not None and made.group(1) == GPU1, out
+    mig = made.group(2)
+    nodes = re.search(r"^\[gpu-check\] MIG: claim tier mig; spec device nodes (.*)$", out, re.MULTILINE)
+    assert nodes is not None, out
+    gpu_nodes = [n for n in nodes.group(1).split() if re.fullmatch(r"/dev/nvidia\d+", n)]
+    caps = [n for n in nodes.group(1).split() if n.startswith("/dev/nvidia-caps/")]
+    assert gpu_nodes == ["/dev/nvidia1"] and len(caps) == 2, out  # the GPU's node, the GI's and CI's capabilities
+    smi = re.findall(r"^\[gpu-check\] MIG container nvidia-smi -L: (.*)$", out, re.MULTILINE)
+    assert len(smi) == 2 and GPU1 in smi[0] and smi[1].strip().startswith("MIG 1g.10gb") and mig in smi[1], out
+    assert f"MIG container CUDA probe: device 0 {mig}: memory total 9984 MiB" in out, out
+    assert "multiprocessors 16" in out and "MIG container NVIDIA_VISIBLE_DEVICES=void" in out, out
+    assert f"[gpu-check] MIG: destroyed {mig}" in out, out
+    assert "[gpu-check] PASS" in out, out
+    held = (state / f"mig.{GPU1}").read_text().splitlines()  # the mock driver's instances: none left
+    assert not [line for line in held if line.startswith(("gi ", "ci "))], held

@@ -77,6 +77,10 @@ app.kubernetes.io/component: kubelet-plugin
 {{- default (printf "enforced.%s" .Values.driverName) (.Values.deviceClass.enforced | default dict).name }}
 {{- end }}
 
+{{- define "fracgpu.migDeviceClassName" -}}
+{{- default (printf "mig.%s" .Values.driverName) (.Values.deviceClass.mig | default dict).name }}
+{{- end }}
+
 {{- define "fracgpu.mpsDeviceClassName" -}}
 {{- default (printf "mps.%s" .Values.driverName) (.Values.deviceClass.mps | default dict).name }}
 {{- end }}
@@ -139,6 +143,13 @@ app.kubernetes.io/component: kubelet-plugin
 {{- end }}
 {{- if and ((.Values.deviceClass.enforced | default dict).create) (eq .Values.enforcement.mode "none") }}
 {{- fail "deviceClass.enforced.create with enforcement.mode none would select enforcing GPUs whose claims then get no enforcement: use mode auto (or a tier)" }}
+{{- end }}
+{{- $mig := splitList "," (nospace (.Values.mig | default dict).gpus) | compact }}
+{{- $mps := splitList "," (nospace .Values.mps.gpus) | compact }}
+{{- range $mig }}
+{{- if or (has . $mps) (and (eq . "all") $mps) (and (has "all" $mps) $mig) }}
+{{- fail (printf "mig.gpus and mps.gpus both name GPU %s: a MIG GPU is never an MPS GPU; name each GPU in at most one of them" .) }}
+{{- end }}
 {{- end }}
 {{- $er := include "fracgpu.extendedResourceName" . }}
 {{- if or (contains "kubernetes.io/" $er) (hasPrefix "requests." $er) }}

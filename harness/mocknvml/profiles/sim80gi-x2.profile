@@ -25,3 +25,6 @@ gpu.1.architecture = hopper
 gpu.1.cuda_cc = 9.0
 gpu.1.sm_count = 132
 gpu.1.pci_device_id = 0x233010de
+# MIG mode off: e2e/test_mig.py turns it on (as the operator would) and names GPU 1 in mig.gpus; the key gives
+# the driver root this GPU's MIG capability nodes (e2e/mocknvml/__init__.py make_driver_root)
+gpu.1.mig_mode = disabled

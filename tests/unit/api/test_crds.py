@@ -39,6 +39,7 @@ def test_crd_shape() -> None:
         "SHARES",
         "ENFORCEMENT",
         "REPORTING",
+        "MIG",
         "TRUST-DOMAIN",
         "AGE",
     ]
@@ -68,7 +69,14 @@ def test_crd_shape() -> None:
         "memory",
         "adminAccess",
         "enforcement",
+        "device",
+        "profile",
+        "placement",
+        "migUUID",
     }
+    mig = status["properties"]["mig"]["properties"]
+    assert {"state", "message", "usedComputeSlices", "totalComputeSlices", "usedMemorySlices", "totalMemorySlices",
+            "partitions", "summary"} == set(mig)  # fmt: skip
 
 
 def _walk(node: Any) -> list[str]:

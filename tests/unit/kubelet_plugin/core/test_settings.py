@@ -145,3 +145,22 @@ def test_gpu_health_options() -> None:
     assert (defaults.health_degraded_effect, defaults.health_fatal_effect) == ("NoSchedule", "NoExecute")
     custom = parse_settings(["--node-name", "n", "--health-ignored-xids", " 13, 92,", "--health-fatal-effect=None"])
     assert custom.ignored_xids == frozenset({13, 92}) and custom.health_fatal_effect == "None"
+
+
+@pytest.mark.parametrize(
+    ("mig", "mps", "named"), [("0,1", "1", "1"), ("all", "2", "2, all"), ("GPU-aa", "GPU-aa,3", "GPU-aa")]
+)
+def test_a_gpu_cannot_be_both_a_mig_gpu_and_an_mps_gpu(
+    mig: str, mps: str, named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--node-name", "n", "--mig-gpus", mig, "--mps-gpus", mps])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"GPUs {named} are named both MIG GPUs" in err and "never an MPS GPU" in err
+
+
+def test_mig_gpus_are_indices_uuids_or_all() -> None:
+    assert parse_settings(["--node-name", "n", "--mig-gpus", " 1, GPU-ab ", "--mps-gpus", "0"]).mig_gpus == "1,GPU-ab"
+    with pytest.raises(SystemExit):
+        parse_settings(["--node-name", "n", "--mig-gpus", "gpu1"])

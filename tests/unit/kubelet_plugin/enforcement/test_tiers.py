@@ -120,7 +120,7 @@ def test_cgroup_problem(tmp_path: Path) -> None:
 
 
 def test_tier_order_puts_mps_between_hami_core_and_nvml() -> None:
-    assert TIERS == ("none", "hami-core", "mps", "nvml")
+    assert TIERS == ("none", "hami-core", "mps", "nvml", "mig")
 
 
 def test_an_mps_gpu_offers_mps_and_every_share_gets_it_whatever_the_mode() -> None:

@@ -240,3 +240,51 @@ def test_discovery_keeps_going_past_a_gpu_lost_at_start_and_the_watcher_sees_it_
     assert "GPU is lost" in left_out["reason"] and "no earlier record" in left_out["reason"]
     assert out["still_lost"] == {"gpu-0": False, "gpu-1": True}
     assert out["after_reset"] == {"gpu-0": "healthy", "gpu-1": "healthy"}, "it answers again: healthy"
+
+
+PARTITIONS = """
+import json, os, threading, time
+from prometheus_client import CollectorRegistry
+from kubelet_plugin.publishing.discovery import discover_gpus
+from kubelet_plugin.health.book import Effects, HealthBook, plan_taints
+from kubelet_plugin.health.metrics import HealthMetrics
+from kubelet_plugin.health.nvml_watcher import NvmlHealthWatcher
+ctl = os.environ["FRACGPU_MOCK_NVML_EVENTS"]
+gpus = discover_gpus()
+book = HealthBook(g.device_name for g in gpus)
+held = {"gpu-1-mig-1g-10gb-at-6"}  # the prepared partitions: GPU instance 9 of gpu-1 is that device
+watcher = NvmlHealthWatcher(gpus, book, ignored_xids=frozenset(), on_transition=lambda t: None,
+                            metrics=HealthMetrics(CollectorRegistry()), probe_interval=0.2,
+                            partition_of=lambda gpu, gi: "gpu-1-mig-1g-10gb-at-6" if (gpu, gi) == ("gpu-1", 9) else None,
+                            partitions=lambda: set(held))
+stop = threading.Event()
+thread = threading.Thread(target=watcher.run, args=(stop,))
+thread.start()
+def step(text, until):
+    with open(ctl, "a") as f:
+        f.write(text)
+    deadline = time.monotonic() + 30
+    while not until() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return {d: h.state for d, h in book.snapshot().items()}
+time.sleep(0.5)
+out = {}
+out["partition"] = step("1/gi9 xid 48\\n", lambda: "gpu-1-mig-1g-10gb-at-6" in book.snapshot())
+out["taints"] = sorted(plan_taints(book.snapshot(), Effects()))
+out["unknown_instance"] = step("1/gi3 xid 94\\n", lambda: book.snapshot()["gpu-1"].state != "healthy")
+held.clear()
+out["gone"] = step("", lambda: "gpu-1-mig-1g-10gb-at-6" not in book.snapshot())
+stop.set()
+thread.join(10)
+print(json.dumps(out))
+"""
+
+
+def test_an_xid_on_a_gpu_instance_taints_its_partition_until_the_partition_is_gone(lib: Path, tmp_path: Path) -> None:
+    control = tmp_path / "events"
+    control.write_text("")
+    out, _ = _run(lib, PARTITIONS, control)
+    assert out["partition"] == {"gpu-0": "healthy", "gpu-1": "healthy", "gpu-1-mig-1g-10gb-at-6": "fatal"}
+    assert out["taints"] == ["gpu-1-mig-1g-10gb-at-6"], "only the partition: its GPU's other partitions go on"
+    assert out["unknown_instance"]["gpu-1"] == "degraded", "an instance of no claim: the GPU's own"
+    assert out["gone"] == {"gpu-0": "healthy", "gpu-1": "degraded"}, "forgotten once its partition is destroyed"

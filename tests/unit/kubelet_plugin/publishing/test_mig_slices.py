@@ -1,0 +1,187 @@
+"""The ResourceSlices of MIG GPUs (kubelet_plugin/publishing/slices.py): the counter model, the partitions'
+attributes, never a MIG GPU whole, and the publication order that makes the scheduler's first fit the smallest
+partition. The order is checked here with a first-fit allocator over the published slices, as kube-scheduler's
+walks them (pools, then slices by name, then devices in order, skipping those whose counters are spent); the
+real scheduler does the same in tests/integration/test_mig.py."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from api import mig as names
+from api.names import DRIVER_NAME, MEMORY_CAPACITY
+from api.quantity import GiB, to_bytes
+from kubelet_plugin.core.model import MigGpu
+from kubelet_plugin.publishing.slices import build_slices, mig_devices
+from tests.unit.fake_mig import H100_MIG
+from tests.unit.kubelet_plugin.publishing.test_slices import NODE, NODE_UID, STEP, gpu
+
+GPUS = [gpu(0), gpu(1), gpu(2)]
+
+
+def slices(mig: dict[str, MigGpu], taints: dict[str, list[dict[str, str]]] | None = None) -> list[dict[str, Any]]:
+    return build_slices(NODE, NODE_UID, DRIVER_NAME, GPUS, step=STEP, reserve=0, generation=1, mig=mig, taints=taints)
+
+
+def devices(built: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [d for s in built for d in s["spec"].get("devices", [])]
+
+
+def attr(device: dict[str, Any], name: str) -> Any:
+    (value,) = device["attributes"][name].values()
+    return value
+
+
+class FirstFit:
+    """kube-scheduler's structured allocator for one request of count 1 on our pool, as it walks it."""
+
+    def __init__(self, built: list[dict[str, Any]]) -> None:
+        ordered = sorted(built, key=lambda s: s["metadata"]["name"])
+        self.devices = [d for s in ordered for d in s["spec"].get("devices", [])]
+        self.counters = {
+            cs["name"]: {c: int(v["value"]) for c, v in cs["counters"].items()}
+            for s in built
+            for cs in s["spec"].get("sharedCounters", [])
+        }
+        self.taken: set[str] = set()
+
+    def allocate(self, memory: str, kind: str = names.TYPE_MIG) -> str | None:
+        for device in self.devices:
+            if device["name"] in self.taken or attr(device, names.TYPE_ATTRIBUTE) != kind:
+                continue
+            if to_bytes(device["capacity"][MEMORY_CAPACITY]["value"]) < to_bytes(memory):
+                continue
+            use = device.get("consumesCounters", [])
+            if any(self.counters[u["counterSet"]][c] < int(v["value"]) for u in use for c, v in u["counters"].items()):
+                continue
+            for u in use:
+                for c, v in u["counters"].items():
+                    self.counters[u["counterSet"]][c] -= int(v["value"])
+            self.taken.add(device["name"])
+            return f"{attr(device, 'index')}:{attr(device, names.PROFILE_ATTRIBUTE)}@{attr(device, names.PLACEMENT_ATTRIBUTE)}"
+        return None
+
+
+def test_a_mig_gpu_is_never_offered_whole_or_as_a_share() -> None:
+    built = slices({"gpu-1": H100_MIG})
+    by_name = {d["name"]: d for d in devices(built)}
+    parent = by_name["gpu-1"]
+    assert attr(parent, names.TYPE_ATTRIBUTE) == names.TYPE_MIG_PARENT
+    assert "allowMultipleAllocations" not in parent and "requestPolicy" not in parent["capacity"][MEMORY_CAPACITY]
+    assert {"key": names.PARENT_TAINT_KEY, "value": "enabled", "effect": "NoSchedule"} in parent["taints"]
+    assert [attr(d, names.TYPE_ATTRIBUTE) for n, d in by_name.items() if n in ("gpu-0", "gpu-2")] == ["gpu", "gpu"]
+    assert not [d for d in devices(built) if attr(d, names.TYPE_ATTRIBUTE) == names.TYPE_GPU and attr(d, "index") == 1]
+
+
+def test_counters_one_per_memory_slice_and_the_compute_slices_in_a_slice_of_their_own() -> None:
+    built = slices({"gpu-1": H100_MIG, "gpu-2": H100_MIG})
+    counter_slices = [s for s in built if "sharedCounters" in s["spec"]]
+    assert [s["metadata"]["name"] for s in counter_slices] == [f"{NODE}-{DRIVER_NAME}-counters-0"]
+    assert all("devices" not in s["spec"] for s in counter_slices)
+    sets = counter_slices[0]["spec"]["sharedCounters"]
+    assert [cs["name"] for cs in sets] == ["gpu-1", "gpu-2"]
+    assert sets[0]["counters"] == {
+        **{f"memory-slice-{i}": {"value": "1"} for i in range(8)},
+        "compute-slices": {"value": "7"},
+    }
+    assert {s["spec"]["pool"]["resourceSliceCount"] for s in built} == {len(built)}
+
+
+def test_a_partition_consumes_its_placements_memory_slices_and_its_compute_slices() -> None:
+    built = slices({"gpu-1": H100_MIG})
+    part = next(d for d in devices(built) if d["name"] == names.partition_device_name(1, "3g.40gb", 4))
+    assert part["consumesCounters"] == [
+        {"counterSet": "gpu-1", "counters": {
+            "memory-slice-4": {"value": "1"}, "memory-slice-5": {"value": "1"}, "memory-slice-6": {"value": "1"},
+            "memory-slice-7": {"value": "1"}, "compute-slices": {"value": "3"}}}
+    ]  # fmt: skip
+    assert attr(part, names.PROFILE_ATTRIBUTE) == "3g.40gb" and attr(part, "productName") == "NVIDIA H100 80GB HBM3"
+    assert attr(part, "uuid") == GPUS[1].uuid and attr(part, "index") == 1, "the parent's uuid and index"
+    assert attr(part, names.PARTITION_MEMORY_ATTRIBUTE) == 40448 and attr(part, "memoryEnforcement") == "mig"
+    assert part["capacity"][MEMORY_CAPACITY] == {"value": "40Gi"}, "39.5 GiB rounded up to a whole GiB"
+    assert "allowMultipleAllocations" not in part
+
+
+@pytest.mark.parametrize(("memory_mib", "published"), [(9984, 10 * GiB), (16384, 16 * GiB), (4864, 5 * GiB)])
+def test_the_published_memory_is_the_partitions_rounded_up_to_a_gib(memory_mib: int, published: int) -> None:
+    assert names.nominal_memory(memory_mib) == published
+
+
+@pytest.mark.parametrize(
+    ("request_memory", "expected"),
+    [("10Gi", "1g.10gb"), ("15Gi", "2g.20gb"), ("20Gi", "2g.20gb"), ("30Gi", "3g.40gb"), ("40Gi", "3g.40gb"),
+     ("41Gi", "7g.80gb"), ("80Gi", "7g.80gb")],
+)  # fmt: skip
+def test_the_first_fit_is_the_smallest_partition_that_holds_the_request(request_memory: str, expected: str) -> None:
+    got = FirstFit(slices({"gpu-1": H100_MIG})).allocate(request_memory)
+    assert got is not None and got.split(":")[1].startswith(expected), got
+
+
+def test_a_larger_profile_is_not_taken_while_a_smaller_one_fits() -> None:
+    fit = FirstFit(slices({"gpu-1": H100_MIG, "gpu-2": H100_MIG}))
+    got = [fit.allocate("10Gi") for _ in range(7)]
+    assert got == [f"1:1g.10gb@{s}" for s in (6, 5, 4, 3, 2, 1, 0)], "one GPU is filled first, from the top"
+    assert fit.allocate("10Gi") == "2:1g.10gb@6", "then the next GPU: never a 2g.20gb of the full one"
+
+
+def test_mixed_requests_in_any_order_fit_one_gpu() -> None:
+    for order in (
+        ["10Gi", "15Gi", "30Gi"],
+        ["30Gi", "15Gi", "10Gi"],
+        ["15Gi", "30Gi", "10Gi"],
+        ["30Gi", "10Gi", "15Gi"],
+    ):
+        fit = FirstFit(slices({"gpu-1": H100_MIG}))
+        got = sorted(g.split(":")[1].split("@")[0] for g in (fit.allocate(m) for m in order) if g)
+        assert got == ["1g.10gb", "2g.20gb", "3g.40gb"], order
+    fit = FirstFit(slices({"gpu-1": H100_MIG}))
+    assert [fit.allocate("40Gi"), fit.allocate("40Gi"), fit.allocate("1Gi")] == ["1:3g.40gb@4", "1:3g.40gb@0", None]
+
+
+@pytest.mark.parametrize("state", ["disabled", "pending-enable", "unsupported", "error"])
+def test_a_mig_gpu_without_mig_publishes_only_itself_and_why(state: str) -> None:
+    built = slices({"gpu-1": MigGpu(state=state)})
+    parent = next(d for d in devices(built) if d["name"] == "gpu-1")
+    assert attr(parent, names.STATE_ATTRIBUTE) == state
+    assert not any("sharedCounters" in s["spec"] for s in built)
+    assert not [d for d in devices(built) if attr(d, names.TYPE_ATTRIBUTE) == names.TYPE_MIG]
+    assert [d["name"] for d in devices(built) if attr(d, names.TYPE_ATTRIBUTE) == "gpu"] == ["gpu-0", "gpu-2"]
+
+
+def test_slices_keep_the_limits_of_the_api() -> None:
+    many = [gpu(i) for i in range(12)]
+    built = build_slices(
+        NODE,
+        NODE_UID,
+        DRIVER_NAME,
+        many,
+        step=STEP,
+        reserve=0,
+        generation=1,
+        mig={g.device_name: H100_MIG for g in many},
+    )
+    for s in built:
+        spec = s["spec"]
+        assert len(spec.get("devices", [])) <= 64 and len(spec.get("sharedCounters", [])) <= 8
+    mig_names = [s["metadata"]["name"] for s in built if s["metadata"]["name"].startswith(f"{NODE}-{DRIVER_NAME}-mig-")]
+    assert mig_names == sorted(mig_names) and len(mig_names) == -(-12 * 18 // 64)
+    order = [
+        d["name"]
+        for s in sorted(built, key=lambda s: s["metadata"]["name"])
+        for d in s["spec"].get("devices", [])
+        if "-mig-" in d["name"]
+    ]
+    assert order == [d.name for d in mig_devices(many, {g.device_name: H100_MIG for g in many})]
+
+
+def test_a_gpu_wide_taint_reaches_every_partition_and_a_partitions_only_it() -> None:
+    xid = {"key": "gpu.fracgpu.dev/xid", "value": "79-fell-off", "effect": "NoExecute"}
+    one = {"key": "gpu.fracgpu.dev/xid", "value": "31", "effect": "NoSchedule"}
+    small = names.partition_device_name(1, "1g.10gb", 6)
+    built = slices({"gpu-1": H100_MIG}, {"gpu-1": [xid], small: [one]})
+    by_name = {d["name"]: d for d in devices(built)}
+    assert all(xid in d["taints"] for n, d in by_name.items() if n.startswith("gpu-1"))
+    assert by_name[small]["taints"] == [xid, one]
+    assert one not in by_name[names.partition_device_name(1, "1g.10gb", 5)]["taints"]
