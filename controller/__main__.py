@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     if gated is not None:
         leadership = Leadership(controller, None, writer.rest)
         elector = LeaderElector(
-            KubeRest(writer.rest.connection, timeout=settings.retry_period_seconds, attempts=1),
+            KubeRest(
+                writer.rest.connection, timeout=settings.retry_period_seconds, budget=settings.retry_period_seconds
+            ),
             str(settings.namespace),
             settings.lease_name,
             f"{settings.replica}_{uuid.uuid4().hex[:8]}",  # a restarted container is a new candidate

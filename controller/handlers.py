@@ -57,7 +57,7 @@ def shared_certificate(settings: Settings, connection: KubeConnection) -> Shared
     namespace, name = settings.webhook_cert_secret.split("/", 1)
     host, extra = webhook_hosts(settings)
     hostnames = [h for h in (host or "127.0.0.1", *extra) if h]
-    return SharedCertificate(KubeRest(connection, timeout=10.0, attempts=2), namespace, name, hostnames)
+    return SharedCertificate(KubeRest(connection, timeout=10.0, budget=20.0), namespace, name, hostnames)
 
 
 def operator_settings(

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def rest(api_client: client.ApiClient) -> KubeRest:
-    return KubeRest(KubeConnection.of(api_client), timeout=10, attempts=1)
+    return KubeRest(KubeConnection.of(api_client), timeout=10, budget=10)
 
 
 def claim(name: str) -> dict[str, Any]:
@@ -117,7 +117,7 @@ def test_forbidden_and_a_terminating_namespace(
         rules=[],
         path=tmp_path / "nobody.kubeconfig",
     )
-    nobody = KubeRest(KubeConnection(from_kubeconfig([kubeconfig])), timeout=10, attempts=1)
+    nobody = KubeRest(KubeConnection(from_kubeconfig([kubeconfig])), timeout=10, budget=10)
     forbidden = raised(lambda: nobody.get("/api/v1/namespaces/default/configmaps"))
     assert type(forbidden) is ApiForbidden and forbidden.status_reason == "Forbidden"
 
