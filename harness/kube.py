@@ -245,9 +245,11 @@ def publish_gpus(
     generation: int = 1,
     hami_core: bool = False,
     enforcement: Literal["none", "hami-core", "mps", "nvml"] = "none",
+    mps_binding: bool = False,
 ) -> list[dict[str, Any]]:
     """Create or replace the node's ResourceSlices exactly as the node plugin builds them (`hami_core`: as a
-    plugin that found the HAMi-core library; `enforcement`: every GPU's strongest tier)."""
+    plugin that found the HAMi-core library; `enforcement`: every GPU's strongest tier; `mps_binding`: MPS GPUs
+    with the trust-domain binding conditions, as a plugin whose MPS trust scope is not cluster)."""
     from kubelet_plugin.publishing.slices import build_slices
 
     slices = resource(dyn, "resource.k8s.io/v1", "ResourceSlice")
@@ -262,6 +264,7 @@ def publish_gpus(
         generation=generation,
         hami_core=hami_core,
         enforcement={g.device_name: enforcement for g in gpus},
+        mps_binding=mps_binding,
     )
     for body in bodies:
         try:
@@ -297,23 +300,33 @@ def apply_crd(api_client: client.ApiClient, body: dict[str, Any], timeout: float
 
 
 @contextlib.contextmanager
-def chart_made_webhook_configuration(api_client: client.ApiClient, name: str) -> Iterator[None]:
-    """The empty ValidatingWebhookConfiguration the chart makes (the controller may only patch it), removed
-    afterwards so that a later `helm install` of the chart can create its own."""
+def chart_made_webhook_configuration(
+    api_client: client.ApiClient, name: str, *, mutating: bool = False
+) -> Iterator[None]:
+    """The empty ValidatingWebhookConfiguration the chart makes (the controller may only patch it), and with
+    `mutating` the MutatingWebhookConfiguration of MPS GPUs, removed afterwards so that a later `helm install` of
+    the chart can create its own."""
     admission = client.AdmissionregistrationV1Api(api_client)
-    try:
-        admission.create_validating_webhook_configuration({"metadata": {"name": name}})
-    except ApiException as err:
-        if err.status != 409:
-            raise
+    kinds = [
+        (admission.create_validating_webhook_configuration, admission.delete_validating_webhook_configuration),
+        *([(admission.create_mutating_webhook_configuration, admission.delete_mutating_webhook_configuration)]
+          if mutating else []),
+    ]  # fmt: skip
+    for create, _ in kinds:
+        try:
+            create({"metadata": {"name": name}})
+        except ApiException as err:
+            if err.status != 409:
+                raise
     try:
         yield
     finally:
-        try:
-            admission.delete_validating_webhook_configuration(name)
-        except ApiException as err:
-            if err.status != 404:
-                raise
+        for _, delete in kinds:
+            try:
+                delete(name)
+            except ApiException as err:
+                if err.status != 404:
+                    raise
 
 
 def service_account_kubeconfig(

@@ -6,6 +6,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build-binaries.sh"
+VERSIONS = HERE.parents[1] / "e2e" / "cluster" / "versions.env"
+"""The pins of every upstream component (where the design card keeps them)."""
 TOOLKIT = ("nvidia-ctk", "nvidia-cdi-hook", "nvidia-container-runtime")
 """NVIDIA Container Toolkit commands, all built from one pinned module (NVIDIA_CTK_VERSION)."""
 
@@ -16,9 +18,9 @@ def cache_dir() -> Path:
 
 
 def versions() -> dict[str, str]:
-    """Pinned versions from versions.env."""
+    """Pinned versions from e2e/cluster/versions.env."""
     pinned: dict[str, str] = {}
-    for raw in (HERE / "versions.env").read_text().splitlines():
+    for raw in VERSIONS.read_text().splitlines():
         line = raw.strip()
         if line and not line.startswith("#") and "=" in line:
             key, value = line.split("=", 1)

@@ -9,8 +9,8 @@
 # Nothing is written into the repository; Go's module and build caches are the usual ones.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-# shellcheck source=versions.env
-source "$here/versions.env"
+# shellcheck source=../../e2e/cluster/versions.env
+source "$here/../../e2e/cluster/versions.env"
 cache=${FRACGPU_CACHE:-$HOME/.cache/fracgpu}
 bin="$cache/bin"
 mkdir -p "$bin" "$cache/src"

@@ -1184,13 +1184,16 @@ def test_mps_gpus_add_a_supervisor_daemonset_apart_from_the_plugin(tools: dict[s
     assert (env["FRACGPU_MPS_GPUS"], env["FRACGPU_MULTI_USER"]) == ("0,GPU-1", "true")
     mounts = mounts_of(spec, supervisor)
     assert mounts["/run/fracgpu/mps"] == ("/run/fracgpu/mps", False)
-    assert mounts["/dev/shm"] == ("/run/fracgpu/mps/shm", False), "the daemons' /dev/shm is what clients mount"
+    assert "/dev/shm" not in mounts, "each trust domain's daemon gets its own tmpfs, not a shared host directory"
+    (root_mount,) = [m for m in supervisor["volumeMounts"] if m["mountPath"] == "/run/fracgpu/mps"]
+    assert root_mount["mountPropagation"] == "Bidirectional", "the per-domain tmpfs mounts must reach the host"
+    assert supervisor["securityContext"]["privileged"] is True, "Bidirectional propagation needs a privileged container"
     assert mounts["/driver-root"] == ("/", True)
     MpsSettings(**{o.field: env[o.env] for o in options(MpsSettings) if o.env in env})  # values the supervisor takes
     plugin = one(docs, "DaemonSet", "-kubelet-plugin")["spec"]["template"]["spec"]
     assert env_of(plugin["containers"][0])["FRACGPU_MPS_GPUS"] == "0,GPU-1"
     plugin_mounts = mounts_of(plugin, plugin["containers"][0])
-    assert plugin_mounts["/run/fracgpu/mps"] == ("/run/fracgpu/mps", True)
+    assert plugin_mounts["/run/fracgpu/mps"] == ("/run/fracgpu/mps", False), "the plugin writes tenant.json"
     # the driver's MPS control client sets the ceilings, even without driver edits
     assert plugin_mounts["/driver-root"] == ("/", True)
     control = env_of(plugin["containers"][0])["FRACGPU_MPS_CONTROL"]

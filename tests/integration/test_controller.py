@@ -939,6 +939,7 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
         "SHARES",
         "ENFORCEMENT",
         "REPORTING",
+        "TRUST-DOMAIN",
         "AGE",
     ]
     rows = {line.split()[0]: line.split() for line in table[1:]}
