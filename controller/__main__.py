@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kopf").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
-        connection = KubeConnection(kube.credentials(settings))
+        connection = KubeConnection(kube.credentials(settings), metrics.API)
     except (ConfigError, ApiError) as err:
         log.error("cannot load cluster credentials: %s", err)
         return 2
