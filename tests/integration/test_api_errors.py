@@ -63,7 +63,7 @@ def raised(call: Any) -> ApiError:
 def test_not_found_already_exists_and_a_stale_write(rest: KubeRest, namespace: str) -> None:
     missing = raised(lambda: rest.get(claim_path(namespace, "absent")))
     assert type(missing) is ApiNotFound and missing.status_reason == "NotFound"
-    assert describe(missing) == '404 resourceclaims.resource.k8s.io "absent" not found'
+    assert describe(missing) == 'not found (404): resourceclaims.resource.k8s.io "absent" not found'
 
     claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
     created = rest.create(claims, claim("c1"))
