@@ -90,7 +90,7 @@ def post_event(rest: KubeRest, body: Mapping[str, Any]) -> bool:
         log.debug("could not post Event: its namespace is being deleted", extra=extra)
         return True  # never postable: not worth a warning or a retry
     except ApiError as err:
-        log.warning("could not post Event", extra={**extra, "status": err.status, "error": err.message})
+        log.warning("could not post Event", extra={**extra, "error": str(err)})
         return False
     except Exception as err:  # a bug or a broken connection: a later try may succeed
         log.warning("could not post Event", extra={**extra, "error": f"{type(err).__name__}: {err}"})

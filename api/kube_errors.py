@@ -4,16 +4,22 @@
 message) and the `Retry-After` header. Callers decide by type, never by the text of a message:
 
 - `ApiNotFound` (404); `ApiConflict` (409), with `ApiAlreadyExists` (a create of a name that exists);
+  `ApiGone` (410: a resourceVersion too old to watch or list from);
   `ApiUidMismatch` (an apply whose `metadata.uid` names an object that was replaced or deleted);
   `ApiForbidden` (403), with `ApiNamespaceTerminating` (a create in a namespace being deleted);
 - `ApiTransient`, the answers that say "not now" (`retry_after`: the wait the server asked, if any):
   `ApiThrottled` (429), `ApiServerError` (5xx) with `ApiUnavailable` (503), and `ApiUnreachable` (no answer:
-  connection refused or reset, TLS failure; status 0) with `ApiTimeout` (no answer in time);
+  the connection was lost or TLS failed; status 0) with `ApiNoConnection` (no connection could be made, so
+  nothing was sent) and `ApiTimeout` (no answer in time);
 - `UndecodableResponse`: an answer whose body this client cannot decode.
   kube-apiserver stores, and serves byte for byte, opaque parameters (10 KiB at most) that Python's `json`
   cannot decode: arrays nested 5117 levels deep (objects 1706), past the decoder's recursion limit of about
   1000 levels, and strings that are not valid UTF-8;
 - anything else (400, 401, 422, ...) is a plain `ApiError`.
+
+Each kind has one message (`str(err)`), the one a user reads (in a prepare's error, an Event, a log line): what
+happened, in words, with the API server's own message where it sent one, never a status of 0 or a transport
+library's text. `api.kube_rest` adds how long it kept trying (`tries`, `seconds`) when it gave up.
 
 Imports nothing of the project: both components' API code and their tests use these types.
 """
@@ -25,7 +31,8 @@ from typing import Any, NamedTuple
 class ApiError(Exception):
     """A request failed: the API server answered with HTTP `status` (`reason`, and the answer's `body`), or
     (status 0, in `ApiUnreachable`) it did not answer. `message` is what the API server's `Status` says (else
-    `reason`); `status_reason` and `causes` are its machine-readable `reason` and `details.causes`."""
+    `reason`); `status_reason` and `causes` are its machine-readable `reason` and `details.causes`. `tries` and
+    `seconds`: how many times the request was sent and how long the call took, when it was retried."""
 
     def __init__(
         self,
@@ -46,19 +53,40 @@ class ApiError(Exception):
         self.message = message or reason
         self.causes = causes
         self.retry_after = retry_after
+        self.tries = 1
+        self.seconds = 0.0
 
     def __str__(self) -> str:
+        return self.summary() + self.retried()
+
+    def summary(self) -> str:
+        """What happened, in one line: the kind's own message (subclasses), else the HTTP status and what the
+        API server said."""
         if not self.status:
             return self.reason
-        return f"{self.status} {self.reason}" + (f": {self.body}" if self.body else "")
+        return f"the API server answered {self.status} {self.reason}{self.said()}"
+
+    def retried(self) -> str:
+        """`; tried N times in S s` when the request was sent more than once, else nothing."""
+        return f"; tried {self.tries} times in {self.seconds:.1f} s" if self.tries > 1 else ""
+
+    def said(self) -> str:
+        """`: <the API server's message>` when it sent one (not only the reason phrase), else nothing."""
+        return f": {self.message}" if self.message and self.message != self.reason else ""
 
 
 class ApiNotFound(ApiError):  # noqa: N818  # names the condition, as the API's own reasons do
     """404: the object (or its namespace, or the resource) does not exist."""
 
+    def summary(self) -> str:
+        return f"not found (404){self.said()}"
+
 
 class ApiConflict(ApiError):  # noqa: N818
     """409: the write lost against the object's current state (a stale resourceVersion, a name that exists)."""
+
+    def summary(self) -> str:
+        return f"conflict (409){self.said()}"
 
 
 class ApiAlreadyExists(ApiConflict):
@@ -72,6 +100,9 @@ class ApiUidMismatch(ApiError):  # noqa: N818
     conflicts and the API server retries a stale resourceVersion itself, so that precondition is all a 409 to one
     can mean."""
 
+    def summary(self) -> str:
+        return f"the object was replaced or deleted ({self.status}: its uid is not the one applied){self.said()}"
+
 
 class Cause(NamedTuple):
     """One of a `Status`'s `details.causes`: its machine-readable reason and the field it is about."""
@@ -80,8 +111,18 @@ class Cause(NamedTuple):
     field: str = ""
 
 
+class ApiGone(ApiError):  # noqa: N818
+    """410: the resourceVersion a watch or list asked for is too old (compacted): list again from now."""
+
+    def summary(self) -> str:
+        return f"gone (410: the resourceVersion is too old){self.said()}"
+
+
 class ApiForbidden(ApiError):  # noqa: N818
     """403: the credentials may not do this (RBAC, an admission plugin)."""
+
+    def summary(self) -> str:
+        return f"forbidden (403){self.said()}"
 
 
 class ApiNamespaceTerminating(ApiForbidden):
@@ -92,32 +133,58 @@ class ApiTransient(ApiError):  # noqa: N818
     """The API server could not take the request now; the same request may succeed later, after `retry_after`
     seconds when the server said how long."""
 
+    def wait_asked(self) -> str:
+        return f"it asked to wait {self.retry_after:g} s" if self.retry_after is not None else "it named no wait"
+
 
 class ApiThrottled(ApiTransient):
     """429: API Priority and Fairness (or a rate limit) rejected the request before processing it."""
+
+    def summary(self) -> str:
+        return f"throttled by the API server (429 Too Many Requests; {self.wait_asked()})"
 
 
 class ApiServerError(ApiTransient):
     """5xx: the API server failed (an internal error, a timeout on its side, a storage problem)."""
 
+    def summary(self) -> str:
+        return f"API server error ({self.status} {self.reason}){self.said()}"
+
 
 class ApiUnavailable(ApiServerError):  # noqa: N818
     """503: the API server (or an aggregated API behind it) is not serving now."""
 
+    def summary(self) -> str:
+        return f"API server unavailable (503 Service Unavailable; {self.wait_asked()}){self.said()}"
+
 
 class ApiUnreachable(ApiTransient):
-    """No answer from the API server: connection refused or reset, TLS failure (status 0)."""
+    """No answer from the API server: the connection was lost before an answer came, or TLS failed (status 0).
+    `reason` says what happened to the connection, in words."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(status=0, reason=reason)
 
+    def summary(self) -> str:
+        return f"API server unreachable: {self.reason}"
+
+
+class ApiNoConnection(ApiUnreachable):
+    """No connection to the API server could be made (refused, no route, no answer to connect): nothing was sent."""
+
 
 class ApiTimeout(ApiUnreachable):
-    """The API server did not answer within the request's time budget (status 0)."""
+    """The API server did not answer within the request's time budget (status 0); a write may have been applied."""
+
+    def summary(self) -> str:
+        return f"timed out: {self.reason}"
 
 
 class UndecodableResponse(ApiError):  # noqa: N818  # names the condition
     """The API server answered (`status` is its HTTP status) with a body this client cannot decode."""
+
+    def summary(self) -> str:
+        return self.reason
 
 
 STATUS_REASON_ALREADY_EXISTS = "AlreadyExists"
@@ -128,6 +195,7 @@ _BY_STATUS: dict[int, type[ApiError]] = {
     403: ApiForbidden,
     404: ApiNotFound,
     409: ApiConflict,
+    410: ApiGone,
     429: ApiThrottled,
     503: ApiUnavailable,
 }

@@ -4,19 +4,28 @@ The kubernetes package's client imports about a thousand generated model modules
 process that needs none of them); the node plugin sends a handful of JSON requests by API path, so this is
 all it uses. Objects are dicts exactly as the API server sends them (no model drops a field).
 
-`KubeConnection` holds one process's TLS context, credentials (`api.kube_config`) and connection pool
-(thread-safe; shared by every `KubeRest` on it). `KubeRest` sends requests on it with its own per-attempt
-timeout and retries.
+`KubeConnection` holds one process's TLS context, credentials (`api.kube_config`), connection pool
+(thread-safe; shared by every `KubeRest` on it) and API counters (`api.kube_metrics`). `KubeRest` sends
+requests on it, each attempt bounded by its `timeout`, each call by its `budget`.
+
+Retries (`api.kube_retry`, client-go's rules): a request the API server throttled (429) or could not take
+(503), or that never left (no connection), is sent again after the wait the server asked (`Retry-After`, else
+1 s); a GET also after any other transient failure. At most 10 times, and a wait is waited only when it fits in
+the call's budget; otherwise the last error is raised at once, its message naming the wait asked and how often
+it was tried. urllib3's own retries are off: every answer reaches this code, typed.
 
 Errors: every request raises only `ApiError` (`api.kube_errors`), of the subclass that names what happened,
 parsed once from the answer by `api_error`; `UndecodableResponse` when an answer cannot be decoded.
 """
 
+import errno
+import http.client
 import json
 import os
 import ssl
 import tempfile
-from collections.abc import Generator
+import time
+from collections.abc import Callable, Generator
 from contextlib import ExitStack
 from typing import Any
 from urllib.parse import urlencode, urlsplit
@@ -27,14 +36,21 @@ from api.bounded_json import nesting_depth
 from api.kube_config import KubeConfig, from_client_configuration
 from api.kube_errors import (
     ApiError,
+    ApiNoConnection,
+    ApiThrottled,
     ApiTimeout,
+    ApiTransient,
     ApiUnreachable,
     UndecodableResponse,
     api_error,
 )
+from api.kube_metrics import ApiMetrics, resource_of
+from api.kube_retry import failure_kind, retry_wait
 
 JSON = "application/json"
 APPLY = "application/apply-patch+yaml"
+MIN_ATTEMPT_S = 0.05
+"""A retry is sent only when at least this much of the budget is left after its wait."""
 
 
 def _answer_error(resp: urllib3.BaseHTTPResponse, data: bytes, *, uid_precondition: bool = False) -> ApiError:
@@ -77,17 +93,45 @@ def decode_json(data: bytes, status: int = 200) -> Any:
     raise UndecodableResponse(status=status, reason=f"cannot decode the API server's answer: {problem}")
 
 
-def _is_timeout(err: object) -> bool:
-    # urllib3 derives NewConnectionError (refused, unreachable) from ConnectTimeoutError for old callers
-    return isinstance(err, urllib3.exceptions.TimeoutError) and not isinstance(
-        err, urllib3.exceptions.NewConnectionError
-    )
+def _cause(err: BaseException) -> str:
+    """What happened to a connection, in words (never the transport library's own text)."""
+    inner: BaseException | None = err
+    while isinstance(inner, urllib3.exceptions.HTTPError):  # urllib3 wraps the socket's error, once or twice
+        nested = inner.__cause__ or next((a for a in inner.args if isinstance(a, BaseException)), None)
+        if nested is None:
+            break
+        inner = nested
+    if isinstance(inner, http.client.RemoteDisconnected):
+        return "the server closed the connection without an answer"
+    if isinstance(inner, http.client.IncompleteRead | urllib3.exceptions.IncompleteRead):
+        return "the answer was cut off"
+    if isinstance(inner, ssl.SSLCertVerificationError):
+        return f"TLS: the server's certificate is not trusted ({inner.verify_message})"
+    if isinstance(inner, ssl.SSLError):
+        return f"TLS failed ({inner.reason or inner.strerror or type(inner).__name__})"
+    if isinstance(inner, OSError) and inner.errno is not None:
+        return os.strerror(inner.errno).lower() if inner.errno != errno.ECONNRESET else "connection reset by the server"
+    if isinstance(inner, OSError) and inner.strerror:
+        return str(inner.strerror).lower()
+    return f"the connection failed ({type(inner).__name__})"
 
 
-def _unreachable(err: urllib3.exceptions.HTTPError, timeout: float) -> ApiUnreachable:
-    if _is_timeout(err) or _is_timeout(getattr(err, "reason", None)):  # MaxRetryError wraps the last try's error
-        return ApiTimeout(f"the API server did not answer (waited {timeout:g} s per attempt): {err}")
-    return ApiUnreachable(f"cannot reach the API server: {err}")
+def _unreachable(err: urllib3.exceptions.HTTPError, where: str, timeout: float) -> ApiError:
+    """The error for a request that got no answer: `where` is the server's host:port. A server certificate
+    that is not trusted is not transient (a plain ApiError): trying again cannot help."""
+    if isinstance(err, urllib3.exceptions.SSLError) and isinstance(
+        err.__cause__ or err.args[0], ssl.SSLCertVerificationError
+    ):
+        return ApiError(reason=f"cannot talk to the API server at {where}: {_cause(err)}")
+    if isinstance(err, urllib3.exceptions.NameResolutionError):
+        return ApiNoConnection(f"cannot resolve the API server's host name in {where}")
+    if isinstance(err, urllib3.exceptions.NewConnectionError):  # before its base class ConnectTimeoutError
+        return ApiNoConnection(f"cannot connect to {where}: {_cause(err)}")
+    if isinstance(err, urllib3.exceptions.ConnectTimeoutError):
+        return ApiNoConnection(f"cannot connect to {where}: no connection within {round(timeout, 1):g} s")
+    if isinstance(err, urllib3.exceptions.TimeoutError):
+        return ApiTimeout(f"the API server at {where} did not answer within {round(timeout, 1):g} s")
+    return ApiUnreachable(f"the connection to {where} was lost before an answer: {_cause(err)}")
 
 
 def _load_client_cert(context: ssl.SSLContext, config: KubeConfig) -> None:
@@ -128,13 +172,16 @@ def ssl_context(config: KubeConfig) -> ssl.SSLContext:
 class KubeConnection:
     """The connection pool to one API server with `config`'s credentials; thread-safe, one per process."""
 
-    def __init__(self, config: KubeConfig) -> None:
-        """Raises ApiError (status 0) when the certificates cannot be loaded."""
+    def __init__(self, config: KubeConfig, metrics: ApiMetrics | None = None) -> None:
+        """Raises ApiError (status 0) when the certificates cannot be loaded. `metrics`: where the requests that
+        were throttled, sent again or given up are counted (None: not counted)."""
         self.config = config
+        self.metrics = metrics
         url = urlsplit(config.server)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ApiError(reason=f"the API server address {config.server!r} is not an http(s) URL")
         self.prefix = url.path.rstrip("/")
+        self.where = url.netloc
         pool_args: dict[str, Any] = {"maxsize": config.pool_size, "block": False, "retries": False}
         if url.scheme == "https":
             pool_args |= {"ssl_context": ssl_context(config), "server_hostname": config.tls_server_name}
@@ -145,47 +192,46 @@ class KubeConnection:
             self.pool = urllib3.HTTPConnectionPool(url.hostname, url.port, **pool_args)
 
     @classmethod
-    def of(cls, api_client: Any) -> "KubeConnection":
+    def of(cls, api_client: Any, metrics: ApiMetrics | None = None) -> "KubeConnection":
         """A connection with the credentials of a `kubernetes.client.ApiClient` (code that also uses the
-        kubernetes package, such as the controller and tests)."""
-        return cls(from_client_configuration(api_client.configuration))
+        kubernetes package, such as tests)."""
+        return cls(from_client_configuration(api_client.configuration), metrics)
 
     def authorization(self) -> str | None:
         return self.config.authorization()
 
 
-def retries(attempts: int) -> urllib3.Retry:
-    """`attempts` tries in all: a retry only after a connection error or a timeout (answers, even 5xx, are
-    final; a timed-out POST or PATCH is not sent again, as urllib3 retries reads of idempotent methods only).
-    An answer with `Retry-After` is final too: it reaches the caller as `ApiThrottled` / `ApiUnavailable`
-    (urllib3 would otherwise count it against `status=0` and report the server unreachable)."""
-    return urllib3.Retry(
-        total=attempts - 1,
-        redirect=0,
-        status=0,
-        backoff_factor=0,
-        raise_on_redirect=False,
-        respect_retry_after_header=False,
-    )
-
-
 class KubeRest:
     """GET/POST/PUT/PATCH/DELETE and watch by API path, e.g. `/apis/resource.k8s.io/v1/resourceslices`.
 
-    `timeout` (seconds) bounds each attempt of a request: connecting and waiting for the answer; there are
-    `attempts` tries (see `retries`). `bounded` sets both for a total budget.
+    `timeout` (seconds) bounds each attempt of a request: connecting and waiting for the answer. `budget`
+    (default: twice `timeout`) bounds a call, its retries and their waits included (see the module doc);
+    `bounded` sets both from a budget. `resend_if`, when set, is asked before each retry: False ends the call
+    with the last error (the controller's leader gate: a write is not sent again once the Lease ran out).
     """
 
-    def __init__(self, connection: KubeConnection, timeout: float = 30.0, attempts: int = 4) -> None:
+    def __init__(
+        self,
+        connection: KubeConnection,
+        timeout: float = 30.0,
+        budget: float | None = None,
+        *,
+        resend_if: Callable[[], bool] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
         self.connection = connection
         self.timeout = timeout
-        self._retries = retries(attempts)
+        self.budget = 2 * timeout if budget is None else budget
+        self.resend_if = resend_if
+        self._clock = clock
+        self._sleep = sleep
 
     @classmethod
     def bounded(cls, connection: KubeConnection, budget: float, attempts: int = 2) -> "KubeRest":
-        """A KubeRest on `connection` whose requests take at most about `budget` seconds, retries included:
-        `attempts` tries of `budget / attempts` seconds each."""
-        return cls(connection, timeout=budget / attempts, attempts=attempts)
+        """A KubeRest on `connection` whose calls take at most about `budget` seconds, retries and their waits
+        included, each attempt at most `budget / attempts` (so a read that hangs is tried `attempts` times)."""
+        return cls(connection, timeout=budget / attempts, budget=budget)
 
     def _call(
         self,
@@ -197,28 +243,64 @@ class KubeRest:
         content_type: str = JSON,
         timeout: float | None = None,
         stream: bool = False,
+        uid_precondition: bool = False,
     ) -> urllib3.BaseHTTPResponse:
-        timeout = self.timeout if timeout is None else timeout
+        """Send the request until it gets a successful answer (2xx), retried as the module doc says; raises the
+        last attempt's ApiError. `timeout`: each attempt's, fixed (a watch's); default: `self.timeout`, cut to
+        what is left of the budget."""
         headers = {"Accept": JSON, "Content-Type": content_type}
-        authorization = self.connection.authorization()
-        if authorization:
-            headers["Authorization"] = authorization
         params = {k: v for k, v in (query or {}).items() if v is not None}
         url = self.connection.prefix + path + (f"?{urlencode(params)}" if params else "")
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode() if body is not None else None
-        try:
-            return self.connection.pool.urlopen(
-                method,
-                url,
-                body=data,
-                headers=headers,
-                retries=self._retries,
-                redirect=False,
-                timeout=urllib3.Timeout(connect=timeout, read=timeout),
-                preload_content=not stream,
+        metrics = self.connection.metrics
+        started = self._clock()
+        deadline = started + self.budget
+        retries = 0
+        while True:
+            attempt_timeout = (
+                timeout if timeout is not None else max(MIN_ATTEMPT_S, min(self.timeout, deadline - self._clock()))
             )
-        except urllib3.exceptions.HTTPError as err:  # refused, reset, TLS failures, timeouts, a cut-off answer
-            raise _unreachable(err, timeout) from err
+            authorization = self.connection.authorization()  # re-read: a rotated token is used by the retry
+            if authorization:
+                headers["Authorization"] = authorization
+            try:
+                resp = self.connection.pool.urlopen(
+                    method,
+                    url,
+                    body=data,
+                    headers=headers,
+                    retries=False,
+                    redirect=False,
+                    timeout=urllib3.Timeout(connect=attempt_timeout, read=attempt_timeout),
+                    preload_content=not stream,
+                )
+            except urllib3.exceptions.HTTPError as err:  # refused, reset, TLS failures, timeouts, a cut-off answer
+                failure: ApiError = _unreachable(err, self.connection.where, attempt_timeout)
+            else:
+                if 200 <= resp.status < 300:
+                    return resp
+                failure = _answer_error(
+                    resp, resp.data if not stream else resp.read(), uid_precondition=uid_precondition
+                )
+                resp.release_conn()
+            if metrics is not None and isinstance(failure, ApiThrottled):
+                metrics.throttled.labels(resource_of(path), method).inc()
+            wait = retry_wait(method, failure, retries)
+            left = deadline - self._clock()
+            if wait is None or wait + MIN_ATTEMPT_S > left or (self.resend_if is not None and not self.resend_if()):
+                failure.tries = retries + 1
+                failure.seconds = self._clock() - started
+                if metrics is not None and isinstance(failure, ApiTransient):
+                    metrics.gave_up.labels(failure_kind(failure), method).inc()
+                raise failure
+            if metrics is not None:
+                metrics.retries.labels(failure_kind(failure), method).inc()
+            self._sleep(wait)
+            retries += 1
+            if self.resend_if is not None and not self.resend_if():
+                failure.tries = retries
+                failure.seconds = self._clock() - started
+                raise failure
 
     def decode(self, data: bytes, status: int) -> dict[str, Any]:
         """A successful answer's body as a JSON object; raises UndecodableResponse."""
@@ -254,10 +336,7 @@ class KubeRest:
     ) -> urllib3.BaseHTTPResponse:
         """One request whose successful answer is returned undecoded (for writes that only need to know they
         succeeded); raises as `request`."""
-        resp = self._call(method, path, query, body=body, content_type=content_type)
-        if not 200 <= resp.status < 300:
-            raise _answer_error(resp, resp.data, uid_precondition=uid_precondition)
-        return resp
+        return self._call(method, path, query, body=body, content_type=content_type, uid_precondition=uid_precondition)
 
     def get(self, path: str, **query: Any) -> dict[str, Any]:
         return self.request("GET", path, query)
@@ -288,16 +367,15 @@ class KubeRest:
     def watch(self, path: str, timeout_seconds: int, **query: Any) -> Generator[dict[str, Any]]:
         """Watch events (`{"type", "object"}`) of a collection until the server closes after `timeout_seconds`.
 
-        Raises only ApiError, as `request` does; an event that cannot be decoded ends the watch with
-        `UndecodableResponse`."""
+        The watch request is retried as any GET (a 429 is waited out within the budget); once it streams, an
+        `ERROR` event (e.g. 410 Gone: the resourceVersion is too old) is yielded like any other, and the caller
+        lists again, as client-go's reflector does. Raises only ApiError, as `request` does; an event that
+        cannot be decoded ends the watch with `UndecodableResponse`."""
         query = {**query, "watch": "true", "timeoutSeconds": timeout_seconds, "allowWatchBookmarks": "false"}
         timeout = timeout_seconds + 10
         resp = self._call("GET", path, query, timeout=timeout, stream=True)
         buffer, complete = b"", False
         try:
-            if resp.status != 200:
-                data, complete = resp.read(), True
-                raise _answer_error(resp, data)
             for chunk in resp.stream(None, decode_content=False):
                 buffer += chunk
                 while b"\n" in buffer:
@@ -309,7 +387,7 @@ class KubeRest:
                         yield event
             complete = True
         except urllib3.exceptions.HTTPError as err:
-            raise _unreachable(err, timeout) from err
+            raise _unreachable(err, self.connection.where, timeout) from None
         finally:
             if not complete:  # left early: the rest of the stream must not reach the connection's next user
                 resp.close()

@@ -77,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("kopf").setLevel(logging.WARNING)
         logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
     try:
-        connection = KubeConnection(kube.credentials(settings))
+        connection = KubeConnection(kube.credentials(settings), metrics.API)
     except (ConfigError, ApiError) as err:
         log.error("cannot load cluster credentials: %s", err)
         return 2
@@ -92,7 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     if gated is not None:
         leadership = Leadership(controller, None, writer.rest)
         elector = LeaderElector(
-            KubeRest(writer.rest.connection, timeout=settings.retry_period_seconds, attempts=1),
+            KubeRest(
+                writer.rest.connection, timeout=settings.retry_period_seconds, budget=settings.retry_period_seconds
+            ),
             str(settings.namespace),
             settings.lease_name,
             f"{settings.replica}_{uuid.uuid4().hex[:8]}",  # a restarted container is a new candidate

@@ -18,6 +18,7 @@ import kopf
 
 from api.gpu import GPU_PLURAL, GPU_VERSION
 from api.kube_rest import KubeConnection, KubeRest
+from api.kube_retry import REFLECTOR_FIRST_S
 from api.mps_trust import TrustDomain, trust_domain
 from api.names import API_GROUP
 from controller.admission.certificate import SharedCertificate
@@ -57,7 +58,7 @@ def shared_certificate(settings: Settings, connection: KubeConnection) -> Shared
     namespace, name = settings.webhook_cert_secret.split("/", 1)
     host, extra = webhook_hosts(settings)
     hostnames = [h for h in (host or "127.0.0.1", *extra) if h]
-    return SharedCertificate(KubeRest(connection, timeout=10.0, attempts=2), namespace, name, hostnames)
+    return SharedCertificate(KubeRest(connection, timeout=10.0, budget=20.0), namespace, name, hostnames)
 
 
 def operator_settings(
@@ -70,6 +71,11 @@ def operator_settings(
     """
     out = kopf.OperatorSettings()
     out.peering.standalone = True
+    # Throttled (429) lists and watch starts wait what the API server asks, as client-go does (kopf otherwise waits
+    # its own backoff when that is longer); a watch that ends (410, or 429 past kopf's retries) starts again after
+    # client-go's reflector's first backoff rather than kopf's 0.1 s.
+    out.networking.enforce_retry_after = True
+    out.watching.reconnect_backoff = REFLECTOR_FIRST_S
     out.posting.level = logging.WARNING
     out.posting.reporting_component = COMPONENT
     out.posting.reporting_instance = (os.environ.get("POD_NAME") or socket.gethostname())[:128]

@@ -37,9 +37,10 @@ from kubelet_plugin.serving.http_server import HttpEndpoint
 log = logging.getLogger("fracgpu.kubelet_plugin")
 
 
-def kube_connection() -> KubeConnection:
-    """In-cluster credentials in a pod, else $KUBECONFIG / ~/.kube/config; raises ConfigError or ApiError."""
-    return KubeConnection(kube_config.load())
+def kube_connection(metrics: PluginMetrics | None = None) -> KubeConnection:
+    """In-cluster credentials in a pod, else $KUBECONFIG / ~/.kube/config, its API requests counted in `metrics`;
+    raises ConfigError or ApiError."""
+    return KubeConnection(kube_config.load(), metrics.api if metrics is not None else None)
 
 
 def make_driver_edits(
@@ -208,8 +209,9 @@ def main(argv: list[str] | None = None) -> int:
         "discovered GPUs",
         extra={"node": settings.node_name, "gpus": [f"{g.device_name}={g.uuid} {g.product_name}" for g in gpus]},
     )
+    metrics = PluginMetrics()
     try:
-        api = kube_connection()
+        api = kube_connection(metrics)
     except (kube_config.ConfigError, ApiError) as err:
         log.error("cannot load cluster credentials", extra={"error": str(err)})
         return 2
@@ -220,7 +222,6 @@ def main(argv: list[str] | None = None) -> int:
         log.error("bad MIG and MPS GPU lists", extra={"error": str(err)})
         return 2
     report_mig(settings, api, gpus, mig)
-    metrics = PluginMetrics()
     stop = threading.Event()
     driver_edits = None
     if settings.driver_edits == "toolkit":

@@ -148,7 +148,7 @@ class Registration:
             except ApiError as err:
                 log.error(
                     "cannot register the admission webhooks; retrying",
-                    extra={"configuration": self.name, "status": err.status, "problem": _why(err, self.name)},
+                    extra={"configuration": self.name, "problem": _why(err, self.name)},
                 )
             else:
                 self.registered = True
@@ -184,7 +184,7 @@ class Registration:
             except ApiError as err:
                 log.error(
                     "cannot check the admission webhooks; checking again later",
-                    extra={"configuration": self.name, "status": err.status, "problem": _why(err, self.name)},
+                    extra={"configuration": self.name, "problem": _why(err, self.name)},
                 )
 
     async def unregister(self) -> None:
@@ -194,7 +194,7 @@ class Registration:
         except ApiError as err:
             log.warning(
                 "cannot unregister the admission webhooks",
-                extra={"configuration": self.name, "status": err.status, "problem": _why(err, self.name)},
+                extra={"configuration": self.name, "problem": _why(err, self.name)},
             )
         else:
             self.registered = False
@@ -215,4 +215,4 @@ def _why(err: ApiError, name: str) -> str:
             " must allow both on that name (chart value controller.webhook.configName, controller flag"
             " --webhook-config-name)"
         )
-    return str(err.reason or err.body or err)
+    return str(err)

@@ -59,9 +59,10 @@ def connection_info(config: KubeConfig) -> kopf.ConnectionInfo:
 
 
 def describe(err: BaseException) -> str:
-    """A one-line reason for a failed API call: the API server's message when it sent one."""
+    """A one-line reason for a failed API call: its kind's message (`api.kube_errors`), with the API server's own
+    when it sent one."""
     if isinstance(err, ApiError):
-        return f"{err.status} {err.message}"[:500]
+        return str(err)[:500]
     return f"{type(err).__name__}: {err}"[:500]
 
 

@@ -7,6 +7,11 @@ from typing import Any
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from api.kube_metrics import ApiMetrics
+
+API = ApiMetrics("controller")
+"""The controller's own API requests (its writes, lists and the Lease; `api.kube_rest`) throttled, sent again and
+given up. kopf's watches and lists retry on their own (kopf logs each retry) and are not counted here."""
 RECONCILES = Counter("fracgpu_controller_claim_reconciles_total", "Claim reconciles (with or without a write)")
 STATUS_WRITES = Counter(
     "fracgpu_controller_claim_status_writes_total", "Server-side applies of claim status.devices data", ["result"]

@@ -4,8 +4,9 @@ Contract, for keys of any hashable type:
 - a key is queued at most once: `add` of a queued key does nothing;
 - a key is processed by at most one worker at a time: `add` of a key being processed queues it again once that
   worker calls `done` (a change seen while processing is never lost, and never processed concurrently);
-- `retry` queues a failed key again after an exponential backoff, up to `max_attempts` times in a row; `forget`
-  (or a `retry` past the limit) resets its count;
+- `retry` queues a failed key again after an exponential backoff (at least `at_least`), up to `max_attempts` times
+  in a row (without limit when `limited` is False: a failure that says "not now", such as a throttled write);
+  `forget` (or a `retry` past the limit) resets its count;
 - `shutdown` wakes every waiting `get` with `QueueShutDownError` and cancels pending delayed adds;
 - `on_wait`, when given, is told how long each key waited from being queued until a `get` took it.
 
@@ -120,15 +121,16 @@ class WorkQueue(Generic[K]):
             self._again.discard(key)
             self.add(key)
 
-    def retry(self, key: K) -> float | None:
-        """Queue `key` again after its backoff (`base_delay` doubled per failure in a row, at most `max_delay`);
-        the delay, or None when it failed `max_attempts` times in a row (its count is then reset)."""
+    def retry(self, key: K, *, at_least: float = 0.0, limited: bool = True) -> float | None:
+        """Queue `key` again after its backoff (`base_delay` doubled per failure in a row, at most `max_delay`, at
+        least `at_least`); the delay, or None when it failed `max_attempts` times in a row (its count is then
+        reset) and `limited`."""
         attempt = self._attempts.get(key, 0) + 1
-        if attempt > self.max_attempts:
+        if attempt > self.max_attempts and limited:
             self._attempts.pop(key, None)
             return None
         self._attempts[key] = attempt
-        delay = min(self.max_delay, self.base_delay * 2.0**attempt)
+        delay = max(at_least, min(self.max_delay, self.base_delay * 2.0 ** min(attempt, 16)))
         self.add_after(key, delay)
         return delay
 

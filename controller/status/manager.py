@@ -3,8 +3,10 @@
 `controller.mps`: the trust domain and the binding condition decided) from the indexes, applies them when they
 differ, and posts the Events the claim needs (`ClaimEvents`, and `MpsTrustDomainConflict` for a refused share).
 
-A failed write or Event post is retried with the queue's backoff, up to `MAX_ATTEMPTS` times; a claim that is gone
-or was replaced (`ApiNotFound`, `ApiUidMismatch`) is not. 64 writers by default: at the API server's latency under
+A failed write or Event post is retried with the queue's backoff, up to `MAX_ATTEMPTS` times; a write the API server
+could not take now (`ApiTransient`: throttled, unavailable, no answer) is delayed, not dropped: retried without
+limit, never sooner than the wait the server asked; a claim that is gone or was replaced (`ApiNotFound`,
+`ApiUidMismatch`) is not retried. 64 writers by default: at the API server's latency under
 a burst, fewer leave claims queued behind writes in flight.
 """
 
@@ -13,7 +15,7 @@ import datetime
 import logging
 import time
 
-from api.kube_errors import ApiNotFound, ApiUidMismatch
+from api.kube_errors import ApiNotFound, ApiTransient, ApiUidMismatch
 from controller.core import metrics
 from controller.core.context import ClaimKey, Context, Tasks
 from controller.core.kube import describe
@@ -99,7 +101,10 @@ class StatusManager:
             self.queue.forget(key)
             return
         why = describe(err) if err is not None else "an Event about the claim could not be posted"
-        delay = self.queue.retry(key)
+        if isinstance(err, ApiTransient):
+            delay = self.queue.retry(key, at_least=err.retry_after or 0.0, limited=False)
+        else:
+            delay = self.queue.retry(key)
         if delay is None:
             log.error("giving up on claim status after %d attempts: %s", MAX_ATTEMPTS, why, extra={"claim": claim})
             return

@@ -2,6 +2,8 @@
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from api.kube_metrics import ApiMetrics
+
 # Prepare of one claim takes milliseconds: buckets resolve 1 ms up to the kubelet's 45 s call timeout.
 DURATION_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 45.0)
 
@@ -11,6 +13,8 @@ class PluginMetrics:
 
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
+        self.api = ApiMetrics("plugin", self.registry)
+        """The API requests throttled, sent again and given up (`api.kube_metrics`), counted by the connection."""
         self.requests = Counter(
             "fracgpu_plugin_claims_total",
             "Claims handled, by operation (prepare|unprepare) and result (ok|error).",
@@ -33,7 +37,7 @@ class PluginMetrics:
         self.errors = Counter(
             "fracgpu_plugin_errors_total",
             "Per-claim errors by operation and type (claim_not_found, uid_mismatch, not_allocated, "
-            "undecodable, api_timeout, api_error, lock_timeout, invalid_config, device_node_missing, "
+            "undecodable, api_timeout, api_throttled, api_error, lock_timeout, invalid_config, device_node_missing, "
             "unknown_device, device_changed, driver_edits, status_update, internal).",
             ["operation", "type"],
             registry=self.registry,

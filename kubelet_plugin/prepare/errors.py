@@ -15,6 +15,7 @@ class ErrorKind(StrEnum):
     UNDECODABLE = "undecodable"
     API_ERROR = "api_error"
     API_TIMEOUT = "api_timeout"
+    API_THROTTLED = "api_throttled"
     LOCK_TIMEOUT = "lock_timeout"
     CHECKPOINT_TOO_NEW = "checkpoint_too_new"
     DEVICE_CHANGED = "device_changed"
@@ -35,8 +36,8 @@ class ErrorKind(StrEnum):
 
     @property
     def api_unavailable(self) -> bool:
-        """The API server did not answer or refused: other reads now would likely fail the same way."""
-        return self in (ErrorKind.API_ERROR, ErrorKind.API_TIMEOUT)
+        """The API server did not answer, throttled or refused: other reads now would likely fail the same way."""
+        return self in (ErrorKind.API_ERROR, ErrorKind.API_TIMEOUT, ErrorKind.API_THROTTLED)
 
 
 class PrepareError(Exception):

@@ -2,14 +2,18 @@
 
 A read checks that the claim is the one the kubelet means (same UID) and that it is allocated. The claims of
 one call are read at once on a small pool, each within the API budget (``api_timeout_seconds``, retries
-included): a read that has not answered by then is that claim's error and delays no other claim.
+included: a 429 or 503 is waited out as the API server asks while the wait fits in it, `api.kube_retry`): a
+read that has not answered by then is that claim's error and delays no other claim.
+
+A failed read's message is the API error's own (one per kind, `api.kube_errors`) after
+``cannot read ResourceClaim <namespace>/<name>:``; a transient one adds ``; the kubelet retries``.
 """
 
 import logging
 from concurrent.futures import ThreadPoolExecutor, wait
 from typing import Any
 
-from api.kube_errors import ApiError, ApiNotFound, ApiTimeout, UndecodableResponse
+from api.kube_errors import ApiError, ApiNotFound, ApiThrottled, ApiTimeout, ApiTransient, UndecodableResponse
 from api.kube_rest import KubeRest, claim_path
 from kubelet_plugin.core.model import ClaimRef
 from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
@@ -30,8 +34,17 @@ def show(ref: ClaimRef) -> str:
 def no_answer(ref: ClaimRef, budget: float) -> str:
     """The message of a read the API server did not answer within `budget` seconds."""
     return (
-        f"the API server did not answer within {budget:g} s when reading ResourceClaim {show(ref)}; the kubelet retries"
+        f"cannot read ResourceClaim {show(ref)}: timed out: the API server did not answer within {budget:g} s; "
+        "the kubelet retries"
     )
+
+
+def _kind(err: ApiError) -> ErrorKind:
+    if isinstance(err, ApiThrottled):
+        return ErrorKind.API_THROTTLED
+    if isinstance(err, ApiTimeout):
+        return ErrorKind.API_TIMEOUT
+    return ErrorKind.API_ERROR
 
 
 class ClaimReader:
@@ -80,14 +93,11 @@ class ClaimReader:
                 f"ResourceClaim {show(ref)} cannot be read: {err.reason}; delete the claim and create it "
                 "again (or fix its ResourceClaimTemplate) with valid parameters",
             ) from None
-        except ApiTimeout:
-            raise PrepareError(ErrorKind.API_TIMEOUT, no_answer(ref, self._budget)) from None
         except ApiNotFound:
             raise PrepareError(ErrorKind.CLAIM_NOT_FOUND, f"ResourceClaim {show(ref)} not found") from None
         except ApiError as err:
-            raise PrepareError(
-                ErrorKind.API_ERROR, f"cannot read ResourceClaim {show(ref)}: {err.status} {err.reason}"
-            ) from None
+            retries = "; the kubelet retries" if isinstance(err, ApiTransient) else ""
+            raise PrepareError(_kind(err), f"cannot read ResourceClaim {show(ref)}: {err}{retries}") from None
         if claim["metadata"]["uid"] != ref.uid:
             raise PrepareError(
                 ErrorKind.UID_MISMATCH,

@@ -1,16 +1,24 @@
 """Keeps this node's ResourceSlices published: creates, updates (bumping the pool generation) and re-creates
 them after anyone deletes them (the kubelet wipes a node's slices when it starts). Never deletes them on
-shutdown: pods keep their devices while the plugin restarts."""
+shutdown: pods keep their devices while the plugin restarts.
+
+It lists (and writes what differs), then watches its slices from the list's resourceVersion, as client-go's
+reflector does: a change by someone else, an `ERROR` event (410: too old) or the resync period lists again; a
+watch that could not start (throttled past the client's budget, unreachable) is started again from the same
+resourceVersion after the reflector's backoff (`api.kube_retry.reflector_backoff`, at least the wait the API
+server asked), without a new list; a failed list is retried after the same backoff."""
 
 import hashlib
 import json
 import logging
+import random
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from api.kube_errors import ApiConflict, ApiError
+from api.kube_errors import ApiConflict, ApiError, ApiGone
 from api.kube_rest import SLICES, KubeConnection, KubeRest, node_path
+from api.kube_retry import reflector_backoff
 from kubelet_plugin.core.coalesce import Coalescer
 from kubelet_plugin.core.filelock import serialize_lock
 from kubelet_plugin.core.model import GpuInfo, MigGpu
@@ -48,7 +56,7 @@ class SlicePublisher:
         `taints`: device name -> its taints now (GPU health); `changes`: notified when they change, each
         coalesced burst is one re-sync; `on_write`: called for every slice written (created, replaced, deleted);
         `mig`: the MIG GPUs (``--mig-gpus``) -> what they offer (``mig_discovery``), published as MIG GPUs."""
-        self._rest = KubeRest(api)
+        self._rest = KubeRest.bounded(api, settings.api_timeout_seconds)
         self._taints = taints or dict
         self._changes = changes
         self._on_write = on_write or (lambda: None)
@@ -145,17 +153,25 @@ class SlicePublisher:
         with serialize_lock(self._settings.plugin_data_dir / PUBLISH_LOCK):
             if self._changes is not None:
                 threading.Thread(target=self._sync_changes, args=(stop,), name="slice-taints", daemon=True).start()
+            listed, failures = False, 0
             while not stop.is_set():
                 try:
-                    self.sync()
+                    if not listed:
+                        self.sync()
+                        listed = True
                     self._watch_until_change(stop)
+                    listed, failures = False, 0  # changed, or the resync period is over: list again
                 except ApiError as err:
-                    log.warning(
-                        "ResourceSlice sync failed; retrying", extra={"status": err.status, "reason": err.reason}
-                    )
-                    stop.wait(0.2 if isinstance(err, ApiConflict) else 2)  # raced with another writer
+                    failures += 1
+                    listed = listed and not isinstance(err, ApiGone)
+                    # raced with another writer: at once; else the reflector's backoff
+                    delay = 0.2 if isinstance(err, ApiConflict) else reflector_backoff(failures, err, random.random())
+                    what = "watch" if listed else "sync"
+                    log.warning(f"ResourceSlice {what} failed; retrying", extra={"error": str(err), "retry_in": delay})
+                    stop.wait(delay)
                 except Exception:
                     log.exception("ResourceSlice sync failed; retrying")
+                    listed = False
                     stop.wait(2)
 
     def _sync_changes(self, stop: threading.Event) -> None:

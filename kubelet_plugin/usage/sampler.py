@@ -119,7 +119,7 @@ class ClaimPods:
             except ApiError as err:
                 log.warning(
                     "cannot read a claim's pods",
-                    extra={"claim": f"{share.namespace}/{share.name}", "status": err.status, "error": str(err.reason)},
+                    extra={"claim": f"{share.namespace}/{share.name}", "error": str(err)},
                 )
                 self._pods[uid] = (known[0] if known else {}, now)
                 continue
@@ -305,7 +305,7 @@ class UsageSampler:
                 self._ledger.failed(gpu, now)
                 log.warning(
                     "cannot write used memory to the GPU ledger; retried with the next sample",
-                    extra={"gpu": name, "status": err.status, "error": str(err.reason)},
+                    extra={"gpu": name, "error": str(err)},
                 )
                 continue
             self._metrics.ledger_writes.labels("ok").inc()

@@ -31,7 +31,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def rest(api_client: client.ApiClient) -> KubeRest:
-    return KubeRest(KubeConnection.of(api_client), timeout=10, attempts=1)
+    return KubeRest(KubeConnection.of(api_client), timeout=10, budget=10)
 
 
 def claim(name: str) -> dict[str, Any]:
@@ -63,7 +63,7 @@ def raised(call: Any) -> ApiError:
 def test_not_found_already_exists_and_a_stale_write(rest: KubeRest, namespace: str) -> None:
     missing = raised(lambda: rest.get(claim_path(namespace, "absent")))
     assert type(missing) is ApiNotFound and missing.status_reason == "NotFound"
-    assert describe(missing) == '404 resourceclaims.resource.k8s.io "absent" not found'
+    assert describe(missing) == 'not found (404): resourceclaims.resource.k8s.io "absent" not found'
 
     claims = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
     created = rest.create(claims, claim("c1"))
@@ -117,7 +117,7 @@ def test_forbidden_and_a_terminating_namespace(
         rules=[],
         path=tmp_path / "nobody.kubeconfig",
     )
-    nobody = KubeRest(KubeConnection(from_kubeconfig([kubeconfig])), timeout=10, attempts=1)
+    nobody = KubeRest(KubeConnection(from_kubeconfig([kubeconfig])), timeout=10, budget=10)
     forbidden = raised(lambda: nobody.get("/api/v1/namespaces/default/configmaps"))
     assert type(forbidden) is ApiForbidden and forbidden.status_reason == "Forbidden"
 

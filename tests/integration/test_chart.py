@@ -755,6 +755,8 @@ INSTALLED_KINDS = {
     "ValidatingAdmissionPolicyBinding",
     "ValidatingWebhookConfiguration",
     "DeviceClass",
+    "FlowSchema",
+    "PriorityLevelConfiguration",
 }
 
 
@@ -813,6 +815,55 @@ def allocate_two_driver_claim(
         return claim if (claim.get("status") or {}).get("allocation") else None
 
     return kube.wait_for(allocated, 60, what=f"allocation of claim {namespace}/{name}")
+
+
+def test_api_priority_gives_both_service_accounts_their_own_bounded_flow(
+    control_plane: ControlPlane,
+    api_client: client.ApiClient,
+    tools: dict[str, Path],
+    tmp_path: Path,
+    installed: Installed,
+) -> None:
+    """The chart's FlowSchema matches the plugin's and the controller's requests (the API server names the flow
+    and priority level it chose in each answer's `X-Kubernetes-PF-*` headers), its priority level never borrows,
+    and `apiPriority.enabled: false` renders neither."""
+    ns = installed.namespace
+    schema = one(installed.docs, "FlowSchema")
+    name = schema["metadata"]["name"]
+    admin = KubeRest(KubeConnection.of(api_client))
+    flow = admin.get(f"/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas/{name}")
+    level = admin.get(f"/apis/flowcontrol.apiserver.k8s.io/v1/prioritylevelconfigurations/{name}")
+    assert level["spec"]["limited"]["borrowingLimitPercent"] == 0
+    assert level["spec"]["limited"]["limitResponse"]["type"] == "Queue"
+
+    def dangling() -> bool | None:
+        conditions = admin.get(f"/apis/flowcontrol.apiserver.k8s.io/v1/flowschemas/{name}").get("status", {})
+        found = [c for c in conditions.get("conditions") or [] if c["type"] == "Dangling"]
+        return found[0]["status"] == "True" if found else None
+
+    kube.wait_for(lambda: dangling() is False, 30, what="the FlowSchema's priority level found")
+    for account in (installed.plugin_sa, installed.controller_sa):
+        token = kube.service_account_token(api_client, ns, account)
+        rest = KubeRest(KubeConnection.of(kube.token_client(control_plane.server, control_plane.ca_cert, token)))
+
+        def classified(rest: KubeRest = rest) -> tuple[str, str] | None:
+            """(FlowSchema uid, priority level uid) of a request, once the API server puts it in the chart's flow."""
+            resp = rest.send("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=SELF_REVIEW)
+            flow_uid = str(resp.headers.get("X-Kubernetes-PF-FlowSchema-UID", ""))
+            level_uid = str(resp.headers.get("X-Kubernetes-PF-PriorityLevel-UID", ""))
+            return (flow_uid, level_uid) if flow_uid == flow["metadata"]["uid"] else None
+
+        # the API server's APF configuration follows the objects through an informer: wait until it does
+        got = kube.wait_for(classified, 30, what=f"{account}'s requests in the chart's flow")
+        assert got == (flow["metadata"]["uid"], level["metadata"]["uid"]), account
+    # the admin's own requests are not in it
+    resp = admin.send("POST", "/apis/authentication.k8s.io/v1/selfsubjectreviews", body=SELF_REVIEW)
+    assert resp.headers.get("X-Kubernetes-PF-FlowSchema-UID") != flow["metadata"]["uid"]
+    off = render(tools["helm"], tmp_path, {"apiPriority": {"enabled": False}})
+    assert not [d for d in off if d["kind"] in ("FlowSchema", "PriorityLevelConfiguration")]
+
+
+SELF_REVIEW = {"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}
 
 
 def test_service_accounts_can_do_their_job_and_nothing_else(

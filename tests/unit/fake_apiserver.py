@@ -3,7 +3,9 @@
 It serves objects as the exact bytes it holds (a watch, `?watch=true`, as those bytes' lines, one chunk each,
 held open for `timeoutSeconds` as the real server holds it) (so bodies Python's `json` cannot decode reach the real
 `KubeRest`), answers a missing object with a 404 Status, accepts every write with `{}` (or answers a path as told: `answers`), and can hold a
-request open without answering, as a stopped API server does. Over TLS (`serve(tls=...)`) it asks for a
+request open without answering, as a stopped API server does. `script` answers a path's next requests, one each,
+with what an API server under pressure sends: 429 with `Retry-After` (`throttled`), 503, or a connection reset
+after the request was read (`RESET`: the server may have applied it). Over TLS (`serve(tls=...)`) it asks for a
 client certificate and takes requests without one too, as kube-apiserver does (a token may authenticate).
 """
 
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,9 +24,28 @@ from pathlib import Path
 from typing import Any
 
 from api.kube_config import KubeConfig
+from api.kube_metrics import ApiMetrics
 from api.kube_rest import KubeConnection
 
 NOT_FOUND = json.dumps({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404}).encode()
+RESET = "reset"
+"""A scripted step: read the request, then reset the connection (TCP RST) without answering."""
+Answer = tuple[int, bytes, dict[str, str]]
+
+
+def throttled(retry_after: str = "1") -> Answer:
+    """What API Priority and Fairness answers a request it rejects (plain text, as kube-apiserver's `http.Error`)."""
+    return 429, b"Too many requests, please try again later.\n", {"Retry-After": retry_after}
+
+
+def unavailable(retry_after_seconds: int | None = None) -> Answer:
+    """A 503 `Status` (with `details.retryAfterSeconds`, and so the header, when given)."""
+    body: dict[str, Any] = {"kind": "Status", "status": "Failure", "reason": "ServiceUnavailable", "code": 503}
+    body["message"] = "the server is currently unable to handle the request"
+    if retry_after_seconds is None:
+        return 503, json.dumps(body).encode(), {}
+    body["details"] = {"retryAfterSeconds": retry_after_seconds}
+    return 503, json.dumps(body).encode(), {"Retry-After": str(retry_after_seconds)}
 
 
 @dataclass
@@ -42,6 +64,12 @@ class FakeApiServer:
     connections: int = 0  # connections accepted
     #: path -> (HTTP status, body, headers) answered to any method on that path (an error the API server sends)
     answers: dict[str, tuple[int, bytes, dict[str, str]]] = field(default_factory=dict)
+    #: path -> the next requests' answers, one per request (an Answer, or RESET); then the usual answer
+    script: dict[str, list[Answer | str]] = field(default_factory=dict)
+    #: path -> what a watch of it streams (else `objects[path]`)
+    streams: dict[str, bytes] = field(default_factory=dict)
+    #: (method, path, query string) of every request, in order
+    queries: list[tuple[str, str, str]] = field(default_factory=list)
 
     def record(self, event: str, method: str, path: str) -> None:
         with self.lock:
@@ -84,14 +112,26 @@ def handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             self.rfile.read(length)
             with api.lock:
                 api.credentials.append((self.headers.get("Authorization"), self._client_name()))
+                api.queries.append((self.command, path, self.path.partition("?")[2]))
             api.record("start", self.command, path)
             with api.lock:
                 hang = path in api.hang or path in api.hang_once
                 api.hang_once.discard(path)
             if hang and not api.release.wait(60):  # a stopped API server: no answer at all
                 return
+            with api.lock:
+                steps = api.script.get(path)
+                step = steps.pop(0) if steps else None
+            if step == RESET:
+                api.record("reset", self.command, path)
+                self.request.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.request.close()  # RST: the client sees its connection reset, no answer
+                self.close_connection = True
+                return
             headers: dict[str, str] = {}
-            if path in api.answers:
+            if isinstance(step, tuple):
+                status, body, headers = step
+            elif path in api.answers:
                 status, body, headers = api.answers[path]
             elif self.command == "GET":
                 found = api.objects.get(path)
@@ -100,7 +140,7 @@ def handler(api: FakeApiServer) -> type[BaseHTTPRequestHandler]:
             else:  # status apply, Events: accepted
                 status, body = 200, b"{}"
             if status == 200 and "watch=true" in self.path:
-                self._stream(body, path)
+                self._stream(api.streams.get(path, body), path)
                 return
             # recorded before the bytes go out: a client holding the answer always finds it recorded
             api.record("answer", self.command, path)
@@ -169,9 +209,10 @@ def serve(tls: ServerTls | None = None) -> Iterator[tuple[FakeApiServer, str]]:
         server.server_close()
 
 
-def connection(url: str) -> KubeConnection:
-    """A plain-HTTP connection to `url` (a fake API server, or `refused_url()`), no credentials."""
-    return KubeConnection(KubeConfig(server=url))
+def connection(url: str, metrics: ApiMetrics | None = None) -> KubeConnection:
+    """A plain-HTTP connection to `url` (a fake API server, or `refused_url()`), no credentials, its requests
+    counted in `metrics`."""
+    return KubeConnection(KubeConfig(server=url), metrics)
 
 
 def refused_url() -> str:

@@ -15,7 +15,7 @@ import urllib3
 import yaml
 
 from api.kube_config import ConfigError, KubeConfig, TokenFile, from_kubeconfig, in_cluster, load
-from api.kube_errors import ApiError, ApiUnreachable
+from api.kube_errors import ApiError, ApiTransient
 from api.kube_rest import KubeConnection, KubeRest
 from harness.cluster.pki import Pki
 from tests.unit.fake_apiserver import FakeApiServer, ServerTls, serve
@@ -124,8 +124,10 @@ def test_the_server_is_verified_against_the_cluster_ca_unless_the_file_says_inse
     _, url = tls_server
     other = Pki(tmp_path / "other")
     strict = write_kubeconfig(tmp_path / "strict", {"server": url, "certificate-authority": str(other.ca.cert)}, {})
-    with pytest.raises(ApiUnreachable, match="CERTIFICATE_VERIFY_FAILED"):
+    with pytest.raises(ApiError, match="certificate is not trusted") as untrusted:
         get_api(from_kubeconfig([strict]))
+    assert not isinstance(untrusted.value, ApiTransient), "not retried: trying again cannot help"
+    assert untrusted.value.tries == 1
     insecure = write_kubeconfig(tmp_path / "insecure", {"server": url, "insecure-skip-tls-verify": True}, {})
     with pytest.warns(urllib3.exceptions.InsecureRequestWarning):
         assert get_api(from_kubeconfig([insecure])) == {"kind": "APIVersions"}
@@ -136,7 +138,7 @@ def test_a_server_name_other_than_the_address_is_checked_against_tls_server_name
     with serve(ServerTls(serving.cert, serving.key, pki.ca.cert)) as (api, url):
         api.objects["/api"] = b"{}"
         cluster = {"server": url, "certificate-authority": str(pki.ca.cert)}
-        with pytest.raises(ApiUnreachable, match=r"CERTIFICATE_VERIFY_FAILED|match"):
+        with pytest.raises(ApiError, match=r"certificate is not trusted \(.*mismatch"):
             get_api(from_kubeconfig([write_kubeconfig(tmp_path / "a", cluster, {})]))
         named = {**cluster, "tls-server-name": "apiserver.example"}
         assert get_api(from_kubeconfig([write_kubeconfig(tmp_path / "b", named, {})])) == {}

@@ -69,6 +69,21 @@ def test_failed_writes_are_retried_and_gone_claims_are_not() -> None:
     run(test)
 
 
+def test_throttled_status_writes_are_delayed_never_dropped() -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        await controller.start()
+        controller.status.queue.max_attempts = 2
+        controller.status.queue.base_delay = controller.status.queue.max_delay = 0.01
+        throttled = api_error(429, "Too Many Requests", "", retry_after="0")
+        writer.fail = [throttled] * 6  # three times the limit of other failures
+        key = world.put(claim(results=[result("a", "gpu-0", "1Gi", "s-1")]))
+        controller.claim_changed(key)
+        await eventually(lambda: len(writer.claims) == 1)
+        assert writer.fail == [], "every throttled write was tried again"
+
+    run(test)
+
+
 def test_slice_changes_recheck_every_claim_with_fresh_devices() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         await controller.start()
@@ -384,8 +399,13 @@ def test_the_largest_request_is_cached_with_the_devices(monkeypatch: pytest.Monk
 def test_failures_are_described_by_the_api_servers_message() -> None:
     body = '{"kind":"Status","message":"changing status.devices requires resource=resourceclaims/driver"}'
     err = api_error(422, "Unprocessable Entity", body)
-    assert describe(err) == "422 changing status.devices requires resource=resourceclaims/driver"
-    assert describe(api_error(500, "boom")) == "500 boom"
+    assert describe(err) == (
+        "the API server answered 422 Unprocessable Entity: changing status.devices requires resource=resourceclaims/driver"
+    )
+    assert describe(api_error(500, "boom")) == "API server error (500 boom)"
+    assert describe(api_error(429, "Too Many Requests", "", retry_after="2")) == (
+        "throttled by the API server (429 Too Many Requests; it asked to wait 2 s)"
+    )
     assert describe(TimeoutError("slow")) == "TimeoutError: slow"
 
 

@@ -100,6 +100,18 @@ def test_retry_backs_off_exponentially_up_to_the_limit_and_forget_resets() -> No
     run(test)
 
 
+def test_an_unlimited_retry_never_gives_up_and_waits_at_least_what_is_asked() -> None:
+    async def test() -> None:
+        queue: WorkQueue[str] = WorkQueue(base_delay=0.01, max_delay=0.03, max_attempts=2)
+        delays = [queue.retry("a", limited=False) for _ in range(50)]
+        assert delays[:2] == [0.02, 0.03] and set(delays[2:]) == {0.03}, "no None: never given up"
+        assert queue.retry("a", at_least=5.0, limited=False) == 5.0, "the wait the server asked wins"
+        assert queue.retry("b", at_least=0.001) == 0.02, "the backoff wins when longer"
+        queue.shutdown()
+
+    run(test)
+
+
 def test_a_retried_key_is_queued_after_its_delay() -> None:
     async def test() -> None:
         queue: WorkQueue[str] = WorkQueue(base_delay=0.05)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -364,10 +365,15 @@ def test_corrupt_checkpoint_keeps_the_specs_of_running_claims(env: Env) -> None:
     assert not env.spec_file(UID_A).exists()
 
 
-def test_unreachable_api_server_is_a_claim_error_not_a_crash(env: Env, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_unreachable_api_server_is_a_claim_error_not_a_crash(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    env = make_env(tmp_path, monkeypatch, api_timeout_seconds=2.5)  # two retries after 1 s each fit
     monkeypatch.undo()  # the real KubeRest, on a connection to a port where nothing listens
     results = env.preparer.prepare([ClaimRef(namespace=NS, name="x", uid=UID_A)])
-    assert "cannot reach the API server" in results[UID_A].error
+    assert re.fullmatch(
+        r"cannot read ResourceClaim team-a/x: API server unreachable: cannot connect to 127\.0\.0\.1:\d+: "
+        r"connection refused; tried 3 times in 2\.\d s; the kubelet retries",
+        results[UID_A].error,
+    ), results[UID_A].error
 
 
 def test_a_device_that_became_another_gpu_is_refused(env: Env) -> None:

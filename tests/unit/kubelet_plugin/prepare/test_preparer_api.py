@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ from kubelet_plugin.core.settings import KUBELET_CALL_TIMEOUT_S, Settings
 from kubelet_plugin.prepare import store
 from kubelet_plugin.prepare.checkpoint import CheckpointStore
 from kubelet_plugin.prepare.preparer import Preparer
-from tests.unit.fake_apiserver import FakeApiServer, connection, serve
+from tests.unit.fake_apiserver import FakeApiServer, connection, serve, throttled
 from tests.unit.plugin_host import NS, SHARE_B, UID_A, UID_B, host_root, host_settings, make_claim, make_preparer, ref
 
 REPO_ROOT = Path(__file__).resolve().parents[4]
@@ -77,7 +78,7 @@ def node(tmp_path: Path, host: str, **overrides: Any) -> Node:
     settings = node_settings(tmp_path, **overrides)
     store = CheckpointStore(tmp_path / "ckpt.json", current_boot_id="boot-1")
     metrics = PluginMetrics()
-    return Node(settings, store, metrics, make_preparer(connection(host), settings, store, metrics))
+    return Node(settings, store, metrics, make_preparer(connection(host, metrics.api), settings, store, metrics))
 
 
 def timed_prepare(preparer: Preparer, refs: list[ClaimRef]) -> tuple[dict[str, Any], float]:
@@ -163,9 +164,12 @@ def test_a_hanging_read_fails_its_claim_only_and_does_not_delay_the_others(
     api.hang.add(slow_path)
     results, _ = timed_prepare(plugin.preparer, [slow, good])  # the slow one first: read in order, it blocks
     assert results[UID_B].error == "" and len(results[UID_B].devices) == 1
-    assert results[UID_A].error == (
-        "the API server did not answer within 2 s when reading ResourceClaim team-a/slow; the kubelet retries"
-    )
+    where = host.removeprefix("http://")
+    assert re.fullmatch(
+        f"cannot read ResourceClaim team-a/slow: timed out: the API server at {where} did not answer within 1 s; "
+        r"tried 2 times in 2\.\d s; the kubelet retries",
+        results[UID_A].error,
+    ), results[UID_A].error
     assert plugin.sample("fracgpu_plugin_errors_total", operation="prepare", type="api_timeout") == 1
     with api.lock:
         good_answered = api.log.index(("answer", "GET", good_path))
@@ -185,9 +189,33 @@ def test_an_api_server_that_never_answers_gives_each_claim_an_error_in_time(
     api.hang.update(api.objects)
     results, elapsed = timed_prepare(plugin.preparer, refs)
     for r in refs:
-        assert "the API server did not answer within 3 s" in results[r.uid].error
+        assert re.search(
+            r"timed out: the API server .*did not answer within 1\.5 s; tried 2 times in 3\.\d s", results[r.uid].error
+        )
     assert elapsed < KUBELET_CALL_TIMEOUT_S
     assert plugin.store.load().checkpoint.claims == {}
+
+
+def test_a_throttled_read_waits_as_asked_and_a_wait_past_the_budget_fails_with_the_throttled_message(
+    api_server: tuple[FakeApiServer, str], tmp_path: Path
+) -> None:
+    api, host = api_server
+    plugin = node(tmp_path, host, api_timeout_seconds=10)
+    patient, hurried = add(api, make_claim(UID_A, "a")), add(api, make_claim(UID_B, "b", device="gpu-1", share=SHARE_B))
+    api.script[claim_path(NS, "a")] = [throttled("1")]
+    api.script[claim_path(NS, "b")] = [throttled("32")]  # API Priority and Fairness's largest wait
+    results, elapsed = timed_prepare(plugin.preparer, [patient, hurried])
+    assert results[UID_A].error == "" and len(results[UID_A].devices) == 1, "prepared after waiting 1 s"
+    assert results[UID_B].error == (
+        "cannot read ResourceClaim team-a/b: throttled by the API server (429 Too Many Requests; it asked to wait "
+        "32 s); the kubelet retries"
+    )
+    assert 1 <= elapsed < 5, "b failed at once: 32 s do not fit in its 10 s"
+    assert plugin.sample("fracgpu_plugin_errors_total", operation="prepare", type="api_throttled") == 1
+    assert plugin.sample("fracgpu_plugin_api_throttled_total", resource="resourceclaims", verb="GET") == 2
+    assert plugin.sample("fracgpu_plugin_api_retries_total", kind="throttled", verb="GET") == 1
+    assert plugin.sample("fracgpu_plugin_api_gave_up_total", kind="throttled", verb="GET") == 1
+    assert set(plugin.store.load().checkpoint.claims) == {UID_A}
 
 
 def test_the_ready_write_does_not_hold_up_the_answer_and_is_retried(
