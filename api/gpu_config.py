@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import ErrorDetails
 
 from api import bounded_json
-from api.names import CONFIG_API_VERSION, CONFIG_KIND
+from api.names import CONFIG_API_VERSION, CONFIG_KIND, DRIVER_NAME, MIG_DEVICE_CLASS_NAME, MPS_DEVICE_CLASS_NAME
 
 Enforcement = Literal["none", "hami-core", "mps", "nvml"]
 """Weakest first (kubelet_plugin/enforcement/tiers.py says why)."""
@@ -134,7 +134,9 @@ def decode_gpu_config(raw: bytes | str | Mapping[str, object]) -> GpuConfig:
     problems = [f"{f}: required, {_FIELD_RULES[f]}" for f in ("apiVersion", "kind") if f not in data]
     # checked here, not by the model: the model also accepts its Python field names, the wire does not
     problems += [
-        f"{_name(key)}: unknown field; allowed fields are " + ", ".join(ALLOWED_FIELDS)
+        _replacement(key, data[key])
+        if key in _PEER_FIELDS
+        else f"{_name(key)}: unknown field; allowed fields are " + ", ".join(ALLOWED_FIELDS)
         for key in data
         if key not in _FIELD_RULES
     ]
@@ -145,6 +147,33 @@ def decode_gpu_config(raw: bytes | str | Mapping[str, object]) -> GpuConfig:
     if problems:
         raise GpuConfigError(_capped(problems))
     return config
+
+
+_PEER_FIELDS = frozenset({"sharing"})
+"""Fields of other drivers' GpuConfigs (NVIDIA's DRA driver, the example driver) that fracgpu replaces."""
+_SHARE_BY_MEMORY = (
+    "fracgpu shares a GPU by memory: drop it and ask for the share in the request, "
+    f"capacity.requests.memory (e.g. 10Gi), of the DeviceClass {DRIVER_NAME}"
+)
+
+
+def _replacement(key: str, value: object) -> str:
+    """The problem of a peer driver's field, naming what a fracgpu claim writes instead (docs/migrating.md)."""
+    strategy = value.get("strategy") if isinstance(value, Mapping) else None
+    head = f"{key}: unknown field (the sharing config of NVIDIA's DRA driver or the example driver)"
+    if strategy == "MPS":
+        return (
+            f"{head}; for MPS ask capacity.requests.memory (e.g. 10Gi) of the DeviceClass {MPS_DEVICE_CLASS_NAME} "
+            "(MPS GPUs, chart value deviceClass.mps.create): each share is an MPS client limited to its memory; "
+            "mpsConfig.defaultActiveThreadPercentage is GpuConfig computeLimitPercent here"
+        )
+    if strategy == "SpacePartitioning":
+        return (
+            f"{head}; for a partition of its own ask capacity.requests.memory (e.g. 10Gi) of the DeviceClass "
+            f"{MIG_DEVICE_CLASS_NAME} (the smallest MIG partition that holds it), or for a share of a GPU "
+            f"of {DRIVER_NAME}"
+        )
+    return f"{head}; {_SHARE_BY_MEMORY}; its pods share the GPU's time as any CUDA processes do"
 
 
 def _too_big(size: int) -> str:

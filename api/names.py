@@ -5,6 +5,8 @@ from typing import Final
 DRIVER_NAME: Final = "gpu.fracgpu.dev"
 DEVICE_CLASS_NAME: Final = "gpu.fracgpu.dev"
 MIG_DEVICE_CLASS_NAME: Final = "mig.gpu.fracgpu.dev"
+MPS_DEVICE_CLASS_NAME: Final = "mps.gpu.fracgpu.dev"
+"""Created by the chart only with `deviceClass.mps.create` (MPS GPUs: attribute `mps`)."""
 API_GROUP: Final = "fracgpu.dev"
 CONFIG_API_VERSION: Final = "fracgpu.dev/v1alpha1"
 CONFIG_KIND: Final = "GpuConfig"

@@ -92,6 +92,44 @@ def test_unknown_field_lists_allowed_fields() -> None:
         assert allowed in msg
 
 
+@pytest.mark.parametrize(
+    ("sharing", "names"),
+    [
+        ({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}, ["DeviceClass gpu.fracgpu.dev"]),
+        (
+            {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
+            ["mps.gpu.fracgpu.dev", "computeLimitPercent"],
+        ),
+        ({"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": 4}}, ["mig.gpu.fracgpu.dev"]),
+        ("TimeSlicing", ["DeviceClass gpu.fracgpu.dev"]),
+    ],
+)
+def test_a_peer_drivers_sharing_config_is_refused_naming_the_replacement(sharing: object, names: list[str]) -> None:
+    """NVIDIA's DRA driver and the example driver spell sharing as a config; fracgpu spells it as memory."""
+    msg = error_of(params(sharing=sharing))
+    assert msg.startswith("sharing: unknown field (the sharing config of NVIDIA's DRA driver or the example driver)")
+    assert "capacity.requests.memory" in msg
+    for name in names:
+        assert name in msg
+    assert "allowed fields are" not in msg
+    others = {"mps.gpu.fracgpu.dev", "mig.gpu.fracgpu.dev"} - set(names)
+    assert not any(other in msg for other in others)
+
+
+def test_an_nvidia_gpu_config_gets_every_problem() -> None:
+    nvidia = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "MPS"}}
+    problems = _problems(nvidia)
+    assert problems[0].startswith("sharing: unknown field (the sharing config") and "mps.gpu.fracgpu.dev" in problems[0]
+    assert problems[1] == "apiVersion: must be 'fracgpu.dev/v1alpha1', got \"resource.nvidia.com/v1beta1\""
+    assert len(problems) == 2
+
+
+def _problems(raw: Any) -> tuple[str, ...]:
+    with pytest.raises(GpuConfigError) as info:
+        decode_gpu_config(raw)
+    return info.value.problems
+
+
 def test_snake_case_name_is_unknown_on_the_wire() -> None:
     assert "compute_limit_percent: unknown field" in error_of(params(compute_limit_percent=5))
 

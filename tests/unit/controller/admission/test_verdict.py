@@ -102,6 +102,21 @@ def test_gpu_config_problems_name_the_field_inside_the_claim() -> None:
     )
 
 
+def test_a_sharing_config_for_our_driver_is_refused_naming_the_fracgpu_way() -> None:
+    """A claim translated from NVIDIA's DRA driver, its TimeSlicing config kept, is refused at `kubectl apply`."""
+    time_slicing = {**HEAD, "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}}
+    out = review(spec([req(None)], opaque(time_slicing)), prefix="spec.spec")
+    assert len(out.problems) == 1
+    assert out.problems[0].startswith("spec.spec.devices.config[0].opaque.parameters.sharing: unknown field")
+    assert "capacity.requests.memory (e.g. 10Gi), of the DeviceClass gpu.fracgpu.dev" in out.message
+    mps = review(spec([req("10Gi")], opaque({**HEAD, "sharing": {"strategy": "MPS"}})))
+    assert "of the DeviceClass mps.gpu.fracgpu.dev" in mps.message
+    partitions = review(spec([req("10Gi")], opaque({**HEAD, "sharing": {"strategy": "SpacePartitioning"}})))
+    assert "of the DeviceClass mig.gpu.fracgpu.dev" in partitions.message
+    # another driver's sharing config is that driver's business (issue #30 leaves its warning for later)
+    assert review(spec([req("10Gi")], opaque({**HEAD, "sharing": {}}, driver="gpu.nvidia.com"))).allowed
+
+
 def test_templates_use_their_own_field_path() -> None:
     out = review(spec([req("0")], opaque({**HEAD, "enforcement": "full"})), prefix="spec.spec")
     assert [p.split(":")[0] for p in out.problems] == [
