@@ -7,6 +7,10 @@ validates it (and runs admission) without storing it, and the answer must keep e
 API server that drops a field (a feature gate off, a misspelt field pruned) fails the test as well. The
 `GpuConfig` parameters of a claim's or template's opaque configs for our driver must decode with the decoder the
 admission webhook uses, and the claim spec must pass the webhook's review.
+
+A block fenced as ```yaml theirs shows what a user wrote for another project (docs/migrating.md, "coming from X,
+write Y"): it must parse as YAML and is not sent; any other word after `yaml` fails the test, so that no block
+escapes the check by its info string.
 """
 
 import re
@@ -28,13 +32,23 @@ pytestmark = pytest.mark.integration
 REPO = Path(__file__).resolve().parents[2]
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 GiB = 1 << 30
-_YAML_BLOCK = re.compile(r"^ {0,3}```[ \t]*ya?ml[ \t]*\n(.*?)^ {0,3}```[ \t]*$", re.M | re.S)
+_YAML_BLOCK = re.compile(r"^ {0,3}```[ \t]*ya?ml(?P<info>[^\n]*)\n(?P<body>.*?)^ {0,3}```[ \t]*$", re.M | re.S)
+THEIRS = "theirs"
+"""The info-string word of a block that shows another project's objects, never sent to the API server."""
+MIGRATING = REPO / "docs" / "migrating.md"
 CLAIM_SPEC_AT = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
 
 
-def yaml_blocks(text: str) -> list[str]:
-    """The bodies of the ```yaml (or ```yml) fenced blocks of a Markdown text."""
-    return [m.group(1) for m in _YAML_BLOCK.finditer(text)]
+def yaml_blocks(text: str, *, theirs: bool = False) -> list[str]:
+    """The bodies of the ```yaml (or ```yml) fenced blocks of a Markdown text: fracgpu's, or with `theirs` those
+    marked ```yaml theirs. A block with any other info string after `yaml` is an error."""
+    found: list[str] = []
+    for m in _YAML_BLOCK.finditer(text):
+        words = m.group("info").split()
+        assert words in ([], [THEIRS]), f"```yaml {m.group('info').strip()}: only ```yaml and ```yaml {THEIRS} exist"
+        if bool(words) == theirs:
+            found.append(m.group("body"))
+    return found
 
 
 def examples() -> list[tuple[str, dict[str, Any]]]:
@@ -86,8 +100,11 @@ def dropped(sent: object, got: object, path: str = "") -> list[str]:
 
 
 def test_the_helpers_see_what_they_check() -> None:
-    text = "a\n```yaml\nkind: A\n---\nkind: B\n```\n```bash\nkind: C\n```\n```yml\n- x\n```\n"
+    text = "a\n```yaml\nkind: A\n---\nkind: B\n```\n```bash\nkind: C\n```\n```yml\n- x\n```\n```yaml theirs\nkind: D\n```\n"
     assert yaml_blocks(text) == ["kind: A\n---\nkind: B\n", "- x\n"]
+    assert yaml_blocks(text, theirs=True) == ["kind: D\n"]
+    with pytest.raises(AssertionError, match="only ```yaml and"):
+        yaml_blocks("```yaml mine\nkind: E\n```\n")
     assert not_whole({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}) is None
     assert not_whole({"resources": {"limits": {"gpu.fracgpu.dev/gpu": 1}}}) is not None
     assert not_whole(["x"]) is not None
@@ -101,6 +118,16 @@ def test_every_example_is_a_whole_object() -> None:
     assert len([w for w, _ in found if w.startswith("README.md#")]) >= 5, "the README shows its examples as YAML"
     fragments = {where: why for where, doc in found if (why := not_whole(doc)) is not None}
     assert fragments == {}
+
+
+def test_the_migration_page_shows_what_they_wrote_beside_what_fracgpu_takes() -> None:
+    """docs/migrating.md: each peer's objects (parsed, not sent) beside fracgpu's (sent, above and below)."""
+    text = MIGRATING.read_text()
+    theirs = [doc for block in yaml_blocks(text, theirs=True) for doc in yaml.safe_load_all(block) if doc is not None]
+    ours = [w for w, _ in examples() if w.startswith("docs/migrating.md#")]
+    assert len(theirs) >= 8 and len(ours) >= 8, (len(theirs), len(ours))
+    for peer in ("NVIDIA's DRA driver", "HAMi", "NVIDIA's device plugin", "No equivalent yet"):
+        assert f"\n## {peer}\n" in text, f"docs/migrating.md has no section ## {peer}"
 
 
 def test_gpu_configs_decode_and_claims_pass_the_webhooks_review() -> None:

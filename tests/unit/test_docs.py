@@ -22,7 +22,7 @@ DOCS = REPO / "docs"
 CHART_README = REPO / "charts" / "fracgpu" / "README.md"
 MAX_README_LINES = 250
 # The maintainer pages the README hands its details to; each must exist and be linked from the README.
-SPLIT_PAGES = ("operations.md", "performance.md", "testing.md", "gpu-check.md")
+SPLIT_PAGES = ("operations.md", "performance.md", "testing.md", "gpu-check.md", "migrating.md")
 
 _FENCE = re.compile(r"^ {0,3}(`{3,}|~{3,})(.*)$")
 _HEADING = re.compile(r"^ {0,3}(#{1,6})[ \t]+(.*?)[ \t]*#*[ \t]*$")
