@@ -449,6 +449,13 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
         f"spec.devices.config[0].opaque.parameters.memoryLimit: unknown field; {ALLOWED_FIELDS}",
     ),
     (
+        "NVIDIA's MPS sharing config",
+        _claim_body("c", [_request("gpu", "10Gi")], _gpu_config(sharing={"strategy": "MPS"})),
+        "spec.devices.config[0].opaque.parameters.sharing: unknown field (the sharing config of NVIDIA's DRA driver "
+        "or the example driver); for MPS ask capacity.requests.memory (e.g. 10Gi) of the DeviceClass "
+        "mps.gpu.fracgpu.dev",
+    ),
+    (
         "wrong type",
         _claim_body("c", [_request("gpu", "10Gi")], _gpu_config(computeLimitPercent="50")),
         'spec.devices.config[0].opaque.parameters.computeLimitPercent: must be an integer between 1 and 100, got "50"',
