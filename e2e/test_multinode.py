@@ -162,10 +162,14 @@ def test_an_a100_selected_by_cel_asking_50gi_stays_pending_with_the_controllers_
                 break
         time.sleep(1)
     assert scheduled.get("reason") == "Unschedulable", scheduled
+    class_selectors = [
+        s["cel"]["expression"] for s in w.get(cluster, "deviceclass", w.DEVICE_CLASS)["spec"]["selectors"]
+    ]
+    assert class_selectors[0] == f'device.driver == "{w.DEVICE_CLASS}"'
+    of_class = "".join(f"`{e}` (of DeviceClass {w.DEVICE_CLASS}), " for e in class_selectors)
     assert message == (
         f"no GPU of {w.DEVICE_CLASS} can ever satisfy this claim: request 'gpu' asks for 50Gi of GPU memory, "
-        "but only 1 published GPU of 3 match selectors "
-        f'`device.driver == "{w.DEVICE_CLASS}"` (of DeviceClass {w.DEVICE_CLASS}), `{A100_SELECTOR}` (of the '
+        f"but only 1 published GPU of 3 match selectors {of_class}`{A100_SELECTOR}` (of the "
         "request), and the largest of them has 40Gi"
     ), message
 
