@@ -60,3 +60,12 @@ def format_bytes(value: int) -> str:
         if value and value % unit == 0:
             return f"{value // unit}{suffix}"
     return str(value)
+
+
+def granted_in_range(request: int, minimum: int, step: int) -> int:
+    """The amount a consumable capacity's `requestPolicy.validRange {min, step}` grants for `request`, as the
+    scheduler computes the allocation's `consumedCapacity`: `min` for a request below it, else the request rounded
+    up to `min` plus a whole number of steps (a `max` it exceeds makes the device ineligible instead)."""
+    if request <= minimum:
+        return minimum
+    return minimum + -(-(request - minimum) // step) * step

@@ -127,6 +127,8 @@ def _review(controller: Controller, spec: Any, prefix: str, namespace: str | Non
         hami_core_offered=facts.hami_core,
         nvml_offered=facts.nvml,
         mps_offered=facts.mps,
+        request_ranges=facts.request_ranges,
+        our_classes={*s.device_classes, *s.claim_classes},
     )
     return Review(problems=review.problems, warnings=(*review.warnings, *warned)) if warned else review
 

@@ -7,21 +7,25 @@ api/config_merge.py, with our DeviceClass's configs first), capacity requests ot
 amounts that are not positive whole numbers of bytes. Each problem names its field path, as `kubectl` users
 write it, and what is allowed. Warned: requests larger than any published GPU, `enforcement: hami-core`, `mps`
 or `nvml` while no published GPU offers it, and an `mps` request for more than one GPU (the node plugin refuses
-a claim whose MPS shares span GPUs: a CUDA process is the client of one MPS daemon).
+a claim whose MPS shares span GPUs: a CUDA process is the client of one MPS daemon). Warned too, since nothing
+else would say it: settings dropped or changed on the way, namely an opaque config of another driver that
+applies only to requests of our DeviceClasses (the kubelet hands it to no driver that reads it), a memory
+request the published GPUs' `requestPolicy` rounds up (naming the grant), and `computeLimitPercent` that no
+published GPU can apply (only the mps and hami-core tiers do).
 """
 
 import functools
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
 from api.config_merge import ConfigEntry, EntryError, MergeError, config_for
-from api.gpu_config import GpuConfigError, decode_gpu_config
-from api.names import MEMORY_CAPACITY
-from api.quantity import format_bytes, parse_quantity
+from api.gpu_config import GpuConfig, GpuConfigError, decode_gpu_config
+from api.names import CONFIG_API_VERSION, CONFIG_KIND, MEMORY_CAPACITY, MPS_DEVICE_CLASS_NAME
+from api.quantity import MiB, format_bytes, granted_in_range, parse_quantity
 
 log = logging.getLogger(__name__)
 
@@ -58,8 +62,40 @@ def _check_memory(value: object, path: str) -> tuple[int | None, str | None]:
     return int(parsed), None
 
 
+def _in_mib(value: int) -> str:
+    """`value` bytes in Mi when whole (`3072Mi`, the unit of the node plugin's memory step), else as it is."""
+    return f"{value // MiB}Mi" if value % MiB == 0 else format_bytes(value)
+
+
+def _rounding_warning(
+    field: str, request: str, value: object, memory: int, ranges: Sequence[tuple[int, int]]
+) -> list[str]:
+    """A warning when the published GPUs' `requestPolicy.validRange` rounds `memory` up, naming each grant."""
+    rounded = sorted({(granted_in_range(memory, low, step), low, step) for low, step in ranges})
+    rounded = [(grant, low, step) for grant, low, step in rounded if grant != memory]
+    if not rounded:
+        return []
+    grants = ", and ".join(
+        f"a {_in_mib(grant)} grant where the GPU's memory requestPolicy.validRange has min "
+        f"{format_bytes(low)}, step {format_bytes(step)}"
+        for grant, low, step in rounded
+    )
+    asked = _in_mib(rounded[0][0])
+    return [
+        f"{field}: request {request!r} asks for {value} of GPU memory ({memory} bytes), which the GPUs' request "
+        f"policy does not grant as asked: the scheduler rounds it up to {grants}; the share's limit, environment "
+        f"and info files are the grant, so ask for {asked} to write what it gets"
+    ]
+
+
 def _review_request(
-    exact: Mapping[str, Any], path: str, request: str, driver: str, largest: int | None
+    exact: Mapping[str, Any],
+    path: str,
+    request: str,
+    driver: str,
+    largest: int | None,
+    *,
+    ranges: Sequence[tuple[int, int]] = (),
 ) -> tuple[list[str], list[str]]:
     problems: list[str] = []
     warnings: list[str] = []
@@ -78,6 +114,8 @@ def _review_request(
                 f"offers (largest GPU has {format_bytes(largest)}); the claim stays pending until a larger GPU "
                 "is published"
             )
+        elif memory is not None:
+            warnings += _rounding_warning(field, request, value, memory, ranges)
     return problems, warnings
 
 
@@ -107,6 +145,7 @@ def _merged_problems(
         if not err.entry.from_class:
             return [], []
         return [], [f"{err.entry.where} is invalid ({err}): claims of it fail to prepare until it is fixed"]
+    compute = _compute_warnings(merged, path, request, offered)
     if merged.enforcement == "mps":
         warnings = []
         if offered.get("mps") is False:
@@ -128,12 +167,63 @@ def _merged_problems(
             "plugin found the HAMi-core library): the claim's pod fails to start on any node until one does"
         ]
     if merged.enforcement == "nvml" and offered.get("nvml") is False:
-        return [], [
+        compute.insert(
+            0,
             f"{path}: request {request!r} asks for enforcement 'nvml', but no published GPU offers it (attribute "
             "memoryEnforcement; nvml needs cgroup v2, a driver with nvmlDeviceSetMemoryLimits_v1 and driverEdits: "
-            "toolkit): the claim's pod fails to start on any node until one does"
-        ]
-    return [], []
+            "toolkit): the claim's pod fails to start on any node until one does",
+        )
+    return [], compute
+
+
+def _compute_warnings(merged: GpuConfig, path: str, request: str, offered: Mapping[str, bool | None]) -> list[str]:
+    """A warning when `merged` sets computeLimitPercent that no published GPU can apply to the request: only the
+    mps tier (an MPS GPU's active thread percentage) and the hami-core tier (CUDA_DEVICE_SM_LIMIT) apply it.
+    None for `enforcement` mps or hami-core (their own warnings say when no GPU offers them)."""
+    percent = merged.compute_limit_percent
+    if percent is None or merged.enforcement in ("mps", "hami-core"):
+        return []
+    if merged.enforcement == "nvml":
+        why = "enforcement 'nvml' does not apply it"
+    elif offered.get("mps") is False and offered.get("hami-core") is False:
+        why = "no published GPU can enforce it (none is an MPS GPU or offers hami-core)"
+    else:
+        return []
+    return [
+        f"{path}: request {request!r} sets computeLimitPercent {percent}, but {why}: the share gets the GPU's "
+        "compute unlimited; only the mps tier applies it, as the MPS active thread percentage (MPS GPUs, attribute "
+        f"mps: ask the DeviceClass {MPS_DEVICE_CLASS_NAME}), and the hami-core tier, as CUDA_DEVICE_SM_LIMIT"
+    ]
+
+
+def _request_owners(requests: Sequence[Mapping[str, Any]], classes: Collection[str]) -> dict[str, bool]:
+    """Whether each request name (and `request/alternative` of `firstAvailable`) asks only for `classes`."""
+    owners: dict[str, bool] = {}
+    for req in requests:
+        name = str(req.get("name", ""))
+        if req.get("exactly"):
+            owners[name] = req["exactly"].get("deviceClassName") in classes
+            continue
+        subs = req.get("firstAvailable") or []
+        for sub in subs:
+            owners[f"{name}/{sub.get('name', '')}"] = sub.get("deviceClassName") in classes
+        owners[name] = bool(subs) and all(sub.get("deviceClassName") in classes for sub in subs)
+    return owners
+
+
+def _foreign_config_warning(config: Mapping[str, Any], path: str, driver: str, owners: Mapping[str, bool]) -> list[str]:
+    """A warning for an opaque config of another driver that applies only to requests of our DeviceClasses."""
+    other = (config.get("opaque") or {}).get("driver")
+    named = [str(n) for n in config.get("requests") or ()] or list(owners)
+    if not other or not named or not all(owners.get(n) for n in named):
+        return []
+    return [
+        f"{path}.opaque: a config for driver {other!r} on request(s) {', '.join(repr(n) for n in named)}, which "
+        f"only {driver} prepares: {driver} ignores other drivers' configs, so none of its settings take effect; "
+        f"to configure these requests write a GpuConfig (apiVersion {CONFIG_API_VERSION}, kind {CONFIG_KIND}) "
+        f"under opaque with driver: {driver} (GPU memory is asked as capacity.requests.memory, compute as "
+        "computeLimitPercent)"
+    ]
 
 
 def _total(review: Callable[..., Review]) -> Callable[..., Review]:
@@ -162,6 +252,8 @@ def review_claim_spec(
     hami_core_offered: bool | None = None,
     nvml_offered: bool | None = None,
     mps_offered: bool | None = None,
+    request_ranges: Sequence[tuple[int, int]] = (),
+    our_classes: Collection[str] = (),
 ) -> Review:
     """Review a ResourceClaimSpec found at field path `prefix` (`spec` or `spec.spec` for templates).
 
@@ -169,7 +261,9 @@ def review_claim_spec(
     requests above it pass with a warning, since a larger GPU may join later. `class_configs` are the
     `opaque.parameters` of our DeviceClass's configs for `driver` (merged before the claim's);
     `hami_core_offered` / `nvml_offered` / `mps_offered` whether some published GPU offers HAMi-core / nvml / mps
-    enforcement (None when none is published). Never raises: a spec that is not shaped like a ResourceClaimSpec is refused.
+    enforcement (None when none is published); `request_ranges` the `(min, step)` of the published GPUs' memory
+    `requestPolicy.validRange`; `our_classes` our driver's further DeviceClasses (an opaque config of another
+    driver on requests of only these and `device_class` is ignored by every driver). Never raises: a spec that is not shaped like a ResourceClaimSpec is refused.
     """
     devices = (spec or {}).get("devices") or {}
     problems: list[str] = []
@@ -179,11 +273,13 @@ def review_claim_spec(
         ConfigEntry(parameters=p, from_class=True, where=f"GpuConfig {k + 1} of DeviceClass {device_class}")
         for k, p in enumerate(class_configs)
     ]
+    owners = _request_owners(devices.get("requests") or [], {device_class, *our_classes})
     for k, config in enumerate(devices.get("config") or []):
         opaque = config.get("opaque") or {}
-        if opaque.get("driver") != driver:
-            continue
         path = f"{prefix}.devices.config[{k}]"
+        if opaque.get("driver") != driver:
+            warnings += _foreign_config_warning(config, path, driver, owners)
+            continue
         entries.append(
             ConfigEntry(parameters=opaque.get("parameters"), requests=tuple(config.get("requests") or ()), where=path)
         )
@@ -201,7 +297,7 @@ def review_claim_spec(
         ]
         for exact, path, request in alternatives:
             if exact.get("deviceClassName") == device_class:
-                p, w = _review_request(exact, path, request, driver, largest)
+                p, w = _review_request(exact, path, request, driver, largest, ranges=request_ranges)
                 problems += p
                 warnings += w
                 offered = {"hami-core": hami_core_offered, "nvml": nvml_offered, "mps": mps_offered}

@@ -41,6 +41,9 @@ class DeviceRecord(BaseModel):
     memory_total: int
     max_request: int
     """The largest memory request the device's request policy admits (≤ memory_total)."""
+    request_range: tuple[int, int] | None = None
+    """`(min, step)` of its memory capacity's `requestPolicy.validRange` (None: no range; requests are granted as
+    they are)."""
     attributes: dict[str, dict[str, bool | int | str]] = {}
     """Its attributes as DRA CEL sees them: domain -> name -> value (unqualified names are in the driver's
     domain); `version` attributes are left out (selectors.py does not evaluate them)."""
@@ -253,6 +256,7 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
             continue  # not a GPU shareable by memory: nothing to account
         valid_range = (memory.get("requestPolicy") or {}).get("validRange") or {}
         max_request = quantity_bytes(valid_range.get("max")) if valid_range.get("max") is not None else None
+        range_min, range_step = quantity_bytes(valid_range.get("min")), quantity_bytes(valid_range.get("step"))
         index = _attribute(attributes, "index", driver, "int")
         kind = str(_attribute(attributes, mig.TYPE_ATTRIBUTE, driver, "string") or mig.TYPE_GPU)
         if kind == mig.TYPE_MIG_PARENT:
@@ -269,6 +273,7 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
                 product_name=_attribute(attributes, "productName", driver, "string"),
                 memory_total=total,
                 max_request=min(total, max_request) if max_request is not None else total,
+                request_range=(range_min, range_step) if range_min is not None and range_step else None,
                 attributes=_cel_attributes(attributes, driver),
                 hami_core=_attribute(attributes, "hamiCore", driver, "bool") is True,
                 memory_enforcement=_attribute(attributes, "memoryEnforcement", driver, "string"),

@@ -18,6 +18,9 @@ class AdmissionFacts(NamedTuple):
     """Whether some published GPU offers nvml enforcement; None when no GPU is published."""
     mps: bool | None = None
     """Whether some published GPU is an MPS GPU; None when no GPU is published."""
+    request_ranges: tuple[tuple[int, int], ...] = ()
+    """The distinct `(min, step)` of the published GPUs' memory `requestPolicy.validRange`, sorted: how the
+    scheduler rounds a memory request up to the grant it allocates (`api.quantity.granted_in_range`)."""
     device_class: DeviceClassView | None = None
     """Our DeviceClass as the cluster has it; None when it is not (or not yet) seen."""
 
@@ -32,5 +35,6 @@ def admission_facts(devices: Iterable[DeviceRecord], device_class: DeviceClassVi
         hami_core=any(d.hami_core for d in published),
         nvml=any(d.memory_enforcement == "nvml" for d in published),
         mps=any(d.memory_enforcement == "mps" for d in published),
+        request_ranges=tuple(sorted({d.request_range for d in published if d.request_range is not None})),
         device_class=device_class,
     )

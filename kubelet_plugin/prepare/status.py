@@ -16,6 +16,7 @@ from api.gpu import ENFORCEMENT_CONDITION, ENFORCEMENT_REASONS
 from api.gpu_config import GpuConfigError
 from api.kube_rest import KubeRest, claim_path
 from api.mig import PARTITION_CONDITION, PARTITION_REASON
+from api.names import MPS_DEVICE_CLASS_NAME
 from kubelet_plugin.core.model import MigRecord
 
 FIELD_MANAGER = "fracgpu-kubelet-plugin"
@@ -88,14 +89,27 @@ def _enforcement_message(tier: str) -> str:
     return "GPU memory not enforced: the grant is advisory (scheduler accounting, env and info files)"
 
 
+def _compute_percent(claim: dict[str, Any], result: Mapping[str, Any], driver: str) -> int | None:
+    """The computeLimitPercent of one allocated request's merged GpuConfig (None: unset or unreadable)."""
+    entries = allocation_entries(claim["status"]["allocation"]["devices"].get("config"), driver)
+    try:
+        return config_for(entries, str(result["request"])).compute_limit_percent
+    except (EntryError, GpuConfigError):
+        return None
+
+
+def _compute_not_enforced(percent: int) -> str:
+    """What the MemoryEnforcement message adds for a share of a tier that does not apply computeLimitPercent."""
+    return (
+        f"computeLimitPercent {percent} is not enforced on this tier: only mps (MPS GPUs, DeviceClass "
+        f"{MPS_DEVICE_CLASS_NAME}) and hami-core apply it"
+    )
+
+
 def _mps_limits(claim: dict[str, Any], result: Mapping[str, Any], driver: str) -> str:
     """`MPS limits: memory <grant>, active threads <percentage>` of one mps share, from its allocation."""
     memory = (result.get("consumedCapacity") or {}).get("memory", "the whole GPU")
-    entries = allocation_entries(claim["status"]["allocation"]["devices"].get("config"), driver)
-    try:
-        percent = config_for(entries, str(result["request"])).compute_limit_percent
-    except (EntryError, GpuConfigError):
-        percent = None
+    percent = _compute_percent(claim, result, driver)
     return f"MPS limits: memory {memory}, active threads {f'{percent} %' if percent else 'the GPU default'}"
 
 
@@ -125,6 +139,8 @@ def apply_ready(
         message = _enforcement_message(tier)
         if tier == "mps":
             message = f"{_mps_limits(claim, result, driver)}; {message}"
+        elif tier in {"none", "nvml"} and (percent := _compute_percent(claim, result, driver)) is not None:
+            message = f"{message}; {_compute_not_enforced(percent)}"
         entry["conditions"] = [
             {
                 "type": "Ready",

@@ -738,6 +738,32 @@ def test_admission_warns_when_mps_is_asked_and_no_gpu_is_an_mps_gpu(
     )
 
 
+def test_admission_warns_of_settings_that_would_be_dropped_or_rounded(
+    controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    """Another driver's config on our request, a request the published 256Mi step rounds up, and
+    computeLimitPercent under enforcement nvml: each a warning on the real API server's answer."""
+    nvidia_mps = {
+        "opaque": {
+            "driver": "gpu.nvidia.com",
+            "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1",
+                "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "10Gi"}},
+            },
+        }
+    }
+    config = [*_gpu_config(enforcement="nvml", computeLimitPercent=30), nvidia_mps]
+    body = _claim_body("dropped", [_request("gpu", "3000M")], config)
+    warning = _create_warnings(api_client, namespace, body, dry_run=True)
+    assert (
+        "spec.devices.config[1].opaque: a config for driver 'gpu.nvidia.com' on request(s) 'gpu', which only "
+        "gpu.fracgpu.dev prepares: gpu.fracgpu.dev ignores other drivers' configs" in warning
+    ), warning
+    assert "rounds it up to a 3072Mi grant where the GPU's memory requestPolicy.validRange has min 256Mi" in warning
+    assert "request 'gpu' sets computeLimitPercent 30, but enforcement 'nvml' does not apply it" in warning
+
+
 # ----- events and the ledger following slices -----------------------------------------------------------
 
 

@@ -8,7 +8,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from kubernetes.utils import parse_quantity as upstream
 
-from api.quantity import parse_quantity, to_bytes
+from api.quantity import MiB, granted_in_range, parse_quantity, to_bytes
 
 #: Numbers as Decimal reads them (signs, exponents, points, underscores, NaN/Infinity, spaces) and suffixes.
 PIECES = ["0", "1", "5", "9", "12", ".", "e", "E", "+", "-", "_", " ", "i", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
@@ -49,3 +49,15 @@ def test_to_bytes_rounds_up_and_names_bad_input() -> None:
     for bad in ("10GB", "ten", "NaN", "Infinity", "-Infinity"):
         with pytest.raises(ValueError, match=f"{bad!r} is not"):
             to_bytes(bad)
+
+
+@pytest.mark.parametrize(
+    ("request_bytes", "grant"),
+    [(3_000_000_000, 3072 * MiB), (3072 * MiB, 3072 * MiB), (MiB, 256 * MiB), (256 * MiB + 1, 512 * MiB)],
+)
+def test_a_valid_range_grants_min_or_the_request_rounded_up_by_steps(request_bytes: int, grant: int) -> None:
+    assert granted_in_range(request_bytes, 256 * MiB, 256 * MiB) == grant
+
+
+def test_a_valid_range_counts_its_steps_from_min() -> None:
+    assert granted_in_range(1500 * MiB, 1000 * MiB, 300 * MiB) == 1600 * MiB

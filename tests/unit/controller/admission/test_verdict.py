@@ -5,7 +5,7 @@ from typing import Any
 import pytest
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
-from api.quantity import GiB
+from api.quantity import GiB, MiB
 from controller.admission.verdict import Review, review_claim_spec
 from tests.unit.scheduler_claims import extended_resource_claim
 
@@ -271,3 +271,140 @@ def test_a_thread_percentage_out_of_range_is_refused_with_its_path() -> None:
     assert out.problems == (
         "spec.devices.config[0].opaque.parameters.computeLimitPercent: must be an integer between 1 and 100, got 101",
     )
+
+
+# Settings dropped or changed on the way (issue 30): warned, never silent.
+
+STEP_256MI = (256 * MiB, 256 * MiB)
+"""The (min, step) of the node plugin's published memory requestPolicy.validRange (default --memory-step)."""
+
+
+def test_a_request_the_request_policy_rounds_up_is_warned_naming_the_grant() -> None:
+    out = review_claim_spec(
+        spec([req("3000M")]), "spec", driver=DRIVER_NAME, device_class=DEVICE_CLASS_NAME, largest=80 * GiB,
+        request_ranges=(STEP_256MI,),
+    )  # fmt: skip
+    assert out.allowed
+    assert out.warnings == (
+        "spec.devices.requests[0].exactly.capacity.requests.memory: request 'gpu' asks for 3000M of GPU memory "
+        "(3000000000 bytes), which the GPUs' request policy does not grant as asked: the scheduler rounds it up to "
+        "a 3072Mi grant where the GPU's memory requestPolicy.validRange has min 256Mi, step 256Mi; the share's "
+        "limit, environment and info files are the grant, so ask for 3072Mi to write what it gets",
+    )
+
+
+def test_each_published_request_policy_that_rounds_is_named() -> None:
+    out = review_claim_spec(
+        spec([req("100Mi")]), "spec", driver=DRIVER_NAME, device_class=DEVICE_CLASS_NAME, largest=80 * GiB,
+        request_ranges=(STEP_256MI, (GiB, GiB)),
+    )  # fmt: skip
+    (warning,) = out.warnings
+    assert (
+        "rounds it up to a 256Mi grant where the GPU's memory requestPolicy.validRange has min 256Mi, step 256Mi, "
+        "and a 1024Mi grant where the GPU's memory requestPolicy.validRange has min 1Gi, step 1Gi;" in warning
+    ), warning
+
+
+@pytest.mark.parametrize(("memory", "ranges"), [("3Gi", (STEP_256MI,)), ("3072Mi", (STEP_256MI,)), ("3000M", ())])
+def test_requests_granted_as_asked_or_with_no_published_policy_are_not_warned(
+    memory: str, ranges: tuple[tuple[int, int], ...]
+) -> None:
+    out = review_claim_spec(
+        spec([req(memory)]), "spec", driver=DRIVER_NAME, device_class=DEVICE_CLASS_NAME, largest=80 * GiB,
+        request_ranges=ranges,
+    )  # fmt: skip
+    assert out == Review()
+
+
+NVIDIA_MPS = {
+    "apiVersion": "resource.nvidia.com/v1beta1",
+    "kind": "GpuConfig",
+    "sharing": {"strategy": "MPS", "mpsConfig": {"defaultPinnedDeviceMemoryLimit": "10Gi"}},
+}
+
+
+def foreign(requests: list[str] | None) -> list[dict[str, Any]]:
+    config: dict[str, Any] = {"opaque": {"driver": "gpu.nvidia.com", "parameters": NVIDIA_MPS}}
+    if requests is not None:
+        config["requests"] = requests
+    return [config]
+
+
+def review_ours(claim: dict[str, Any]) -> Review:
+    return review_claim_spec(
+        claim, "spec", driver=DRIVER_NAME, device_class=DEVICE_CLASS_NAME, largest=80 * GiB,
+        our_classes={"mps.gpu.fracgpu.dev", "mig.gpu.fracgpu.dev"},
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("requests", [["gpu"], None])
+def test_another_drivers_config_on_only_our_requests_is_warned_as_ignored(requests: list[str] | None) -> None:
+    out = review_ours(spec([req("10Gi", device_class="mps.gpu.fracgpu.dev")], foreign(requests)))
+    assert out.allowed
+    assert out.warnings == (
+        "spec.devices.config[0].opaque: a config for driver 'gpu.nvidia.com' on request(s) 'gpu', which only "
+        "gpu.fracgpu.dev prepares: gpu.fracgpu.dev ignores other drivers' configs, so none of its settings take "
+        "effect; to configure these requests write a GpuConfig (apiVersion fracgpu.dev/v1alpha1, kind GpuConfig) "
+        "under opaque with driver: gpu.fracgpu.dev (GPU memory is asked as capacity.requests.memory, compute as "
+        "computeLimitPercent)",
+    )
+
+
+def test_another_drivers_config_on_a_first_available_request_of_ours_is_warned() -> None:
+    request = {"name": "gpu", "firstAvailable": [{"name": "big", "deviceClassName": DEVICE_CLASS_NAME}]}
+    out = review_ours(spec([request], foreign(["gpu/big"])))
+    (warning,) = out.warnings
+    assert warning.startswith("spec.devices.config[0].opaque: a config for driver 'gpu.nvidia.com' on request(s) "
+                              "'gpu/big', which only gpu.fracgpu.dev prepares")  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "claim",
+    [
+        spec([req("10Gi"), req(None, "nic", device_class="nic.example.com")], foreign(None)),
+        spec([req("10Gi"), req(None, "nic", device_class="nic.example.com")], foreign(["gpu", "nic"])),
+        spec([req(None, "nic", device_class="nic.example.com")], foreign(["nic"])),
+        spec([{"name": "gpu", "firstAvailable": [
+            {"name": "ours", "deviceClassName": DEVICE_CLASS_NAME},
+            {"name": "theirs", "deviceClassName": "gpu.nvidia.com"},
+        ]}], foreign(None)),
+    ],
+)  # fmt: skip
+def test_another_drivers_config_that_may_reach_its_own_devices_is_not_warned(claim: dict[str, Any]) -> None:
+    assert review_ours(claim) == Review()
+
+
+def review_compute(parameters: dict[str, Any], mps: bool | None, hami_core: bool | None) -> Review:
+    return review_claim_spec(
+        spec([req("10Gi")], opaque(parameters)), "spec", driver=DRIVER_NAME, device_class=DEVICE_CLASS_NAME,
+        largest=80 * GiB, mps_offered=mps, hami_core_offered=hami_core, nvml_offered=True,
+    )  # fmt: skip
+
+
+def test_compute_limit_percent_no_published_gpu_can_enforce_is_warned() -> None:
+    out = review_compute({**HEAD, "computeLimitPercent": 30}, mps=False, hami_core=False)
+    assert out.allowed
+    assert out.warnings == (
+        "spec.devices.requests[0].exactly: request 'gpu' sets computeLimitPercent 30, but no published GPU can "
+        "enforce it (none is an MPS GPU or offers hami-core): the share gets the GPU's compute unlimited; only the "
+        "mps tier applies it, as the MPS active thread percentage (MPS GPUs, attribute mps: ask the DeviceClass "
+        "mps.gpu.fracgpu.dev), and the hami-core tier, as CUDA_DEVICE_SM_LIMIT",
+    )
+
+
+def test_compute_limit_percent_with_enforcement_nvml_is_warned_as_not_applied() -> None:
+    out = review_compute({**HEAD, "enforcement": "nvml", "computeLimitPercent": 40}, mps=True, hami_core=True)
+    (warning,) = out.warnings
+    assert warning.startswith(
+        "spec.devices.requests[0].exactly: request 'gpu' sets computeLimitPercent 40, but enforcement 'nvml' does "
+        "not apply it: the share gets the GPU's compute unlimited;"
+    ), warning
+
+
+@pytest.mark.parametrize(
+    ("mps", "hami_core"), [(True, False), (False, True), (None, None)]
+)  # fmt: skip
+def test_compute_limit_percent_some_gpu_can_enforce_or_none_published_is_not_warned(
+    mps: bool | None, hami_core: bool | None
+) -> None:
+    assert review_compute({**HEAD, "computeLimitPercent": 30}, mps=mps, hami_core=hami_core) == Review()

@@ -7,6 +7,7 @@ The factories are in tests/unit/controller_factories.py.
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB, MiB
 from controller.core.model import claim_view, current_devices, device_class_view, quantity_bytes, slice_view
+from controller.devices.facts import admission_facts
 from kubelet_plugin.publishing.slices import build_slices
 from tests.unit.controller_factories import NODE, claim, gpu, memory_request, result, slices
 from tests.unit.scheduler_claims import extended_resource_claim
@@ -23,6 +24,17 @@ def test_slice_view_reads_what_the_node_plugin_publishes() -> None:
     assert first.product_name == "NVIDIA H100 80GB HBM3"
     assert first.memory_total == first.max_request == 80 * GiB
     assert [d.device for d in view.devices] == ["gpu-0", "gpu-1"]
+
+
+def test_slice_view_reads_the_request_policys_min_and_step_and_admission_facts_collect_them() -> None:
+    """What the admission warning about rounded requests computes grants from (controller/devices/facts.py)."""
+    view = slice_view(slices(count=2)[0], DRIVER_NAME)
+    assert view is not None
+    assert [d.request_range for d in view.devices] == [(256 * MiB, 256 * MiB)] * 2
+    coarse = view.devices[1].model_copy(update={"request_range": (GiB, GiB)})
+    bare = view.devices[0].model_copy(update={"request_range": None})
+    facts = admission_facts([*view.devices, coarse, bare], None)
+    assert facts.request_ranges == ((256 * MiB, 256 * MiB), (GiB, GiB))
 
 
 def test_slice_view_ignores_other_drivers_and_devices_without_memory() -> None:
