@@ -133,6 +133,9 @@ class InfoFile:
     container_path: str
     info: RequestInfo
 
+    def content(self) -> bytes:
+        return self.info.to_json()
+
 
 class InfoNameError(ValueError):
     """A name cannot be turned into a collision-free env name or file name."""

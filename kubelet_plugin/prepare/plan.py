@@ -6,7 +6,7 @@ entries, each scoped by `requests` (a config naming `gpu` also applies to the su
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -21,10 +21,11 @@ from kubelet_plugin.enforcement.tiers import EnforcementUnavailableError, GpuTie
 from kubelet_plugin.mps import layout as mps
 from kubelet_plugin.prepare import cdi
 from kubelet_plugin.prepare import container_info as info
+from kubelet_plugin.prepare import device_metadata as meta
 from kubelet_plugin.prepare.container_info import VOID, library_problem
 from kubelet_plugin.prepare.devicenodes import DeviceNodeError, DeviceNodeSnapshot, HostDeviceNode
 from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
-from kubelet_plugin.publishing.slices import MigDevice, usable_memory
+from kubelet_plugin.publishing.slices import MigDevice, device_entry, partition_entry, usable_memory
 
 HAMI_LIBRARY_IN_CONTAINER = "/usr/local/vgpu/libvgpu.so"
 HAMI_CACHE_IN_CONTAINER = "/tmp/fracgpu-hami"
@@ -54,6 +55,8 @@ class _Share:
     config: GpuConfig
     tier: Tier = "none"
     partition: PreparedPartition | None = None
+    attributes: Mapping[str, Any] = field(default_factory=dict)
+    """The device's attributes as its ResourceSlice publishes them (for the device metadata)."""
 
     @property
     def base_request(self) -> str:
@@ -73,6 +76,7 @@ class ClaimPlan:
     devices: tuple[PreparedDevice, ...]
     nodes: tuple[HostDeviceNode, ...] = ()  # every device node the spec names, as found on the host
     files: tuple[info.InfoFile, ...] = ()  # one per request, mounted by each of its devices
+    metadata: tuple[meta.MetadataFile, ...] = ()  # Kubernetes' device metadata: one per request, mounted likewise
     hami_core: bool = False
     tiers: tuple[tuple[str, str, str | None, Tier], ...] = ()
     """(pool, device, shareID, tier) per result: the enforcement this spec applies (for the claim's status)."""
@@ -123,6 +127,7 @@ def plan_claim(
     nodes: DeviceNodeSnapshot,
     mig_devices: Mapping[str, MigDevice] | None = None,
     partitions: Mapping[str, PreparedPartition] | None = None,
+    hami_core_installed: bool = False,
 ) -> ClaimPlan:
     """Compute the CDI spec and kubelet answer for an allocated claim; raises PrepareError. Pure: everything
     about the host comes in as arguments (``nodes``: the device nodes as the caller found them).
@@ -139,6 +144,10 @@ def plan_claim(
     device of tier ``mig`` whose instances the caller made (``partitions``: device name -> them): its GPU's node,
     the capability nodes of its instances, the partition's memory as its grant and its MIG UUID and profile. A
     MIG GPU itself (``--mig-gpus``) is never prepared.
+
+    Each request also gets Kubernetes' device metadata file (``device_metadata``): its devices with the attributes
+    their ResourceSlice publishes, for which ``hami_core_installed`` says whether HAMi-core's library is on the node (the
+    publisher's attribute ``hamiCore``) and ``tiers`` gives each GPU's published ``memoryEnforcement``.
     """
     driver = settings.driver_name
     toolkit = settings.driver_edits == "toolkit"
@@ -173,7 +182,10 @@ def plan_claim(
                     "not apply; leave it out of this request's GpuConfig",
                 )
             memory = partition[1].record.memory_mib
-            shares.append(_Share(result, partition[0].gpu, memory, config, tier="mig", partition=partition[1]))
+            published = partition_entry(partition[0])["attributes"]
+            shares.append(
+                _Share(result, partition[0].gpu, memory, config, "mig", partition=partition[1], attributes=published)
+            )
             continue
         gpu = gpus.get(result["device"])
         if gpu is None:
@@ -195,7 +207,13 @@ def plan_claim(
             if consumed is not None
             else usable_memory(gpu, settings.memory_step_bytes, settings.memory_reserve_bytes)
         )
-        shares.append(_Share(result, gpu, granted // MiB, _config_for(result, entries)))
+        step, reserve, tier = (
+            settings.memory_step_bytes,
+            settings.memory_reserve_bytes,
+            tiers[gpu.device_name].published,
+        )
+        published = device_entry(gpu, step, reserve, hami_core_installed, tier)["attributes"]
+        shares.append(_Share(result, gpu, granted // MiB, _config_for(result, entries), attributes=published))
     shares = _with_tiers(shares, settings, tiers, uid)
 
     by_request: dict[str, list[_Share]] = defaultdict(list)
@@ -214,6 +232,7 @@ def plan_claim(
     answer: list[PreparedDevice] = []
     host_nodes: list[HostDeviceNode] = []
     files: list[info.InfoFile] = []
+    metadata: list[meta.MetadataFile] = []
     for request, group in by_request.items():
         request_info = info.RequestInfo(
             claim=claim_name,
@@ -226,10 +245,20 @@ def plan_claim(
         except info.InfoNameError as err:
             raise PrepareError(ErrorKind.INVALID_NAME, str(err)) from None
         files.append(file)
+        metadata.append(_metadata_file(claim, driver, request, group, file.host_path.parent))
         for share, device_info in zip(group, request_info.devices, strict=True):
             share_nodes = _nodes(nodes, share)
             host_nodes += share_nodes
-            edits = _edits(share, group, device_info, request_info, file, settings=settings, nodes=share_nodes)
+            edits = _edits(
+                share,
+                group,
+                device_info,
+                request_info,
+                file,
+                metadata=metadata[-1],
+                settings=settings,
+                nodes=share_nodes,
+            )
             name = cdi.cdi_device_name(uid, share.result["device"], share.share_id)
             devices.append(cdi.Device(name=name, container_edits=edits))
             answer.append(
@@ -253,10 +282,28 @@ def plan_claim(
         devices=tuple(answer),
         nodes=tuple(host_nodes),
         files=tuple(files),
+        metadata=tuple(metadata),
         hami_core=hami_core,
         tiers=tuple((s.result["pool"], s.result["device"], s.share_id, s.tier) for s in shares),
         mps_domain=mps_trust_domain(claim, settings) if any(s.tier == "mps" for s in shares) else None,
     )
+
+
+def _metadata_file(
+    claim: dict[str, Any], driver: str, request: str, group: list[_Share], info_dir: Path
+) -> meta.MetadataFile:
+    """The device metadata of one (base) request: its devices in the order of its info file."""
+    devices = [
+        meta.Device(
+            driver=driver, pool=s.result["pool"], name=s.result["device"], attributes=meta.attributes(s.attributes)
+        )
+        for s in group
+    ]
+    try:
+        request_ref = str(group[0].result["request"])
+        return meta.metadata_file(claim, driver, request, request_ref=request_ref, devices=devices, info_dir=info_dir)
+    except meta.MetadataNameError as err:
+        raise PrepareError(ErrorKind.INVALID_NAME, str(err)) from None
 
 
 def _partition(
@@ -419,10 +466,12 @@ def _edits(
     request: info.RequestInfo,
     file: info.InfoFile,
     *,
+    metadata: meta.MetadataFile,
     settings: Settings,
     nodes: list[HostDeviceNode],
 ) -> cdi.ContainerEdits:
-    """Edits for one device: constants, its own FRACGPU_DEV_<KEY>_* names, its request's file and (identical
+    """Edits for one device: constants, its own FRACGPU_DEV_<KEY>_* names, its request's file and device
+    metadata file and (identical
     across the request's devices, which always travel together) NVIDIA_VISIBLE_DEVICES (the request's UUIDs, a
     MIG partition's MIG UUID, with driver edits ``none``; ``void`` with ``toolkit``) and HAMi-core's env."""
     env = dict(CONSTANT_ENV)
@@ -432,7 +481,8 @@ def _edits(
     if settings.driver_edits == "toolkit":  # the spec carries the driver: no nvidia runtime may inject it again
         env["NVIDIA_VISIBLE_DEVICES"] = VOID.partition("=")[2]
     mounts = [
-        cdi.Mount(host_path=str(file.host_path), container_path=file.container_path, options=info.mount_options())
+        cdi.Mount(host_path=str(f.host_path), container_path=f.container_path, options=info.mount_options())
+        for f in (file, metadata)
     ]
     hooks = []
     if share.tier == "nvml":

@@ -447,6 +447,7 @@ class Preparer:
                 nodes=self._partitions.with_cap_nodes(nodes, partitions),
                 mig_devices=self._partitions.devices,
                 partitions=partitions,
+                hami_core_installed=self._settings.hami_core_library.is_file(),  # as the publisher says
             )
             uid = claim["metadata"]["uid"]
             self._admit_mps(plan, uid, checkpoint)

@@ -1,4 +1,5 @@
-"""The files a prepared claim has on the node: its CDI spec, its per-request info files and its HAMi-core files.
+"""The files a prepared claim has on the node: its CDI spec, its per-request info and device metadata files and its
+HAMi-core files.
 
 Replacing writes are atomic (``filelock.atomic_write``): a reader sees the old or the new file, never a torn
 one; the info files of a claim's new directory are written in place (``write_claim_files``).
@@ -17,10 +18,12 @@ from pathlib import Path
 
 from kubelet_plugin.core.filelock import atomic_write, remove_temp_files, write_new
 from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.prepare import cdi, container_info
+from kubelet_plugin.prepare import cdi, container_info, device_metadata
 from kubelet_plugin.prepare.plan import ClaimPlan, hami_cache_dir, hami_cache_root, hami_preload_file
 
 HAMI_PRELOAD = b"/usr/local/vgpu/libvgpu.so\n"
+ClaimFile = container_info.InfoFile | device_metadata.MetadataFile
+"""A file of a claim's directory: a request's info file or its device metadata."""
 
 
 class ClaimStore:
@@ -32,11 +35,12 @@ class ClaimStore:
         self._driver = settings.driver_name
 
     def write(self, claim_uid: str, plan: ClaimPlan) -> None:
-        """Write the plan's info files, HAMi-core files, then its spec (everything the spec mounts exists before
+        """Write the plan's info and metadata files, HAMi-core files, then its spec (everything the spec mounts exists before
         the spec does). Nothing is written for a plan without a spec. Raises OSError."""
         if plan.spec is None:
             return
-        write_claim_files(container_info.claim_info_dir(self._settings.plugin_data_dir, claim_uid), list(plan.files))
+        directory = container_info.claim_info_dir(self._settings.plugin_data_dir, claim_uid)
+        write_claim_files(directory, [*plan.files, *plan.metadata])
         if plan.hami_core:
             self._write_hami_files(claim_uid)
         write_spec(self._cdi_dir, claim_uid, plan.spec, self._driver)
@@ -143,7 +147,7 @@ def list_spec_claim_uids(cdi_dir: Path, driver: str) -> set[str]:
     return uids
 
 
-def write_claim_files(directory: Path, files: list[container_info.InfoFile]) -> None:
+def write_claim_files(directory: Path, files: list[ClaimFile]) -> None:
     """Write each file whose content changed and delete files of requests the claim no longer has. All files
     must be in `directory`. Raises OSError.
 
@@ -163,7 +167,7 @@ def write_claim_files(directory: Path, files: list[container_info.InfoFile]) -> 
     for f in files:
         if f.host_path.parent != directory:
             raise ValueError(f"{f.host_path} is not in {directory}")
-        content = f.info.to_json()
+        content = f.content()
         if created:
             write_new(f.host_path, content, container_info.INFO_FILE_MODE)
             continue

@@ -16,6 +16,7 @@ from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.enforcement.tiers import GpuTiers, NodeFacts, NvmlLimits, gpu_tiers
 from kubelet_plugin.prepare import cdi, devicenodes, store
 from kubelet_plugin.prepare import container_info as info
+from kubelet_plugin.prepare import device_metadata as meta
 from kubelet_plugin.prepare.cdi import ContainerEdits, Device
 from kubelet_plugin.prepare.devicenodes import DeviceNodeSnapshot
 from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
@@ -53,6 +54,7 @@ def planned(
     tiers: dict[str, GpuTiers] | None = None,
     *,
     nodes: dict[str, tuple[int, int]] | DeviceNodeSnapshot | None = None,
+    hami_core_installed: bool = False,
 ) -> ClaimPlan:
     """`plan_claim` with the tests' defaults: the device nodes NODES (or `nodes`) under the driver root, and the
     tiers a node without nvml offers (HAMi-core where its library is), as the plugin detects them."""
@@ -60,7 +62,9 @@ def planned(
         tiers = EnforcementDetector.without_nvml(settings, list(gpus.values()), "nvml was not detected").tiers()
     if not isinstance(nodes, DeviceNodeSnapshot):
         nodes = DeviceNodeSnapshot.of(settings.driver_root, NODES if nodes is None else nodes)
-    return plan_claim(allocated, settings, gpus, driver_edits, tiers, nodes=nodes)
+    return plan_claim(
+        allocated, settings, gpus, driver_edits, tiers, nodes=nodes, hami_core_installed=hami_core_installed
+    )
 
 
 def without(name: str) -> dict[str, tuple[int, int]]:
@@ -261,7 +265,8 @@ def test_devices_that_can_meet_in_a_container_never_set_one_name_to_two_values(s
     collisions = {k: v for k, v in values.items() if len(v) > 1}
     assert set(collisions) <= LAST_WINS_ENV, collisions
     mounts = [m.container_path for d in devices for m in d.container_edits.mounts]
-    assert len(set(mounts)) == 3 and all(m.startswith("/run/fracgpu/") for m in mounts)
+    assert len(set(mounts)) == len(mounts) == 6, "each request its own info and metadata file"
+    assert sorted(m.split("/")[1] for m in mounts) == ["run"] * 3 + ["var"] * 3
 
 
 def test_nvidia_visible_devices_names_only_gpus_the_device_brings(settings: Settings) -> None:
@@ -312,8 +317,14 @@ def test_request_files_agree_with_the_allocation(settings: Settings) -> None:
     answer_ids = {i for d in plan.devices for i in d.cdi_device_ids}
     for device in plan.spec.devices:
         vars_ = own_vars(device)
-        (mount,) = device.container_edits.mounts
+        mount, metadata_mount = device.container_edits.mounts
         file = files[vars_["REQUEST"]]
+        (metadata,) = [m for m in plan.metadata if m.metadata.requests[0].name.split("/")[0] == vars_["REQUEST"]]
+        assert (metadata_mount.host_path, metadata_mount.container_path, metadata_mount.options) == (
+            str(metadata.host_path),
+            metadata.container_path,
+            mount.options,
+        )
         assert (mount.host_path, mount.container_path) == (str(file.host_path), file.container_path)
         assert "ro" in mount.options
         (entry,) = [d for d in file.info.devices if d.cdi_device == f"{plan.spec.kind}={device.name}"]
@@ -573,6 +584,7 @@ def check_hami(device: Device, settings: Settings, memory_mib: int, sm_limit: in
         "/tmp/vgpulock",
         HAMI_CACHE_IN_CONTAINER,
         f"/run/fracgpu/{UID}_gpu.json",
+        f"{meta.CONTAINER_DIR}/resourceclaims/my-claim/gpu/{DRIVER_NAME}-metadata.json",
     }
     assert env["FRACGPU_ENFORCEMENT"] == "hami-core"
     assert mounts[HAMI_LIBRARY_IN_CONTAINER].host_path == str(settings.hami_core_library)
@@ -640,9 +652,12 @@ def test_hami_core_missing_library(root: Path, tmp_path: Path) -> None:
     assert "this node's enforcement mode is 'hami-core'" in str(err.value)
 
 
-def test_only_the_info_file_without_enforcement(settings: Settings) -> None:
+def test_only_the_info_and_metadata_files_without_enforcement(settings: Settings) -> None:
     mounts = only_device(planned(claim([result()]), settings, GPUS)).container_edits.mounts
-    assert [m.container_path for m in mounts] == [f"/run/fracgpu/{UID}_gpu.json"]
+    assert [m.container_path for m in mounts] == [
+        f"/run/fracgpu/{UID}_gpu.json",
+        f"{meta.CONTAINER_DIR}/resourceclaims/my-claim/gpu/{DRIVER_NAME}-metadata.json",
+    ]
 
 
 # --- the written spec ----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from kubelet_plugin.core.model import ClaimRef
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.enforcement.tiers import GpuTiers, NvmlLimits
 from kubelet_plugin.health.source import DeviceHealth
-from kubelet_plugin.prepare import container_info, store
+from kubelet_plugin.prepare import container_info, device_metadata, store
 from kubelet_plugin.prepare.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry
 from kubelet_plugin.prepare.plan import hami_cache_dir
 from kubelet_plugin.prepare.status import FIELD_MANAGER
@@ -102,19 +102,30 @@ def test_unprepare_removes_spec_and_entry(env: Env) -> None:
     assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
 
 
-def test_prepare_writes_the_request_file_the_spec_mounts_and_unprepare_removes_it(env: Env) -> None:
+def test_prepare_writes_the_request_files_the_spec_mounts_and_unprepare_removes_them(env: Env) -> None:
     claim = env.api.add(make_claim(UID_A, "claim-a", memory="3Gi"))
-    assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
+    other = env.api.add(make_claim(UID_B, "claim-b", device="gpu-1", share=SHARE_B))
+    assert env.preparer.prepare([ref(claim), ref(other)])[UID_A].error == ""
     spec = json.loads(env.spec_file(UID_A).read_text())
-    (mount,) = spec["devices"][0]["containerEdits"]["mounts"]
+    mount, metadata_mount = spec["devices"][0]["containerEdits"]["mounts"]
     host = Path(mount["hostPath"])
     assert host == container_info.claim_info_dir(env.settings.plugin_data_dir, UID_A) / "gpu.json"
     assert mount["containerPath"] == f"/run/fracgpu/{UID_A}_gpu.json"
     data = json.loads(host.read_text())
     assert data["claim"] == {"namespace": NS, "name": "claim-a", "uid": UID_A}
     assert [(d["uuid"], d["memoryMiB"], d["shareID"]) for d in data["devices"]] == [(UUID0, 3072, SHARE_A)]
+    metadata_host = Path(metadata_mount["hostPath"])
+    assert metadata_host == host.parent / "gpu.metadata.json"
+    assert metadata_mount["containerPath"] == (
+        f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/claim-a/gpu/{DRIVER_NAME}-metadata.json"
+    )
+    assert "ro" in metadata_mount["options"]
+    beta, alpha = device_metadata.read_stream(metadata_host.read_text())
+    assert (beta.metadata.uid, alpha.metadata.uid) == (UID_A, UID_A)
+    assert [(d.name, d.attributes["uuid"].string) for d in beta.requests[0].devices] == [("gpu-0", UUID0)]
     assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
-    assert not host.parent.exists()
+    assert not host.parent.exists(), "unprepare removes the claim's info and metadata files"
+    assert (container_info.claim_info_dir(env.settings.plugin_data_dir, UID_B) / "gpu.metadata.json").is_file()
 
 
 def test_no_spec_when_the_request_file_cannot_be_written(env: Env) -> None:

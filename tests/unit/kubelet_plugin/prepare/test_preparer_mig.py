@@ -13,12 +13,15 @@ import pytest
 from api.mig import PARTITION_CONDITION, partition_device_name
 from api.names import DRIVER_NAME
 from kubelet_plugin.core.metrics import PluginMetrics
+from kubelet_plugin.prepare import device_metadata
 from kubelet_plugin.prepare.checkpoint import Checkpoint, CheckpointStore
 from kubelet_plugin.prepare.preparer import Preparer
+from kubelet_plugin.publishing.slices import mig_catalog, partition_entry
 from tests.unit.fake_apiserver import connection, refused_url
 from tests.unit.fake_mig import H100_MIG, FakeMig, profile
 from tests.unit.plugin_host import (
     GPUS,
+    NODE,
     NODES,
     UID_A,
     UID_B,
@@ -136,6 +139,29 @@ def test_prepare_makes_the_partition_and_gives_the_container_only_it(env: Env, m
     assert (partition["status"], partition["message"]) == ("True", made.uuid)
     enforcement = next(c for c in entry["conditions"] if c["type"] == "MemoryEnforcement")
     assert enforcement["reason"] == "Mig"
+
+
+def test_the_device_metadata_names_the_partition_with_its_published_attributes(env: Env, mig: FakeMig) -> None:
+    claim = env.api.add(mig_claim(UID_A, "small", SMALL))
+    assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
+    host = env.settings.plugin_data_dir / "claim-info" / UID_A / "gpu.metadata.json"
+    beta, alpha = device_metadata.read_stream(host.read_text())
+    assert beta.requests == alpha.requests
+    ((device,),) = [r.devices for r in beta.requests]
+    assert (device.driver, device.pool, device.name) == (DRIVER_NAME, NODE, SMALL)
+    attributes = {k: v.model_dump(by_alias=True, exclude_none=True) for k, v in device.attributes.items()}
+    assert attributes == partition_entry(mig_catalog(GPUS, {"gpu-1": H100_MIG})[SMALL])["attributes"]
+    assert (attributes["type"], attributes["profile"], attributes["uuid"]) == (
+        {"string": "mig"},
+        {"string": "1g.10gb"},
+        {"string": UUID1},
+    )
+    mounts = spec(env, UID_A)["devices"][0]["containerEdits"]["mounts"]
+    assert {"hostPath": str(host), "containerPath": (
+        f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/small/gpu/{DRIVER_NAME}-metadata.json"
+    ), "options": ["ro", "nosuid", "nodev", "noexec", "rbind", "rprivate"]} in mounts  # fmt: skip
+    assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
+    assert not host.exists()
 
 
 def test_with_driver_edits_the_container_is_told_void(tmp_path: Path, env: Env, mig: FakeMig) -> None:
