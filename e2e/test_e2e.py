@@ -12,6 +12,7 @@ from api.quantity import MiB, to_bytes
 from e2e import workloads as w
 from e2e.install import NAMESPACE, Installation
 from harness.cluster.node import RUNC
+from kubelet_plugin.prepare import device_metadata
 
 pytestmark = pytest.mark.e2e
 
@@ -145,6 +146,86 @@ def test_a_claim_with_two_requests_tells_each_container_what_it_references(insta
     assert len([k for k in only_a.env if k.startswith("FRACGPU_DEV_")]) == 6
     other = every.files[f"{uid}_b.json"]["devices"][0]["minor"]
     assert f"nvidia{other}" not in only_a.nodes and f"nvidia{device['minor']}" in only_a.nodes
+
+
+# The Kubernetes docs' device metadata example (task "Access DRA Device Metadata"): its command, verbatim.
+METADATA_DIR = "/var/run/kubernetes.io/dra-device-attributes"
+DOCS_EXAMPLE = f"""echo "=== DRA device metadata ==="
+find {METADATA_DIR} -name '*-metadata.json' -print -exec cat {{}} \\;
+echo END
+sleep 100000
+"""
+
+
+def _metadata_printed(cluster: w.Cluster, namespace: str, pod: str, container: str) -> dict[str, list[Any]]:
+    """Path -> the DeviceMetadata objects of each file the docs' command printed."""
+    deadline = time.monotonic() + 30
+    while "\nEND" not in (out := cluster.kubectl("logs", "-n", namespace, pod, "-c", container).stdout):
+        assert time.monotonic() < deadline, out
+        time.sleep(0.5)
+    texts: dict[str, str] = {}
+    for line in out.split("\nEND")[0].splitlines()[1:]:
+        if line.startswith(METADATA_DIR):
+            path = line
+            texts[path] = ""
+        else:
+            texts[path] += line + "\n"
+    return {path: device_metadata.read_stream(text) for path, text in texts.items()}
+
+
+def test_the_docs_device_metadata_example_prints_exactly_the_claims_devices(
+    installation: Installation, ns: str
+) -> None:
+    """A claim the pod names (`gpu-claim`, as in the docs) and a template's claim: `both` is shown the files of
+    both, `own` only its template claim's (v1beta1 first, then v1alpha1), each listing the claim's allocation."""
+    cluster = installation.cluster
+    direct = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {"name": "gpu-claim"},
+        "spec": w.claim_template("unused", "10Gi")["spec"]["spec"],
+    }
+    pod = w.pod(
+        "reader", {"my-gpu": "share-20gi"}, {"both": ["my-gpu", "direct"], "own": ["my-gpu"]}, script=DOCS_EXAMPLE
+    )
+    pod["spec"]["resourceClaims"].append({"name": "direct", "resourceClaimName": "gpu-claim"})
+    w.apply(cluster, ns, direct, w.claim_template("share-20gi", "20Gi"), pod)
+    w.wait_running(cluster, ns, ["reader"])
+    claims = {
+        "direct": w.get(cluster, "resourceclaim", "-n", ns, "gpu-claim"),
+        "my-gpu": w.claim_of(cluster, ns, "reader", "my-gpu"),
+    }
+    paths = {
+        "direct": f"{METADATA_DIR}/resourceclaims/gpu-claim/gpu/{w.DEVICE_CLASS}-metadata.json",
+        "my-gpu": f"{METADATA_DIR}/resourceclaimtemplates/my-gpu/gpu/{w.DEVICE_CLASS}-metadata.json",
+    }
+    both, own = (_metadata_printed(cluster, ns, "reader", c) for c in ("both", "own"))
+    assert sorted(both) == sorted(paths.values())
+    assert list(own) == [paths["my-gpu"]], "a container is shown only the claims it uses"
+    for name, claim in claims.items():
+        beta, alpha = both[paths[name]]
+        assert (beta.api_version, alpha.api_version) == device_metadata.VERSIONS
+        assert beta.requests == alpha.requests
+        assert (beta.metadata.name, beta.metadata.namespace, beta.metadata.uid) == (
+            claim["metadata"]["name"],
+            ns,
+            claim["metadata"]["uid"],
+        )
+        assert beta.pod_claim_name == (None if name == "direct" else "my-gpu")
+        (request,) = beta.requests
+        results = claim["status"]["allocation"]["devices"]["results"]
+        assert request.name == "gpu"
+        assert [(d.driver, d.pool, d.name) for d in request.devices] == [
+            (r["driver"], r["pool"], r["device"]) for r in results
+        ]
+        (device,) = request.devices
+        assert device.attributes["uuid"].string == w.recorded_gpu(claim)["uuid"]
+        slices = w.get(cluster, "resourceslices")["items"]
+        (published,) = [d for s in slices for d in s["spec"].get("devices", []) if d["name"] == device.name]
+        assert {k: v.model_dump(by_alias=True, exclude_none=True) for k, v in device.attributes.items()} == (
+            published["attributes"]
+        )
+    assert own[paths["my-gpu"]] == both[paths["my-gpu"]]
 
 
 def test_a_non_root_container_opens_its_gpu(installation: Installation, ns: str) -> None:
