@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry
 
 from api.kube_errors import api_error
 from kubelet_plugin.core.model import GpuInfo
-from kubelet_plugin.prepare import container_info, store
+from kubelet_plugin.prepare import container_info, device_metadata, store
 from kubelet_plugin.prepare.container_info import ClaimName, DeviceInfo, RequestInfo
 from kubelet_plugin.usage.attribution import (
     ClaimShare,
@@ -206,7 +206,7 @@ def write_info(data_dir: Path, uid: str, request: str, devices: list[tuple[str, 
 
 def _existing(directory: Path, new: container_info.InfoFile) -> list[container_info.InfoFile]:
     out = []
-    for path in directory.glob("*.json") if directory.exists() else []:
+    for path in container_info.info_paths(directory):
         if path != new.host_path:
             info = RequestInfo.model_validate_json(path.read_bytes())
             out.append(container_info.info_file(directory.parents[1], info))
@@ -227,6 +227,14 @@ def test_read_shares_sums_requests_per_gpu_and_skips_broken_claims(tmp_path: Pat
     write_info(tmp_path, "c1", "a", [(GPU0, 1024)], "none")
     write_info(tmp_path, "c1", "b", [(GPU0, 2048), (GPU1, 512)], "hami-core")
     write_info(tmp_path, "c2", "gpu", [(GPU1, 4096)], "none")
+    c2 = container_info.claim_info_dir(tmp_path, "c2")  # and its device metadata, which is no info file
+    info = container_info.info_file(tmp_path, RequestInfo.model_validate_json((c2 / "gpu.json").read_bytes()))
+    claim = {"metadata": {"name": "claim-c2", "namespace": "ns", "uid": "c2"}}
+    metadata = device_metadata.metadata_file(
+        claim, "gpu.fracgpu.dev", "gpu", request_ref="gpu", devices=[], info_dir=c2
+    )
+    store.write_claim_files(c2, [info, metadata])
+    assert sorted(p.name for p in c2.iterdir()) == ["gpu.json", "gpu.metadata.json"]
     broken = container_info.claim_info_dir(tmp_path, "c3")
     broken.mkdir(parents=True)
     (broken / "gpu.json").write_text("{half")
