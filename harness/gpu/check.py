@@ -220,7 +220,7 @@ def run(
         plan = plan_claim(claim, settings, {g.device_name: g for g in gpus}, edits, tiers, nodes=nodes)
         if plan.spec is None:
             raise CheckError("claim spec: the plan has no spec")
-        store.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), list(plan.files))
+        store.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), plan.claim_files())
         spec_path = store.write_spec(settings.cdi_dir, uid, plan.spec, settings.driver_name)
         device_id = plan.devices[0].cdi_device_ids[0]
         granted = plan.files[0].info.devices[0]

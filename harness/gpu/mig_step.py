@@ -183,7 +183,7 @@ def run(
         )  # fmt: skip
         assert plan.spec is not None
         uid = claim["metadata"]["uid"]
-        store.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), list(plan.files))
+        store.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), plan.claim_files())
         store.write_spec(settings.cdi_dir, uid, plan.spec, settings.driver_name)
         spec_nodes = [n.path for d in plan.spec.devices for n in d.container_edits.device_nodes]
         say(f"MIG: claim tier {plan.tiers[0][3]}; spec device nodes {' '.join(spec_nodes)}")

@@ -238,7 +238,7 @@ class _Step:
         if plan.spec is None:
             raise MpsStepError(f"the plan of the {memory} MPS share has no spec")
         uid = claim["metadata"]["uid"]
-        store.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), list(plan.files))
+        store.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), plan.claim_files())
         store.write_spec(settings.cdi_dir, uid, plan.spec, settings.driver_name)
         return plan
 

@@ -83,6 +83,10 @@ class ClaimPlan:
     mps_domain: TrustDomain | None = None
     """The claim's MPS trust domain when it has an MPS share (``api/mps_trust.py``), else None."""
 
+    def claim_files(self) -> list[info.InfoFile | meta.MetadataFile]:
+        """Every file of the claim's directory that the spec mounts: the info and the metadata files."""
+        return [*self.files, *self.metadata]
+
 
 # Names each device sets to the same value (so any mix of devices in one container agrees on them).
 CONSTANT_ENV = {"FRACGPU_INFO_DIR": info.DIR_IN_CONTAINER, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}

@@ -40,7 +40,7 @@ class ClaimStore:
         if plan.spec is None:
             return
         directory = container_info.claim_info_dir(self._settings.plugin_data_dir, claim_uid)
-        write_claim_files(directory, [*plan.files, *plan.metadata])
+        write_claim_files(directory, plan.claim_files())
         if plan.hami_core:
             self._write_hami_files(claim_uid)
         write_spec(self._cdi_dir, claim_uid, plan.spec, self._driver)

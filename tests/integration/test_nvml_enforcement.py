@@ -172,7 +172,7 @@ def write_claim_spec(node: Node) -> tuple[str, Any]:
     )
     assert plan.spec is not None
     assert plan.tiers == ((node.settings.node_name, node.gpu.device_name, SHARE, "nvml"),)
-    store.write_claim_files(container_info.claim_info_dir(node.settings.plugin_data_dir, CLAIM_UID), list(plan.files))
+    store.write_claim_files(container_info.claim_info_dir(node.settings.plugin_data_dir, CLAIM_UID), plan.claim_files())
     store.write_spec(node.settings.cdi_dir, CLAIM_UID, plan.spec, DRIVER)
     return plan.devices[0].cdi_device_ids[0], plan
 
