@@ -182,12 +182,6 @@ def claim_info_dir(plugin_data_dir: Path, claim_uid: str) -> Path:
     return claim_info_root(plugin_data_dir) / claim_uid
 
 
-def info_paths(directory: Path) -> list[Path]:
-    """The request info files in a claim's directory, by name (its device metadata files are not: their names
-    have a dot before ``.json``, which a request name never has)."""
-    return sorted(p for p in directory.glob("*.json") if _REQUEST_RE.fullmatch(p.name.removesuffix(".json")))
-
-
 def info_file(plugin_data_dir: Path, info: RequestInfo) -> InfoFile:
     """Where a request's file goes, on the host and in the container."""
     if not _REQUEST_RE.fullmatch(info.request):

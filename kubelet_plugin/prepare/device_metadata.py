@@ -15,7 +15,8 @@ Kubernetes defines the protocol and leaves it to the driver (no feature gate, no
 - **exposure**: read-only, by a CDI bind mount, only into containers that get the request's devices.
 
 fracgpu writes one file per request of a claim, next to the request's info file
-(``<plugin data dir>/claim-info/<claimUID>/<request>.metadata.json``; removed with the claim), and mounts it
+(``<plugin data dir>/claim-info/<claimUID>/<request>.metadata``; not ``*.json``, which are the info files that
+the usage sampler, of this release and earlier ones, reads; removed with the claim), and mounts it
 from each CDI device of the request, as it mounts the info file. Pure: ``store`` writes the files.
 """
 
@@ -36,7 +37,7 @@ VERSIONS: tuple[ApiVersion, ...] = ("metadata.resource.k8s.io/v1beta1", "metadat
 POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
 """Set by the ResourceClaim controller on a claim it made from a template: the pod's name for the claim."""
 MAX_ATTRIBUTES = 32
-HOST_SUFFIX = ".metadata.json"
+HOST_SUFFIX = ".metadata"
 _DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 

@@ -58,7 +58,7 @@ def read_shares(plugin_data_dir: Path) -> list[ClaimShare]:
     shares: list[ClaimShare] = []
     for directory in claim_dirs:
         try:
-            infos = [RequestInfo.model_validate_json(f.read_bytes()) for f in container_info.info_paths(directory)]
+            infos = [RequestInfo.model_validate_json(f.read_bytes()) for f in sorted(directory.glob("*.json"))]
         except (OSError, ValidationError) as err:
             log.debug("skipping a claim's info files in this sample", extra={"dir": str(directory), "error": str(err)})
             continue

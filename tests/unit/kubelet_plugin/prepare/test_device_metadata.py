@@ -69,7 +69,7 @@ def test_each_request_gets_its_devices_with_their_published_attributes(settings:
     assert set(by_request) == {"a", "b"}
     for request, (file, objects) in by_request.items():
         assert file.host_path == settings.plugin_data_dir / "claim-info" / allocated["metadata"]["uid"] / (
-            f"{request}.metadata.json"
+            f"{request}.metadata"
         )
         assert file.container_path == f"{CONTAINER_DIR}/resourceclaims/my-claim/{request}/{DRIVER_NAME}-metadata.json"
         beta, alpha = objects

@@ -115,7 +115,7 @@ def test_prepare_writes_the_request_files_the_spec_mounts_and_unprepare_removes_
     assert data["claim"] == {"namespace": NS, "name": "claim-a", "uid": UID_A}
     assert [(d["uuid"], d["memoryMiB"], d["shareID"]) for d in data["devices"]] == [(UUID0, 3072, SHARE_A)]
     metadata_host = Path(metadata_mount["hostPath"])
-    assert metadata_host == host.parent / "gpu.metadata.json"
+    assert metadata_host == host.parent / "gpu.metadata"
     assert metadata_mount["containerPath"] == (
         f"/var/run/kubernetes.io/dra-device-attributes/resourceclaims/claim-a/gpu/{DRIVER_NAME}-metadata.json"
     )
@@ -125,7 +125,7 @@ def test_prepare_writes_the_request_files_the_spec_mounts_and_unprepare_removes_
     assert [(d.name, d.attributes["uuid"].string) for d in beta.requests[0].devices] == [("gpu-0", UUID0)]
     assert env.preparer.unprepare([ref(claim)]) == {UID_A: ""}
     assert not host.parent.exists(), "unprepare removes the claim's info and metadata files"
-    assert (container_info.claim_info_dir(env.settings.plugin_data_dir, UID_B) / "gpu.metadata.json").is_file()
+    assert (container_info.claim_info_dir(env.settings.plugin_data_dir, UID_B) / "gpu.metadata").is_file()
 
 
 def test_no_spec_when_the_request_file_cannot_be_written(env: Env) -> None:

@@ -144,7 +144,7 @@ def test_prepare_makes_the_partition_and_gives_the_container_only_it(env: Env, m
 def test_the_device_metadata_names_the_partition_with_its_published_attributes(env: Env, mig: FakeMig) -> None:
     claim = env.api.add(mig_claim(UID_A, "small", SMALL))
     assert env.preparer.prepare([ref(claim)])[UID_A].error == ""
-    host = env.settings.plugin_data_dir / "claim-info" / UID_A / "gpu.metadata.json"
+    host = env.settings.plugin_data_dir / "claim-info" / UID_A / "gpu.metadata"
     beta, alpha = device_metadata.read_stream(host.read_text())
     assert beta.requests == alpha.requests
     ((device,),) = [r.devices for r in beta.requests]
