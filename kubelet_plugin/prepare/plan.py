@@ -150,8 +150,8 @@ def plan_claim(
     MIG GPU itself (``--mig-gpus``) is never prepared.
 
     Each request also gets Kubernetes' device metadata file (``device_metadata``): its devices with the attributes
-    their ResourceSlice publishes, for which ``hami_core_installed`` says whether HAMi-core's library is on the node (the
-    publisher's attribute ``hamiCore``) and ``tiers`` gives each GPU's published ``memoryEnforcement``.
+    their ResourceSlice publishes, for which ``hami_core_installed`` says whether HAMi-core's library is on the
+    node (the publisher's ``hamiCore``) and ``tiers`` gives each GPU's published ``memoryEnforcement``.
     """
     driver = settings.driver_name
     toolkit = settings.driver_edits == "toolkit"
@@ -211,13 +211,9 @@ def plan_claim(
             if consumed is not None
             else usable_memory(gpu, settings.memory_step_bytes, settings.memory_reserve_bytes)
         )
-        step, reserve, tier = (
-            settings.memory_step_bytes,
-            settings.memory_reserve_bytes,
-            tiers[gpu.device_name].published,
-        )
-        published = device_entry(gpu, step, reserve, hami_core_installed, tier)["attributes"]
-        shares.append(_Share(result, gpu, granted // MiB, _config_for(result, entries), attributes=published))
+        step, reserve = settings.memory_step_bytes, settings.memory_reserve_bytes
+        entry = device_entry(gpu, step, reserve, hami_core_installed, tiers[gpu.device_name].published)
+        shares.append(_Share(result, gpu, granted // MiB, _config_for(result, entries), attributes=entry["attributes"]))
     shares = _with_tiers(shares, settings, tiers, uid)
 
     by_request: dict[str, list[_Share]] = defaultdict(list)
@@ -474,10 +470,10 @@ def _edits(
     settings: Settings,
     nodes: list[HostDeviceNode],
 ) -> cdi.ContainerEdits:
-    """Edits for one device: constants, its own FRACGPU_DEV_<KEY>_* names, its request's file and device
-    metadata file and (identical
-    across the request's devices, which always travel together) NVIDIA_VISIBLE_DEVICES (the request's UUIDs, a
-    MIG partition's MIG UUID, with driver edits ``none``; ``void`` with ``toolkit``) and HAMi-core's env."""
+    """Edits for one device: constants, its own FRACGPU_DEV_<KEY>_* names, its request's info and device metadata
+    files and (identical across the request's devices, which always travel together) NVIDIA_VISIBLE_DEVICES (the
+    request's UUIDs, a MIG partition's MIG UUID, with driver edits ``none``; ``void`` with ``toolkit``) and
+    HAMi-core's env."""
     env = dict(CONSTANT_ENV)
     env["NVIDIA_VISIBLE_DEVICES"] = ",".join(s.partition.record.uuid if s.partition else s.gpu.uuid for s in group)
     env.update(info.device_env(device.env_prefix, device, request.claim, request.request))
