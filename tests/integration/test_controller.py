@@ -972,6 +972,7 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
         "SHARES",
         "ENFORCEMENT",
         "REPORTING",
+        "TAINTS",  # blank but on tainted GPUs: NoSchedule=1
         "MIG",  # blank but on MIG GPUs (used/free slices, partitions)
         "TRUST-DOMAIN",
         "AGE",
