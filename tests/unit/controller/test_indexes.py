@@ -136,7 +136,7 @@ def test_a_device_taint_rule_taints_the_gpus_it_selects_until_it_is_changed_or_d
             await world.event(None, body)
         await controller.start()
         await eventually(lambda: taints(writer) == {f"{NODE}-gpu-0": None, f"{NODE}-gpu-1": None})
-        rule = {
+        rule: dict[str, Any] = {
             "apiVersion": "resource.k8s.io/v1",
             "kind": "DeviceTaintRule",
             "metadata": {"name": "maint"},

@@ -83,9 +83,10 @@ def test_an_empty_selector_selects_every_device_and_no_selector_or_another_drive
     everything = rule("all", {})
     out = statuses(devices(), everything)
     assert {s["taintSummary"] for s in out.values()} == {"NoSchedule=1"} and len(out) == 2
-    body = {"metadata": {"name": "r"}, "spec": {"taint": {"key": "k", "effect": "NoSchedule"}}}
+    taint = {"key": "k", "effect": "NoSchedule"}
+    body = {"metadata": {"name": "r"}, "spec": {"taint": taint}}
     assert taint_rule_view(body, DRIVER_NAME) is None, "a rule without a selector selects nothing"
-    other = {**body, "spec": {**body["spec"], "deviceSelector": {"driver": "nic.example.com"}}}
+    other = {**body, "spec": {"taint": taint, "deviceSelector": {"driver": "nic.example.com"}}}
     assert taint_rule_view(other, DRIVER_NAME) is None
 
 
