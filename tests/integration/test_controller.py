@@ -1012,7 +1012,7 @@ def test_the_ledger_shows_the_slices_taints_and_a_device_taint_rule_until_it_is_
 ) -> None:
     node_body = kube.create_fake_node(api_client, kube.unique("gpunode"))
     node = node_body["metadata"]["name"]
-    unhealthy = {"key": "gpu.fracgpu.dev/unhealthy", "value": "xid-79", "effect": "NoExecute"}
+    unhealthy = {"key": "gpu.fracgpu.dev/xid", "value": "48-double-bit-ecc-error", "effect": "NoExecute"}
     published = kube.publish_gpus(
         dyn, node_body, DRIVER_NAME, kube.simulated_gpus(node, 2), taints={"gpu-0": [unhealthy]}
     )
@@ -1049,7 +1049,7 @@ def test_the_ledger_shows_the_slices_taints_and_a_device_taint_rule_until_it_is_
         table = _kubectl(control_plane, "get", "gpus", "-l", f"{NODE_LABEL}={node}", *(["-o", "wide"] if wide else []))
         shown = {row["NAME"]: row for row in _columns(table)}
         assert {n: (r["TAINTS"], r.get("TAINTED-BY")) for n, r in shown.items()} == {
-            f"{node}-gpu-0": ("NoExecute=1", "gpu.fracgpu.dev/unhealthy=xid-79:NoExecute" if wide else None),
+            f"{node}-gpu-0": ("NoExecute=1", "gpu.fracgpu.dev/xid=48-double-bit-ecc-error:NoExecute" if wide else None),
             f"{node}-gpu-1": ("NoSchedule=1", "example.com/maintenance=planned:NoSchedule" if wide else None),
         }
     described = _kubectl(control_plane, "describe", "gpu", f"{node}-gpu-1")

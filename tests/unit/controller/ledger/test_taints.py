@@ -13,7 +13,7 @@ from tests.unit.controller_factories import NODE, gpu
 from tests.unit.fake_mig import H100_MIG
 from tests.unit.kubelet_plugin.publishing.test_slices import STEP
 
-UNHEALTHY = {"key": "gpu.fracgpu.dev/unhealthy", "value": "xid-79", "effect": "NoExecute"}
+UNHEALTHY = {"key": "gpu.fracgpu.dev/xid", "value": "48-double-bit-ecc-error", "effect": "NoExecute"}
 
 
 def devices(taints: dict[str, list[dict[str, str]]] | None = None, *, mig_gpu: bool = False) -> dict[DeviceKey, Any]:
@@ -73,7 +73,7 @@ def test_slice_taints_and_matching_rules_show_strongest_first_with_their_source(
     ]
     assert gpu0["taintSummary"] == "NoExecute=1,NoSchedule=1,None=1"
     assert gpu0["taintedBy"] == (
-        "gpu.fracgpu.dev/unhealthy=xid-79:NoExecute,example.com/maintenance=planned:NoSchedule,"
+        "gpu.fracgpu.dev/xid=48-double-bit-ecc-error:NoExecute,example.com/maintenance=planned:NoSchedule,"
         "example.com/maintenance:None"
     )
     assert "taints" not in gpu1, "no rule and no slice taint selects gpu-1"
