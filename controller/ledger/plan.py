@@ -93,7 +93,9 @@ def desired_ledger(
     it; `reporting`: node -> its `PluginReporting` condition (`controller.nodes.plan.plan_plugin_reporting`);
     `trust_domain`: the trust domain an MPS GPU serves; `rules`: the DeviceTaintRules that may select our
     devices."""
-    rules = tuple(rules)
+    by_pool: dict[str | None, list[TaintRuleView]] = {}  # a rule matches the devices of its pool, or of any
+    for rule in rules:
+        by_pool.setdefault(rule.pool, []).append(rule)
     conditions = reporting or {}
     owner = {key: ledger_key(device) for key, device in devices.items()}
     shares: dict[DeviceKey, list[tuple[ClaimView, Share]]] = {key: [] for key in devices}
@@ -115,7 +117,11 @@ def desired_ledger(
             conditions.get(device.node),
             partitions={k: devices[k] for k in partitions[key]},
             mps_trust_domain=domain(key),
-            taints=device_taints(driver, [device, *(devices[k] for k in partitions[key])], rules),
+            taints=device_taints(
+                driver,
+                [device, *(devices[k] for k in partitions[key])],
+                [*by_pool.get(None, ()), *by_pool.get(device.pool, ())],
+            ),
         )
         for key, device in devices.items()
         if device.kind != mig.TYPE_MIG
