@@ -103,6 +103,19 @@ class GpuCondition(_Wire):
     )
 
 
+class GpuTaint(_Wire):
+    """A taint in effect on the GPU's device: published by the node plugin in its ResourceSlice (health, MPS
+    daemon) or added by a DeviceTaintRule whose selector matches the device. A claim that does not tolerate a
+    NoSchedule or NoExecute taint is not allocated the GPU (NoExecute also evicts the pods of claims on it)."""
+
+    key: str
+    value: str | None = None
+    effect: str = Field(description="None, NoSchedule or NoExecute (an unknown effect counts as None)")
+    source: str = Field(
+        description="where the taint comes from: ResourceSlice/<name> (the node plugin) or DeviceTaintRule/<name>"
+    )
+
+
 class GpuStatus(_Wire):
     """The GPU and its allocations, recomputed by the controller from slices and claims; `usage`: the node plugin's."""
 
@@ -128,6 +141,20 @@ class GpuStatus(_Wire):
         alias="mpsTrustDomain",
         description="an MPS GPU with claims: the trust domain its daemon serves (namespace/<ns>, label/<key>=<value> "
         "or cluster); only that domain's claims are placed there",
+    )
+    taints: list[GpuTaint] | None = Field(
+        None, description="the taints in effect on the device, strongest effect first (absent: none)"
+    )
+    taint_summary: str | None = Field(
+        None,
+        alias="taintSummary",
+        description="how many taints of each effect, strongest first, e.g. NoSchedule=1: a new pod lands on the GPU "
+        "only if its claim tolerates the NoSchedule and NoExecute ones (absent: no taint)",
+    )
+    tainted_by: str | None = Field(
+        None,
+        alias="taintedBy",
+        description="the taints as key=value:effect, comma-separated (absent: no taint)",
     )
     usage: GpuUsageStatus | None = Field(
         None, description="memory in use, written by the node plugin when it samples usage (--usage-interval)"
@@ -155,11 +182,13 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
     {"name": "Shares", "type": "integer", "jsonPath": ".status.shares"},
     {"name": "Enforcement", "type": "string", "jsonPath": ".status.enforcement"},
     {"name": "Reporting", "type": "string", "jsonPath": '.status.conditions[?(@.type=="PluginReporting")].status'},
+    {"name": "Taints", "type": "string", "jsonPath": ".status.taintSummary"},
     {"name": "MIG", "type": "string", "jsonPath": ".status.mig.summary"},
     {"name": "Trust-Domain", "type": "string", "jsonPath": ".status.mpsTrustDomain"},
     {"name": "Index", "type": "integer", "jsonPath": ".status.index", "priority": 1},
     {"name": "UUID", "type": "string", "jsonPath": ".status.uuid", "priority": 1},
     {"name": "Share-Enforcement", "type": "string", "jsonPath": ".status.shareEnforcement", "priority": 1},
+    {"name": "Tainted-By", "type": "string", "jsonPath": ".status.taintedBy", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
 

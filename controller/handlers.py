@@ -26,7 +26,16 @@ from controller.admission.verdict import Review, review_claim_spec
 from controller.admission.webhook import WebhookServer, refuse
 from controller.admission.webhook_config import CLAIMS, MUTATED_CLAIMS, TEMPLATES, Registration
 from controller.core import kube, metrics
-from controller.core.model import ClaimView, DeviceClassView, SliceView, claim_view, device_class_view, slice_view
+from controller.core.model import (
+    ClaimView,
+    DeviceClassView,
+    SliceView,
+    TaintRuleView,
+    claim_view,
+    device_class_view,
+    slice_view,
+    taint_rule_view,
+)
 from controller.core.settings import COMPONENT, Settings
 from controller.leadership.gate import Leadership
 from controller.ledger.plan import ExistingGpu
@@ -38,6 +47,8 @@ RESOURCE_GROUP = "resource.k8s.io"
 RESOURCE_VERSION = "v1"
 INDEX_IDS = ("fracgpu_slices", "fracgpu_claims", "fracgpu_gpus", "fracgpu_classes", "fracgpu_nodes")
 """The ids of the indexes, in the order `Controller.bind` takes them (kopf passes each as a keyword argument)."""
+TAINT_RULES_INDEX = "fracgpu_taint_rules"
+"""DeviceTaintRule name -> its view, for the rules that may select our devices (the ledger's `status.taints`)."""
 NAMESPACES_INDEX = "fracgpu_namespaces"
 """Namespace name -> labels: only with MPS trust scope namespaceLabel (the only reader of namespace labels)."""
 
@@ -154,7 +165,11 @@ def register(
     @kopf.on.startup(registry=registry, id="startup")
     async def startup(**kwargs: Any) -> None:
         # kopf passes every index as a keyword argument named after its id (still empty at startup)
-        controller.bind(*(kwargs[i] for i in INDEX_IDS), namespaces=kwargs.get(NAMESPACES_INDEX))
+        controller.bind(
+            *(kwargs[i] for i in INDEX_IDS),
+            namespaces=kwargs.get(NAMESPACES_INDEX),
+            taint_rules=kwargs.get(TAINT_RULES_INDEX),
+        )
         if leadership is None or leadership.elector is None:
             await controller.start()
         else:
@@ -213,6 +228,17 @@ def register(
             )
         }
 
+    @kopf.index(RESOURCE_GROUP, RESOURCE_VERSION, "devicetaintrules", registry=registry, id=TAINT_RULES_INDEX)
+    async def index_taint_rule(body: kopf.Body, name: str, **_: Any) -> dict[str, TaintRuleView]:
+        # `{}` for a rule that selects none of our devices (see index_slice)
+        try:
+            view = taint_rule_view(body, driver)
+        except (KeyError, TypeError, ValueError):
+            log.exception("cannot read DeviceTaintRule %s", name)
+            metrics.OBJECTS_SKIPPED.labels("DeviceTaintRule", "unreadable").inc()
+            return {}
+        return {name: view} if view is not None else {}
+
     @kopf.index("v1", "nodes", registry=registry, id="fracgpu_nodes")
     async def index_node(name: str, uid: str, **_: Any) -> dict[str, str]:
         return {name: uid}  # only which Nodes exist: claims on a deleted one are reported
@@ -245,6 +271,10 @@ def register(
     async def class_event(name: str, **_: Any) -> None:
         if name in settings.claim_classes:
             controller.classes_changed()
+
+    @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "devicetaintrules", registry=registry, id="taint_rule_event")
+    async def taint_rule_event(name: str, **_: Any) -> None:
+        controller.taint_rule_changed(name)
 
     @kopf.on.event(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="gpu_event")
     async def gpu_event(name: str, **_: Any) -> None:

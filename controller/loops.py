@@ -57,9 +57,12 @@ class Controller:
         nodes: Index | None = None,
         *,
         namespaces: Index | None = None,
+        taint_rules: Index | None = None,
     ) -> None:
         """Attach kopf's live indexes (passed to startup handlers before they are populated)."""
-        self.context.bind(Indexes(slices, claims, gpus, classes if classes is not None else {}, nodes, namespaces))
+        self.context.bind(
+            Indexes(slices, claims, gpus, classes if classes is not None else {}, nodes, namespaces, taint_rules)
+        )
         self.catalogue.reset()
         self.ledger.reset()
         self.mps.reset()
@@ -138,6 +141,11 @@ class Controller:
         for view in self.context.claims():
             if view.node == name:
                 self.status.enqueue(view.key)
+
+    def taint_rule_changed(self, name: str) -> None:
+        """The DeviceTaintRule `name` was added, changed or deleted: the GPUs it selects show its taint or not."""
+        self.context.ready.set()
+        self.ledger.rule_changed(name)
 
     def gpus_changed(self, name: str) -> None:
         """The GPU object `name` changed (possibly by someone else, or the echo of our own write): re-check it."""

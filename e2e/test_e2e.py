@@ -329,6 +329,60 @@ def test_shares_pack_onto_gpus_and_the_ledger_shows_them(installation: Installat
     assert "ALLOCATED" in table and "80Gi" in table and "40Gi" in table, table
 
 
+def _gpu_table(installation: Installation) -> dict[str, dict[str, str]]:
+    """`kubectl get gpus -o wide`, each row by column name (kubectl aligns columns; MODEL has spaces)."""
+    header, *rows = installation.cluster.kubectl("get", "gpus", "-o", "wide").stdout.splitlines()
+    starts = [header.index(name) for name in header.split()]
+    ends = [*starts[1:], None]
+    return {row.split()[0]: {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
+            for row in rows}  # fmt: skip
+
+
+def test_kubectl_get_gpus_shows_a_device_taint_rule_and_a_pod_lands_once_it_is_deleted(
+    installation: Installation, ns: str
+) -> None:
+    cluster = installation.cluster
+    rule = "e2e-maintenance"
+    w.apply(
+        cluster,
+        ns,
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": rule},
+            "spec": {
+                "deviceSelector": {"driver": w.DEVICE_CLASS, "pool": cluster.node_name},  # every GPU of the node
+                "taint": {"key": "example.com/maintenance", "value": "planned", "effect": "NoSchedule"},
+            },
+        },
+    )
+    try:
+        tainted = {"TAINTS": "NoSchedule=1", "TAINTED-BY": "example.com/maintenance=planned:NoSchedule"}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            table = _gpu_table(installation)
+            if table and all({k: r[k] for k in tainted} == tainted for r in table.values()):
+                break
+            time.sleep(1)
+        assert table and all({k: r[k] for k in tainted} == tainted for r in table.values()), table
+        assert all(r["FREE"] != "0" for r in table.values()), "free memory, and yet nothing lands: the column says why"
+        w.apply(cluster, ns, w.claim_template("share-1gi", "1Gi"), w.gpu_pod("waits", "share-1gi"))
+        deadline = time.monotonic() + 60
+        condition: dict[str, str] = {}
+        while time.monotonic() < deadline and condition.get("reason") != "Unschedulable":
+            conditions = w.get(cluster, "pod", "-n", ns, "waits")["status"].get("conditions", [])
+            condition = next((c for c in conditions if c["type"] == "PodScheduled"), {})
+            time.sleep(1)
+        assert condition.get("reason") == "Unschedulable", condition
+    finally:
+        cluster.kubectl("delete", "devicetaintrule", rule, "--ignore-not-found", "--wait=true")
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and any(r["TAINTS"] for r in _gpu_table(installation).values()):
+        time.sleep(1)
+    assert {r["TAINTS"] for r in _gpu_table(installation).values()} == {""}, "blank: no taint"
+    w.wait_running(cluster, ns, ["waits"])
+
+
 def test_two_containers_of_one_pod_share_one_claim(installation: Installation, ns: str) -> None:
     cluster = installation.cluster
     w.apply(cluster, ns, w.claim_template("share-8gi", "8Gi"), w.gpu_pod("duo", "share-8gi", containers=2))

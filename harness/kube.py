@@ -248,10 +248,12 @@ def publish_gpus(
     hami_core: bool = False,
     enforcement: Literal["none", "hami-core", "mps", "nvml"] = "none",
     mps_binding: bool = False,
+    taints: dict[str, list[dict[str, str]]] | None = None,
 ) -> list[dict[str, Any]]:
     """Create or replace the node's ResourceSlices exactly as the node plugin builds them (`hami_core`: as a
     plugin that found the HAMi-core library; `enforcement`: every GPU's strongest tier; `mps_binding`: MPS GPUs
-    with the trust-domain binding conditions, as a plugin whose MPS trust scope is not cluster)."""
+    with the trust-domain binding conditions, as a plugin whose MPS trust scope is not cluster; `taints`: device
+    name -> its taints, as the plugin's health taints)."""
     from kubelet_plugin.publishing.slices import build_slices
 
     slices = resource(dyn, "resource.k8s.io/v1", "ResourceSlice")
@@ -267,6 +269,7 @@ def publish_gpus(
         hami_core=hami_core,
         enforcement={g.device_name: enforcement for g in gpus},
         mps_binding=mps_binding,
+        taints=taints,
     )
     for body in bodies:
         try:

@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from controller.core.model import ClaimView, DeviceClassView, SliceView
+from controller.core.model import ClaimView, DeviceClassView, SliceView, TaintRuleView
 from controller.core.settings import Settings
 
 T = TypeVar("T")
@@ -58,6 +58,8 @@ class Indexes(NamedTuple):
     """Node name -> uid; None: Nodes are not watched."""
     namespaces: Index | None = None
     """Namespace name -> its labels; None: Namespaces are not watched (only MPS trust scope namespaceLabel does)."""
+    taint_rules: Index | None = None
+    """DeviceTaintRule name -> its view (those that may select our devices); None: not watched."""
 
 
 class Tasks:
@@ -148,6 +150,19 @@ class Context:
         """Our DeviceClasses as the cluster has them (the GPU class and the MIG class), by name; one not (yet)
         seen is absent."""
         return {n: v for n in self.settings.claim_classes if (v := first(self.indexes.classes, n)) is not None}
+
+    def taint_rule(self, name: str) -> TaintRuleView | None:
+        """The DeviceTaintRule `name`, if it may select our devices."""
+        if self.indexes.taint_rules is None:
+            return None
+        view: TaintRuleView | None = first(self.indexes.taint_rules, name)
+        return view
+
+    def taint_rules(self) -> list[TaintRuleView]:
+        """The DeviceTaintRules that may select our devices."""
+        if self.indexes.taint_rules is None:
+            return []
+        return [v for values in self.indexes.taint_rules.values() for v in values]
 
     def namespace_labels(self, namespace: str) -> Mapping[str, str] | None:
         """The labels of `namespace`; None when Namespaces are not watched or it is not (yet) seen."""

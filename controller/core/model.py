@@ -24,6 +24,39 @@ DeviceKey = tuple[str, str]
 """(pool, device)."""
 
 
+class DeviceTaint(BaseModel):
+    """A taint on a device: in its ResourceSlice (`devices[].taints`) or from a DeviceTaintRule."""
+
+    model_config = ConfigDict(frozen=True)
+
+    key: str
+    value: str = ""
+    effect: str
+    source: str
+    """`ResourceSlice/<name>` or `DeviceTaintRule/<name>`."""
+
+
+class TaintRuleView(BaseModel):
+    """A DeviceTaintRule that may match devices of our driver: its selector (`deviceSelector` of
+    resource.k8s.io/v1, exact driver, pool and device names; an unset field matches any) and its one taint."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+    taint: DeviceTaint
+
+    def matches(self, driver: str, pool: str, device: str) -> bool:
+        """Whether the rule's selector selects the device `device` of `pool` of `driver`."""
+        return (
+            (self.driver is None or self.driver == driver)
+            and (self.pool is None or self.pool == pool)
+            and (self.device is None or self.device == device)
+        )
+
+
 class DeviceRecord(BaseModel):
     """One published device of our driver, as its ResourceSlice describes it."""
 
@@ -67,6 +100,8 @@ class DeviceRecord(BaseModel):
     """A partition's memory as the driver reports it (its `memory` capacity is this rounded up to a GiB)."""
     mig_state: str | None = None
     """A MIG GPU's MIG state (attribute `migState`)."""
+    taints: tuple[DeviceTaint, ...] = ()
+    """Its `taints` in the slice (source `ResourceSlice/<slice>`); DeviceTaintRules' are not here."""
 
     @property
     def key(self) -> DeviceKey:
@@ -247,6 +282,7 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
     node = str(spec.get("nodeName") or pool_name)
     owners = (body.get("metadata") or {}).get("ownerReferences") or []
     node_uid = next((str(o["uid"]) for o in owners if o.get("kind") == "Node" and o.get("name") == node), None)
+    slice_name = str(body["metadata"]["name"])
     devices = []
     for dev in spec.get("devices") or []:
         attributes = dev.get("attributes") or {}
@@ -285,9 +321,29 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
                 compute_slices=_attribute(attributes, mig.COMPUTE_SLICES_ATTRIBUTE, driver, "int"),
                 partition_memory_mib=_attribute(attributes, mig.PARTITION_MEMORY_ATTRIBUTE, driver, "int"),
                 mig_state=_attribute(attributes, mig.STATE_ATTRIBUTE, driver, "string"),
+                taints=tuple(_taint(t, f"ResourceSlice/{slice_name}") for t in dev.get("taints") or []),
             )
         )
-    return SliceView(name=str(body["metadata"]["name"]), pool=pool_name, generation=generation, devices=tuple(devices))
+    return SliceView(name=slice_name, pool=pool_name, generation=generation, devices=tuple(devices))
+
+
+def _taint(taint: Mapping[str, Any], source: str) -> DeviceTaint:
+    return DeviceTaint(
+        key=str(taint["key"]), value=str(taint.get("value") or ""), effect=str(taint.get("effect") or ""), source=source
+    )
+
+
+@_shape_errors("DeviceTaintRule")
+def taint_rule_view(body: Mapping[str, Any], driver: str) -> TaintRuleView | None:
+    """The view of a DeviceTaintRule that can select devices of `driver`; None for a rule that selects none of
+    them (no `deviceSelector`, or another driver's). Raises only MalformedObjectError."""
+    spec = body.get("spec") or {}
+    selector = spec.get("deviceSelector")
+    if selector is None or (selector.get("driver") is not None and selector["driver"] != driver):
+        return None
+    name = str(body["metadata"]["name"])
+    optional = {k: str(selector[k]) if selector.get(k) is not None else None for k in ("driver", "pool", "device")}
+    return TaintRuleView(name=name, **optional, taint=_taint(spec["taint"], f"DeviceTaintRule/{name}"))
 
 
 def current_devices(slices: Iterable[SliceView]) -> dict[DeviceKey, DeviceRecord]:

@@ -45,6 +45,8 @@ def cluster_role_rules(
         {"apiGroups": [API_GROUP], "resources": [f"{GPU_PLURAL}/status"], "verbs": ["patch"]},
         # Events on claims
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        # DeviceTaintRules: the taints they put on our devices (the ledger's status.taints)
+        {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"], "verbs": ["list", "watch"]},
         # Nodes: which exist (claims on a deleted one get AllocatedDeviceGone)
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
         # kopf: discovery of CRDs (the GPU CRD may be installed after the controller starts)
@@ -57,7 +59,7 @@ def cluster_role_rules(
             {
                 "apiGroups": ["resource.k8s.io"],
                 "resources": ["devicetaintrules"],
-                "verbs": ["list", "create", "patch", "delete"],
+                "verbs": ["create", "patch", "delete"],
             }
         )
     if namespaces:

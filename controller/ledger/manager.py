@@ -6,7 +6,8 @@ devices), a GPU event marks that GPU, the echo of our own write included (`gpu_c
 content differs (`plan_ledger`: an echo compares equal and costs one GPU's recompute), at most `--ledger-workers`
 at a time. A change of the published devices, a start and the periodic resync mark every GPU (`mark_all`): that
 pass recomputes the whole ledger with `desired_ledger` and deletes objects of our driver whose device is gone. A
-pass whose writes failed keeps its GPUs marked for the next one.
+DeviceTaintRule event marks the GPUs its selector matched before and matches now (`rule_changed`). A pass whose
+writes failed keeps its GPUs marked for the next one.
 """
 
 import asyncio
@@ -20,7 +21,7 @@ from api.kube_errors import ApiError, ApiNotFound
 from controller.core import metrics, runtime
 from controller.core.context import ClaimKey, Context, Tasks
 from controller.core.kube import describe
-from controller.core.model import DeviceKey
+from controller.core.model import DeviceKey, TaintRuleView
 from controller.core.settings import FIELD_MANAGER
 from controller.devices.catalogue import DeviceCatalogue
 from controller.ledger.plan import (
@@ -29,6 +30,7 @@ from controller.ledger.plan import (
     LedgerPlan,
     desired_gpu,
     desired_ledger,
+    device_taints,
     family,
     identity_body,
     plan_ledger,
@@ -105,6 +107,7 @@ class LedgerManager:
         # claims that were in the index at their last event -> the devices their shares were on then
         self._seen: dict[ClaimKey, frozenset[DeviceKey]] = {}
         self._on_device: dict[DeviceKey, set[ClaimKey]] = {}  # the inverse of _seen
+        self._rules: dict[str, TaintRuleView] = {}  # DeviceTaintRules at their last event
         self._compact_due = False  # a full pass succeeded: compact the heap once a pass has nothing to write
         self._tasks = Tasks()
 
@@ -112,7 +115,20 @@ class LedgerManager:
         """New indexes bound: forget the inverse index, recompute everything."""
         self._seen.clear()
         self._on_device.clear()
+        self._rules.clear()
         self.marks.all()
+
+    def rule_changed(self, name: str) -> None:
+        """A DeviceTaintRule changed or went (its index entry is updated): mark the GPUs it selected and selects."""
+        now = self._context.taint_rule(name)
+        before = self._rules.pop(name, None)
+        if now is not None:
+            self._rules[name] = now
+        rules = [r for r in (before, now) if r is not None]
+        driver = self._context.driver
+        self.marks.devices(
+            k for k, d in self._catalogue.devices().items() if any(r.matches(driver, d.pool, d.device) for r in rules)
+        )
 
     def knows(self, key: ClaimKey) -> bool:
         """Whether the claim was in the index at its last event."""
@@ -188,9 +204,16 @@ class LedgerManager:
                     self._on_device.setdefault(share.device_key, set()).add(view.key)
             by_node = {n: c for n in self._catalogue.nodes() if (c := reporting(n)) is not None}
             return desired_ledger(
-                devices, self._context.claims(), driver, FIELD_MANAGER, by_node, trust_domain=self._trust_domain
+                devices,
+                self._context.claims(),
+                driver,
+                FIELD_MANAGER,
+                by_node,
+                trust_domain=self._trust_domain,
+                rules=self._context.taint_rules(),
             )
         out: dict[str, GpuObject] = {}
+        rules = self._context.taint_rules()
         for name in names:
             key = self._catalogue.device_of(name)
             if key is None or key not in devices:
@@ -208,6 +231,7 @@ class LedgerManager:
                 reporting(device.node),
                 partitions=partitions,
                 mps_trust_domain=self._trust_domain(key),
+                taints=device_taints(driver, [devices[k] for k in keys], rules),
             )
         return out
 

@@ -6,6 +6,9 @@ can recompute only the GPUs whose claims changed; `desired_ledger` computes them
 
 A MIG GPU is one object (its `mig-parent` device): its partitions' allocations are its claims, and `status.mig`
 says its MIG state and the memory and compute slices they take. A partition device has no object of its own.
+
+`status.taints` are the taints in effect on the object's devices (`device_taints`): those the node plugin
+publishes in the slice and those of the DeviceTaintRules whose selector matches, as the scheduler applies them.
 """
 
 from collections import Counter
@@ -24,10 +27,11 @@ from api.gpu import (
     GpuShare,
     GpuSpec,
     GpuStatus,
+    GpuTaint,
     gpu_object_name,
 )
 from api.quantity import format_bytes
-from controller.core.model import ClaimView, DeviceKey, DeviceRecord, Share
+from controller.core.model import ClaimView, DeviceKey, DeviceRecord, DeviceTaint, Share, TaintRuleView
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 
@@ -83,10 +87,15 @@ def desired_ledger(
     reporting: Mapping[str, Mapping[str, Any]] | None = None,
     *,
     trust_domain: Callable[[DeviceKey], str | None] | None = None,
+    rules: Iterable[TaintRuleView] = (),
 ) -> dict[str, GpuObject]:
     """One object per published GPU (a MIG GPU's partitions are its own) with the allocations of every claim on
     it; `reporting`: node -> its `PluginReporting` condition (`controller.nodes.plan.plan_plugin_reporting`);
-    `trust_domain`: the trust domain an MPS GPU serves."""
+    `trust_domain`: the trust domain an MPS GPU serves; `rules`: the DeviceTaintRules that may select our
+    devices."""
+    by_pool: dict[str | None, list[TaintRuleView]] = {}  # a rule matches the devices of its pool, or of any
+    for rule in rules:
+        by_pool.setdefault(rule.pool, []).append(rule)
     conditions = reporting or {}
     owner = {key: ledger_key(device) for key, device in devices.items()}
     shares: dict[DeviceKey, list[tuple[ClaimView, Share]]] = {key: [] for key in devices}
@@ -95,6 +104,10 @@ def desired_ledger(
             if share.device_key in owner and owner[share.device_key] in shares:
                 shares[owner[share.device_key]].append((claim, share))
     domain = trust_domain or (lambda _: None)
+    partitions: dict[DeviceKey, list[DeviceKey]] = {key: [] for key in devices}
+    for key, device in sorted(devices.items()):
+        if device.kind == mig.TYPE_MIG and owner[key] in partitions and owner[key] != key:
+            partitions[owner[key]].append(key)
     objects = (
         desired_gpu(
             device,
@@ -102,8 +115,13 @@ def desired_ledger(
             driver,
             manager,
             conditions.get(device.node),
-            partitions={k: devices[k] for k in family(key, devices)[1:]},
+            partitions={k: devices[k] for k in partitions[key]},
             mps_trust_domain=domain(key),
+            taints=device_taints(
+                driver,
+                [device, *(devices[k] for k in partitions[key])],
+                [*by_pool.get(None, ()), *by_pool.get(device.pool, ())],
+            ),
         )
         for key, device in devices.items()
         if device.kind != mig.TYPE_MIG
@@ -138,11 +156,12 @@ def desired_gpu(
     *,
     partitions: Mapping[DeviceKey, DeviceRecord] | None = None,
     mps_trust_domain: str | None = None,
+    taints: Iterable[DeviceTaint] = (),
 ) -> GpuObject:
     """The object of one published device carrying `shares` (each with its claim; any order), owned by the Node
     that owns the device's slice; `reporting`: its node's `PluginReporting` condition, if watched; `partitions`:
     a MIG GPU's partition devices (whose shares are among `shares`); `mps_trust_domain`: the trust domain an MPS
-    GPU serves (`controller.mps`)."""
+    GPU serves (`controller.mps`); `taints`: those in effect on it (`device_taints`), in order."""
     parts = partitions or {}
     claims_on = []
     allocated = 0
@@ -174,6 +193,7 @@ def desired_gpu(
                 mig_uuid=claim.status_mig.get(share.entry_key) if part else None,
             )
         )
+    in_effect = [GpuTaint(key=t.key, value=t.value or None, effect=t.effect, source=t.source) for t in taints]
     status = GpuStatus(
         node=device.node,
         index=device.index,
@@ -187,6 +207,9 @@ def desired_gpu(
         claims=claims_on,
         share_enforcement=share_enforcement(claims_on),
         mps_trust_domain=mps_trust_domain,
+        taints=in_effect or None,
+        taint_summary=taint_summary(in_effect) or None,
+        tainted_by=",".join(f"{t.key}{'=' + t.value if t.value else ''}:{t.effect}" for t in in_effect) or None,
         conditions=[GpuCondition.model_validate(reporting)] if reporting is not None else None,
         mig=mig_status(device, used, len(claims_on)) if device.kind == mig.TYPE_MIG_PARENT else None,
     )
@@ -230,6 +253,35 @@ def share_enforcement(shares: Iterable[GpuShare]) -> str:
     counts = Counter(s.enforcement or "unreported" for s in shares)
     order = [*_TIER_ORDER, *sorted(set(counts) - set(_TIER_ORDER))]
     return ",".join(f"{tier}={counts[tier]}" for tier in order if counts[tier])
+
+
+_EFFECT_ORDER = ("NoExecute", "NoSchedule", "None")
+"""Strongest first: NoExecute also evicts, NoSchedule keeps new claims off, None only informs (as an unknown does)."""
+
+
+def _effect_rank(effect: str) -> int:
+    return _EFFECT_ORDER.index(effect) if effect in _EFFECT_ORDER else len(_EFFECT_ORDER)
+
+
+def device_taints(driver: str, devices: Iterable[DeviceRecord], rules: Iterable[TaintRuleView]) -> list[DeviceTaint]:
+    """The taints in effect on a GPU object's `devices` (its device and, for a MIG GPU, its partitions): those in
+    their slices and the taint of each DeviceTaintRule whose selector matches one of them, each once, strongest
+    effect first. A MIG GPU's own marker (`mig-parent`: only its partitions are allocated) is left out."""
+    rules = tuple(rules)
+    found: dict[tuple[str, str, str, str], DeviceTaint] = {}
+    for device in devices:
+        matched = (r.taint for r in rules if r.matches(driver, device.pool, device.device))
+        for taint in (*device.taints, *matched):
+            if taint.key == mig.PARENT_TAINT_KEY and device.kind == mig.TYPE_MIG_PARENT:
+                continue
+            found.setdefault((taint.key, taint.value, taint.effect, taint.source), taint)
+    return sorted(found.values(), key=lambda t: (_effect_rank(t.effect), t.key, t.value, t.source))
+
+
+def taint_summary(taints: Iterable[GpuTaint]) -> str:
+    """`NoExecute=1,NoSchedule=2`: how many taints of each effect, strongest first ('' without taints)."""
+    counts = Counter(t.effect for t in taints)
+    return ",".join(f"{e}={counts[e]}" for e in sorted(counts, key=lambda e: (_effect_rank(e), e)))
 
 
 def _normalized(value: Any) -> Any:

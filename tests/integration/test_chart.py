@@ -436,6 +436,18 @@ def test_monitoring_objects_and_dashboard(tools: dict[str, Path], tmp_path: Path
     assert not [d for d in off if d["kind"] == "Service" and d["metadata"]["name"].endswith("-controller-metrics")]
 
 
+@pytest.mark.parametrize("scope", ["namespace", "namespaceLabel"])
+def test_with_mps_gpus_the_controller_cluster_role_is_the_one_in_the_code(
+    tools: dict[str, Path], tmp_path: Path, scope: str
+) -> None:
+    trust = {"scope": scope, **({"label": "team"} if scope == "namespaceLabel" else {})}
+    values = {"mps": {"gpus": "0", "trustDomain": trust}, "deviceClass": {"mps": {"create": True}}}
+    role = one(render(tools["helm"], tmp_path, values), "ClusterRole", "-controller")
+    assert role["rules"] == cluster_role_rules(mps=True, namespaces=scope == "namespaceLabel")
+    verbs = [r["verbs"] for r in role["rules"] if r["resources"] == ["devicetaintrules"]]
+    assert verbs == [["list", "watch"], ["create", "patch", "delete"]]  # read for the ledger, written for MPS
+
+
 def test_gpu_policy_protects_exactly_the_controllers_status_fields(tools: dict[str, Path], tmp_path: Path) -> None:
     vap = one(render(tools["helm"], tmp_path, {}), "ValidatingAdmissionPolicy", "-gpus")
     expression = vap["spec"]["validations"][2]["expression"]

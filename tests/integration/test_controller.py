@@ -254,6 +254,16 @@ def _largest_gpu(dyn: DynamicClient) -> int:
     )
 
 
+def _columns(table: str) -> list[dict[str, str]]:
+    """The rows of a kubectl table by column name (kubectl aligns columns; MODEL has spaces)."""
+    header, *rows = table.splitlines()
+    starts = [header.index(name) for name in header.split()]
+    return [
+        {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, [*starts[1:], len(row)], strict=True)}
+        for row in rows
+    ]
+
+
 def _kubectl(control_plane: ControlPlane, *args: str) -> str:
     """Run the upstream kubectl with the admin kubeconfig; its stdout."""
     out = subprocess.run(
@@ -972,6 +982,7 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
         "SHARES",
         "ENFORCEMENT",
         "REPORTING",
+        "TAINTS",  # blank but on tainted GPUs: NoSchedule=1
         "MIG",  # blank but on MIG GPUs (used/free slices, partitions)
         "TRUST-DOMAIN",
         "AGE",
@@ -994,6 +1005,60 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
     )
     for g in _node_ledger(dyn, node).values():
         assert (g["status"]["allocatedMemory"], g["status"]["freeMemory"], g["status"]["shares"]) == ("0", "80Gi", 0)
+
+
+def test_the_ledger_shows_the_slices_taints_and_a_device_taint_rule_until_it_is_deleted(
+    controller: kube.ControllerProcess, control_plane: ControlPlane, api_client: client.ApiClient, dyn: DynamicClient
+) -> None:
+    node_body = kube.create_fake_node(api_client, kube.unique("gpunode"))
+    node = node_body["metadata"]["name"]
+    unhealthy = {"key": "gpu.fracgpu.dev/xid", "value": "48-double-bit-ecc-error", "effect": "NoExecute"}
+    published = kube.publish_gpus(
+        dyn, node_body, DRIVER_NAME, kube.simulated_gpus(node, 2), taints={"gpu-0": [unhealthy]}
+    )
+    (slice_name,) = [s["metadata"]["name"] for s in published]
+    rules = kube.resource(dyn, "resource.k8s.io/v1", "DeviceTaintRule")
+    rule = kube.unique("maint")
+    rules.create(
+        body={
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": rule},
+            "spec": {
+                "deviceSelector": {"driver": DRIVER_NAME, "pool": node, "device": "gpu-1"},
+                "taint": {"key": "example.com/maintenance", "value": "planned", "effect": "NoSchedule"},
+            },
+        }
+    )
+
+    def summaries() -> dict[str, str | None]:
+        return {n[len(node) + 1 :]: g["status"].get("taintSummary") for n, g in _node_ledger(dyn, node).items()}
+
+    _wait(controller, lambda: summaries() == {"gpu-0": "NoExecute=1", "gpu-1": "NoSchedule=1"} or None, 30, "taints")
+    ledger = _node_ledger(dyn, node)
+    assert ledger[f"{node}-gpu-0"]["status"]["taints"] == [{**unhealthy, "source": f"ResourceSlice/{slice_name}"}]
+    assert ledger[f"{node}-gpu-1"]["status"]["taints"] == [
+        {
+            "key": "example.com/maintenance",
+            "value": "planned",
+            "effect": "NoSchedule",
+            "source": f"DeviceTaintRule/{rule}",
+        }
+    ]
+    for wide in (False, True):
+        table = _kubectl(control_plane, "get", "gpus", "-l", f"{NODE_LABEL}={node}", *(["-o", "wide"] if wide else []))
+        shown = {row["NAME"]: row for row in _columns(table)}
+        assert {n: (r["TAINTS"], r.get("TAINTED-BY")) for n, r in shown.items()} == {
+            f"{node}-gpu-0": ("NoExecute=1", "gpu.fracgpu.dev/xid=48-double-bit-ecc-error:NoExecute" if wide else None),
+            f"{node}-gpu-1": ("NoSchedule=1", "example.com/maintenance=planned:NoSchedule" if wide else None),
+        }
+    described = _kubectl(control_plane, "describe", "gpu", f"{node}-gpu-1")
+    assert f"DeviceTaintRule/{rule}" in described, described
+    rules.delete(name=rule)
+    _wait(
+        controller, lambda: summaries() == {"gpu-0": "NoExecute=1", "gpu-1": None} or None, 30, "the rule's taint gone"
+    )
+    assert "taints" not in _node_ledger(dyn, node)[f"{node}-gpu-1"]["status"]
 
 
 # ----- shutdown (last: stops the module's controller) ----------------------------------------------------

@@ -27,6 +27,7 @@ RESOURCES = {
     "ResourceClaim": Resource("resource.k8s.io", "v1", "resourceclaims", kind="ResourceClaim", namespaced=True),
     "ResourceSlice": Resource("resource.k8s.io", "v1", "resourceslices", kind="ResourceSlice", namespaced=False),
     "DeviceClass": Resource("resource.k8s.io", "v1", "deviceclasses", kind="DeviceClass", namespaced=False),
+    "DeviceTaintRule": Resource("resource.k8s.io", "v1", "devicetaintrules", kind="DeviceTaintRule", namespaced=False),
     "GPU": Resource(API_GROUP, GPU_VERSION, GPU_PLURAL, kind="GPU", namespaced=False),
 }
 
@@ -42,7 +43,9 @@ class KopfWorld:
         self.memories = ResourceMemories()
         self.settings = kopf.OperatorSettings()
         self._uids: dict[tuple[str, str, str], str] = {}
-        controller.bind(*(self.index(i) for i in handlers.INDEX_IDS))
+        controller.bind(
+            *(self.index(i) for i in handlers.INDEX_IDS), taint_rules=self.index(handlers.TAINT_RULES_INDEX)
+        )
 
     def index(self, id_: str) -> kopf.Index[Any, Any]:
         """kopf's live index of the handler `id_`."""

@@ -39,6 +39,7 @@ def test_crd_shape() -> None:
         "SHARES",
         "ENFORCEMENT",
         "REPORTING",
+        "TAINTS",  # blank but on tainted GPUs: NoSchedule=1
         "MIG",
         "TRUST-DOMAIN",
         "AGE",

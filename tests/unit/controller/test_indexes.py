@@ -125,3 +125,42 @@ def test_a_slice_that_stops_being_ours_leaves_the_index_and_its_gpus_the_ledger(
         assert sorted(writer.deleted) == [f"{NODE}-gpu-0", f"{NODE}-gpu-1"]
 
     run(test)
+
+
+def test_a_device_taint_rule_taints_the_gpus_it_selects_until_it_is_changed_or_deleted() -> None:
+    def taints(writer: FakeWriter) -> dict[str, str | None]:
+        return {n: s.get("taintSummary") for n, s in sorted(writer.gpu_status.items())}
+
+    async def test(controller: Controller, world: KopfWorld, writer: FakeWriter) -> None:
+        for body in _slices():
+            await world.event(None, body)
+        await controller.start()
+        await eventually(lambda: taints(writer) == {f"{NODE}-gpu-0": None, f"{NODE}-gpu-1": None})
+        rule: dict[str, Any] = {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": "maint"},
+            "spec": {
+                "deviceSelector": {"driver": DRIVER_NAME, "pool": NODE, "device": "gpu-0"},
+                "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"},
+            },
+        }
+        await world.event("ADDED", rule)
+        assert "maint" in world.index("fracgpu_taint_rules")
+        await eventually(lambda: taints(writer) == {f"{NODE}-gpu-0": "NoSchedule=1", f"{NODE}-gpu-1": None})
+        assert writer.gpu_status[f"{NODE}-gpu-0"]["taintedBy"] == "example.com/maintenance:NoSchedule"
+        moved = copy.deepcopy(rule)
+        moved["spec"]["deviceSelector"]["device"] = "gpu-1"  # the GPU it selected before is marked too
+        await world.event("MODIFIED", moved)
+        await eventually(lambda: taints(writer) == {f"{NODE}-gpu-0": None, f"{NODE}-gpu-1": "NoSchedule=1"})
+        foreign = copy.deepcopy(moved)
+        foreign["spec"]["deviceSelector"]["driver"] = "nic.other.example.com"
+        await world.event("MODIFIED", foreign)
+        assert "maint" not in world.index("fracgpu_taint_rules"), "kopf kept the rule's old index entry"
+        await eventually(lambda: taints(writer) == {f"{NODE}-gpu-0": None, f"{NODE}-gpu-1": None})
+        await world.event("MODIFIED", moved)
+        await eventually(lambda: taints(writer)[f"{NODE}-gpu-1"] == "NoSchedule=1")
+        await world.event("DELETED", moved)
+        await eventually(lambda: taints(writer) == {f"{NODE}-gpu-0": None, f"{NODE}-gpu-1": None})
+
+    run(test)
