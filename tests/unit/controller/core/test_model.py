@@ -160,6 +160,31 @@ def test_claim_view_of_a_pending_claim_collects_memory_requests_per_request() ->
     ]
 
 
+def test_claim_view_of_a_pending_claim_reads_counts_modes_and_constraints() -> None:
+    body = claim(
+        requests=[
+            {"name": "many", "exactly": {"deviceClassName": DEVICE_CLASS_NAME, "count": 3}},
+            {"name": "every", "exactly": {"deviceClassName": DEVICE_CLASS_NAME, "allocationMode": "All"}},
+            {"name": "nic", "exactly": {"deviceClassName": "other"}},
+        ]
+    )
+    body["spec"]["devices"]["constraints"] = [
+        {"requests": ["many", "nic"], "matchAttribute": "resource.kubernetes.io/pcieRoot"},
+        {"distinctAttribute": f"{DRIVER_NAME}/uuid"},
+    ]
+    view = claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert view is not None
+    assert [[(m.request, m.memory, m.count, m.all) for m in alts] for alts in view.requests] == [
+        [("many", None, 3, False)],
+        [("every", None, 1, True)],
+    ], "another driver's request is not ours to weigh"
+    assert [(c.requests, c.attribute, c.distinct) for c in view.constraints] == [
+        (("many", "nic"), "resource.kubernetes.io/pcieRoot", False),
+        ((), f"{DRIVER_NAME}/uuid", True),
+    ]
+    assert view.memory_requests == (), "no memory amounts"
+
+
 def test_claim_view_reads_memory_qualified_by_the_driver_domain_as_admission_does() -> None:
     qualified = {"deviceClassName": DEVICE_CLASS_NAME, "capacity": {"requests": {f"{DRIVER_NAME}/memory": "100Gi"}}}
     view = claim_view(claim(requests=[{"name": "q", "exactly": qualified}]), DRIVER_NAME, DEVICE_CLASS_NAME)
