@@ -936,6 +936,36 @@ def test_every_form_of_an_impossible_claim_gets_an_event_saying_what_was_asked_a
     for name in possible:
         assert not _events(api_client, namespace, name, "UnsatisfiableGpuRequest"), name
 
+    # the real scheduler agrees: a pod of each impossible claim stays Unschedulable on every node, and each twin is
+    # allocated (one at a time, on an otherwise idle cluster of T4s and L4s)
+    core = client.CoreV1Api(api_client)
+
+    def pod(claim: str) -> dict[str, Any]:
+        body = kube.pod_with_claim(f"p-{claim}", None, "", {"c": claim})
+        del body["spec"]["nodeSelector"]  # any node
+        return body
+
+    def unschedulable(name: str) -> bool:
+        conditions = core.read_namespaced_pod(name, namespace).status.conditions or []
+        return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
+
+    def allocation(claim: str) -> Any:
+        return (_claims(dyn).get(namespace=namespace, name=claim).to_dict().get("status") or {}).get("allocation")
+
+    def deallocated(claim: str) -> bool:
+        return allocation(claim) is None
+
+    for name in impossible:
+        core.create_namespaced_pod(namespace, pod(name))
+    for name in impossible:
+        _wait(controller, functools.partial(unschedulable, f"p-{name}"), 30, f"pod of claim {name!r} Unschedulable")
+        assert allocation(name) is None, name
+    for name in possible:
+        core.create_namespaced_pod(namespace, pod(name))
+        _wait(controller, functools.partial(allocation, name), 30, f"claim {name!r} allocated")
+        core.delete_namespaced_pod(f"p-{name}", namespace, grace_period_seconds=0)
+        _wait(controller, functools.partial(deallocated, name), 60, f"claim {name!r} deallocated")
+
 
 def test_a_deallocated_claim_of_another_class_of_our_driver_leaves_the_ledger(
     controller: kube.ControllerProcess, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
