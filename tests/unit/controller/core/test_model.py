@@ -58,6 +58,21 @@ def test_slice_view_honours_a_smaller_valid_range_max_and_qualified_attribute_na
     assert (d.memory_total, d.max_request, d.uuid, d.index, d.product_name) == (80 * GiB, 40 * GiB, "GPU-x", 3, None)
 
 
+def test_slice_view_reads_what_a_request_without_memory_consumes_and_whether_the_slice_names_a_node() -> None:
+    body = slices(count=1)[0]
+    view = slice_view(body, DRIVER_NAME)
+    assert view is not None and view.devices[0].default_request == 80 * GiB, "the policy's default: all of it"
+    assert view.devices[0].node_local
+    body["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["default"] = "10Gi"
+    view = slice_view(body, DRIVER_NAME)
+    assert view is not None and view.devices[0].default_request == 10 * GiB
+    del body["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]
+    del body["spec"]["nodeName"]
+    view = slice_view(body, DRIVER_NAME)
+    assert view is not None and view.devices[0].default_request == 80 * GiB, "no policy: the whole capacity"
+    assert not view.devices[0].node_local, "no nodeName: its devices may serve any node"
+
+
 def test_current_devices_use_the_newest_generation_of_each_pool() -> None:
     old = slice_view(slices(count=2, generation=1)[0], DRIVER_NAME)
     new = slice_view(slices(count=1, generation=2)[0] | {"metadata": {"name": "newer"}}, DRIVER_NAME)
