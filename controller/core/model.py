@@ -102,6 +102,11 @@ class DeviceRecord(BaseModel):
     """A MIG GPU's MIG state (attribute `migState`)."""
     taints: tuple[DeviceTaint, ...] = ()
     """Its `taints` in the slice (source `ResourceSlice/<slice>`); DeviceTaintRules' are not here."""
+    default_request: int = 0
+    """What an allocation that names no memory amount consumes of it: its requestPolicy's `default`, or, without a
+    policy, all of its memory (0: a policy without a default, not known here)."""
+    node_local: bool = True
+    """Its ResourceSlice names one node (`spec.nodeName`): a claim's devices of such slices all come from one node."""
 
     @property
     def key(self) -> DeviceKey:
@@ -160,17 +165,36 @@ class Share(BaseModel):
         return (self.pool, self.device, self.share_id or "")
 
 
-class MemoryRequest(BaseModel):
-    """A request (or subrequest) of our DeviceClass with an explicit memory amount."""
+class GpuRequest(BaseModel):
+    """A request (or subrequest) of one of our DeviceClasses: one alternative of a claim's request."""
 
     model_config = ConfigDict(frozen=True)
 
     request: str
-    memory: int
+    """Its name: `gpu`, or `gpu/large` for a subrequest of `firstAvailable`."""
+    memory: int | None = None
+    """Its memory amount in bytes; None: none named (each device's `default_request`, a whole GPU)."""
+    count: int = 1
+    """`count` of allocationMode ExactCount: that many distinct devices."""
+    all: bool = False
+    """allocationMode All: every matching device of the node (at least one)."""
+    admin_access: bool = False
     selectors: tuple[str, ...] = ()
     """CEL expressions of the request's `selectors` (all must hold)."""
     device_class: str = ""
     """The DeviceClass the alternative names (one of ours)."""
+
+
+class DeviceConstraint(BaseModel):
+    """One `spec.devices.constraints` entry: `matchAttribute` (`distinct` False) or `distinctAttribute`."""
+
+    model_config = ConfigDict(frozen=True)
+
+    requests: tuple[str, ...] = ()
+    """The requests (`gpu`) or subrequests (`gpu/large`) it covers; empty: all of them."""
+    attribute: str
+    """The fully qualified attribute name (`gpu.fracgpu.dev/uuid`)."""
+    distinct: bool = False
 
 
 class DeviceClassView(BaseModel):
@@ -199,8 +223,10 @@ class ClaimView(BaseModel):
     ResourceClaimTemplate, or by the scheduler for the pod's extended resource (`resources.limits`); None for a
     claim created on its own."""
     shares: tuple[Share, ...] = ()
-    memory_requests: tuple[tuple[MemoryRequest, ...], ...] = ()
-    """Per request of our class: its alternatives (one for `exactly`, several for `firstAvailable`)."""
+    requests: tuple[tuple[GpuRequest, ...], ...] = ()
+    """Per request all of whose alternatives name one of our classes: its alternatives (one for `exactly`, several
+    for `firstAvailable`)."""
+    constraints: tuple[DeviceConstraint, ...] = ()
     status_data: dict[tuple[str, str, str], Any] = {}
     status_enforcement: dict[tuple[str, str, str], str] = {}
     """The tier the node plugin reports it applied (condition `MemoryEnforcement`), by entry key."""
@@ -221,6 +247,11 @@ class ClaimView(BaseModel):
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+    @property
+    def memory_requests(self) -> tuple[tuple[GpuRequest, ...], ...]:
+        """The `requests` every alternative of which names a memory amount."""
+        return tuple(r for r in self.requests if all(m.memory is not None for m in r))
 
 
 class MalformedObjectError(ValueError):
@@ -290,7 +321,8 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
         total = quantity_bytes(memory.get("value"))
         if total is None:
             continue  # not a GPU shareable by memory: nothing to account
-        valid_range = (memory.get("requestPolicy") or {}).get("validRange") or {}
+        policy = memory.get("requestPolicy")
+        valid_range = (policy or {}).get("validRange") or {}
         max_request = quantity_bytes(valid_range.get("max")) if valid_range.get("max") is not None else None
         range_min, range_step = quantity_bytes(valid_range.get("min")), quantity_bytes(valid_range.get("step"))
         index = _attribute(attributes, "index", driver, "int")
@@ -322,6 +354,8 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
                 partition_memory_mib=_attribute(attributes, mig.PARTITION_MEMORY_ATTRIBUTE, driver, "int"),
                 mig_state=_attribute(attributes, mig.STATE_ATTRIBUTE, driver, "string"),
                 taints=tuple(_taint(t, f"ResourceSlice/{slice_name}") for t in dev.get("taints") or []),
+                default_request=total if policy is None else quantity_bytes(policy.get("default")) or 0,
+                node_local=bool(spec.get("nodeName")),
             )
         )
     return SliceView(name=slice_name, pool=pool_name, generation=generation, devices=tuple(devices))
@@ -382,17 +416,36 @@ def _cel_selectors(selectors: object) -> tuple[str, ...]:
     )
 
 
-def _memory_request(exact: Mapping[str, Any], name: str, driver: str) -> MemoryRequest | None:
+def _gpu_request(exact: Mapping[str, Any], name: str, driver: str) -> GpuRequest | None:
+    """The alternative `exact` (None: a memory amount that is not a quantity)."""
     requested = _memory((exact.get("capacity") or {}).get("requests") or {}, driver)
     memory = quantity_bytes(requested) if requested is not None else None
-    if memory is None:
+    if requested is not None and memory is None:
         return None
-    return MemoryRequest(
+    return GpuRequest(
         request=name,
         memory=memory,
+        count=int(exact.get("count") or 1),
+        all=exact.get("allocationMode") == "All",
+        admin_access=bool(exact.get("adminAccess")),
         selectors=_cel_selectors(exact.get("selectors")),
         device_class=str(exact.get("deviceClassName", "")),
     )
+
+
+def _constraints(entries: object) -> tuple[DeviceConstraint, ...]:
+    out = []
+    for c in entries if isinstance(entries, list) else []:
+        attribute, distinct = c.get("matchAttribute"), False
+        if not attribute:
+            attribute, distinct = c.get("distinctAttribute"), True
+        if attribute:
+            out.append(
+                DeviceConstraint(
+                    requests=tuple(map(str, c.get("requests") or ())), attribute=str(attribute), distinct=distinct
+                )
+            )
+    return tuple(out)
 
 
 def device_class_view(body: Mapping[str, Any], driver: str) -> DeviceClassView:
@@ -445,7 +498,7 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str | tuple[s
     )
     classes = (device_class,) if isinstance(device_class, str) else device_class
     ours_requested = False
-    memory_requests: list[tuple[MemoryRequest, ...]] = []
+    requests: list[tuple[GpuRequest, ...]] = []
     for req in spec_devices.get("requests") or []:
         alternatives = (
             [(req["exactly"], req["name"])]
@@ -455,9 +508,9 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str | tuple[s
         ours = [(exact, name) for exact, name in alternatives if exact.get("deviceClassName") in classes]
         ours_requested = ours_requested or bool(ours)
         if ours and len(ours) == len(alternatives):  # only if every alternative needs one of our GPUs
-            found = [m for exact, name in ours if (m := _memory_request(exact, name, driver)) is not None]
+            found = [m for exact, name in ours if (m := _gpu_request(exact, name, driver)) is not None]
             if len(found) == len(ours):
-                memory_requests.append(tuple(found))
+                requests.append(tuple(found))
     if not shares and not ours_requested:
         return None
     status_data = {
@@ -506,7 +559,8 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str | tuple[s
         node=_allocated_node(allocation) if allocation else None,
         pod=_owner_pod(meta),
         shares=shares,
-        memory_requests=tuple(memory_requests),
+        requests=tuple(requests),
+        constraints=_constraints(spec_devices.get("constraints")),
         status_data=status_data,
         status_enforcement=status_enforcement,
         status_gone=status_gone,

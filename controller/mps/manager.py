@@ -231,8 +231,8 @@ class MpsDomains:
         domain = self.domain_of(claim)
         out = []
         for alternatives in claim.memory_requests:
-            smallest = min(alternatives, key=lambda m: m.memory)
-            if (message := waiting_message(domain, smallest.memory, rooms)) is not None:
+            smallest = min(alternatives, key=lambda m: m.memory or 0)  # memory_requests: every memory is set
+            if (message := waiting_message(domain, smallest.memory or 0, rooms)) is not None:
                 out.append((smallest.request, message))
         return out
 

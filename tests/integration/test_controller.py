@@ -5,6 +5,7 @@ The controller runs as a process under a ServiceAccount bound to exactly the rul
 plugin's own `build_slices` on fake Nodes.
 """
 
+import functools
 import json
 import subprocess
 import time
@@ -804,6 +805,176 @@ def test_an_a100_only_claim_larger_than_an_a100_gets_an_event_naming_the_selecto
     assert f'`device.driver == "{DRIVER_NAME}"` (of DeviceClass {DEVICE_CLASS_NAME})' in message, message
     assert message.endswith("and the largest of them has 40Gi"), message
     assert not _events(api_client, namespace, "a100-40gi", "UnsatisfiableGpuRequest")
+
+
+def test_every_form_of_an_impossible_claim_gets_an_event_saying_what_was_asked_and_why(
+    controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    """Whole GPUs, count, All, firstAvailable, and requests that fit alone but not together under matchAttribute
+    or distinctAttribute: the controller's UnsatisfiableGpuRequest on each, and none on their possible twins. A node
+    with two T4s and one with a T4 and an L4, models no other test publishes."""
+    t4, l4 = "NVIDIA T4 (unsatisfiable test)", "NVIDIA L4 (unsatisfiable test)"
+    two = kube.create_fake_node(api_client, kube.unique("t4node"))
+    kube.publish_gpus(dyn, two, DRIVER_NAME, kube.simulated_gpus(two["metadata"]["name"], 2, memory_gib=16, model=t4))
+    mixed = kube.create_fake_node(api_client, kube.unique("mixednode"))
+    t4_l4 = kube.simulated_gpus(mixed["metadata"]["name"], 2, memory_gib=16, model=t4)
+    t4_l4[1] = t4_l4[1].model_copy(update={"product_name": l4, "memory_total_bytes": 24 * kube.GiB})
+    kube.publish_gpus(dyn, mixed, DRIVER_NAME, t4_l4)
+    product = f'device.attributes["{DRIVER_NAME}"].productName'
+    only_t4, only_l4 = (
+        [{"cel": {"expression": f'{product} == "{t4}"'}}],
+        [{"cel": {"expression": f'{product} == "{l4}"'}}],
+    )
+    none = f'{product} == "NVIDIA nonexistent (unsatisfiable test)"'
+    uuid, product_name = f"{DRIVER_NAME}/uuid", f"{DRIVER_NAME}/productName"
+
+    def body(name: str, requests: list[dict[str, Any]], constraints: list[dict[str, Any]] | None = None) -> Any:
+        out = _claim_body(name, requests)
+        if constraints:
+            out["spec"]["devices"]["constraints"] = constraints
+        return out
+
+    impossible = {
+        "whole": (
+            body("whole", [_request("gpu", selectors=[{"cel": {"expression": none}}])]),
+            ["request 'gpu' asks for a whole GPU, but no published GPU matches selector", none],
+        ),
+        "count": (
+            body("count", [_request("gpu", "1Gi", count=3, selectors=only_t4)]),
+            [
+                "request 'gpu' asks for 3 GPUs with 1Gi of GPU memory each, but a claim's GPUs all come from one "
+                "node, and no node has 3 GPUs it can use",
+                f"the most on one node is 2 (node {two['metadata']['name']}), of 3 published GPUs it can use",
+            ],
+        ),
+        "all": (
+            body("all", [_request("gpu", allocationMode="All", selectors=[{"cel": {"expression": none}}])]),
+            ["request 'gpu' asks for every GPU of a node it matches (allocationMode All), but no published GPU"],
+        ),
+        "first": (
+            body(
+                "first",
+                [
+                    {
+                        "name": "gpu",
+                        "firstAvailable": [
+                            {"name": "three", "deviceClassName": DEVICE_CLASS_NAME, "count": 3, "selectors": only_t4},
+                            {
+                                "name": "big",
+                                "deviceClassName": DEVICE_CLASS_NAME,
+                                "selectors": only_l4,
+                                "capacity": {"requests": {"memory": "30Gi"}},
+                            },
+                        ],
+                    }
+                ],
+            ),
+            [
+                "request 'gpu/three' asks for 3 whole GPUs, but",
+                "; or request 'gpu/big' asks for 30Gi of GPU memory, but only 1 published GPU of ",
+                "and the largest of them has 24Gi",
+            ],
+        ),
+        "match": (
+            body(
+                "match",
+                [_request("a", "1Gi", selectors=only_t4), _request("b", "1Gi", selectors=only_l4)],
+                [{"requests": ["a", "b"], "matchAttribute": product_name}],
+            ),
+            [
+                "request 'a' asks for 1Gi of GPU memory; request 'b' asks for 1Gi of GPU memory; each fits alone, but",
+                f"constraint matchAttribute {product_name} ('a', 'b'): no node has GPUs of one value for all of them "
+                f"(the values each can use: 'a': {t4}; 'b': {l4})",
+            ],
+        ),
+        "distinct": (
+            body(
+                "distinct",
+                [_request("a", "1Gi", count=2, selectors=only_t4), _request("b", "1Gi", selectors=only_t4)],
+                [{"distinctAttribute": uuid}],
+            ),
+            [
+                f"each fits alone, but constraint distinctAttribute {uuid} (all requests) needs 3 GPUs with "
+                f"different {uuid} on one node, and no node has more than 2 such values"
+            ],
+        ),
+        "sum": (
+            body(
+                "sum",
+                [_request("a", "10Gi", selectors=only_t4), _request("b", "10Gi", selectors=only_t4)],
+                [{"matchAttribute": uuid}],
+            ),
+            [
+                f"constraint matchAttribute {uuid} (all requests) puts them on one GPU (each {uuid} is one GPU), "
+                "and together they ask for 20Gi of GPU memory, where the largest GPU they can all use has 16Gi"
+            ],
+        ),
+        "wholes": (
+            body("wholes", [_request(r, selectors=only_t4) for r in ("a", "b", "c")]),
+            ["each fits alone, but no node has GPUs for all of them at once"],
+        ),
+    }
+    possible = {  # the twins: one thing changed, and the claim can be allocated
+        "count-ok": body("count-ok", [_request("gpu", "1Gi", count=2, selectors=only_t4)]),
+        "match-ok": body(
+            "match-ok",
+            [_request("a", "1Gi", selectors=only_t4), _request("b", "1Gi", selectors=only_t4)],
+            [{"matchAttribute": product_name}],
+        ),
+        "sum-ok": body(
+            "sum-ok",
+            [_request("a", "8Gi", selectors=only_t4), _request("b", "8Gi", selectors=only_t4)],
+            [{"matchAttribute": uuid}],
+        ),
+        "wholes-ok": body("wholes-ok", [_request(r, selectors=only_t4) for r in ("a", "b")]),
+    }
+    for claim in possible.values():  # created first: reconciled before the others' Events are posted
+        _claims(dyn).create(namespace=namespace, body=claim)
+    for claim, _ in impossible.values():
+        _claims(dyn).create(namespace=namespace, body=claim)
+    for name, (_, expected) in impossible.items():
+        events = _wait(
+            controller,
+            functools.partial(_events, api_client, namespace, name, "UnsatisfiableGpuRequest"),
+            30,
+            f"an UnsatisfiableGpuRequest Event on claim {name!r}",
+        )
+        message = events[0].message
+        assert message.startswith(f"no GPU of {DRIVER_NAME} can ever satisfy this claim: "), message
+        for part in expected:
+            assert part in message, (name, message)
+    for name in possible:
+        assert not _events(api_client, namespace, name, "UnsatisfiableGpuRequest"), name
+
+    # the real scheduler agrees: a pod of each impossible claim stays Unschedulable on every node, and each twin is
+    # allocated (one at a time, on an otherwise idle cluster of T4s and L4s)
+    core = client.CoreV1Api(api_client)
+
+    def pod(claim: str) -> dict[str, Any]:
+        body = kube.pod_with_claim(f"p-{claim}", None, "", {"c": claim})
+        del body["spec"]["nodeSelector"]  # any node
+        return body
+
+    def unschedulable(name: str) -> bool:
+        conditions = core.read_namespaced_pod(name, namespace).status.conditions or []
+        return any(c.type == "PodScheduled" and c.reason == "Unschedulable" for c in conditions)
+
+    def allocation(claim: str) -> Any:
+        return (_claims(dyn).get(namespace=namespace, name=claim).to_dict().get("status") or {}).get("allocation")
+
+    def deallocated(claim: str) -> bool:
+        return allocation(claim) is None
+
+    for name in impossible:
+        core.create_namespaced_pod(namespace, pod(name))
+    for name in impossible:
+        _wait(controller, functools.partial(unschedulable, f"p-{name}"), 30, f"pod of claim {name!r} Unschedulable")
+        assert allocation(name) is None, name
+    for name in possible:
+        core.create_namespaced_pod(namespace, pod(name))
+        _wait(controller, functools.partial(allocation, name), 30, f"claim {name!r} allocated")
+        core.delete_namespaced_pod(f"p-{name}", namespace, grace_period_seconds=0)
+        _wait(controller, functools.partial(deallocated, name), 60, f"claim {name!r} deallocated")
 
 
 def test_a_deallocated_claim_of_another_class_of_our_driver_leaves_the_ledger(

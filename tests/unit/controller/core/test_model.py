@@ -58,6 +58,21 @@ def test_slice_view_honours_a_smaller_valid_range_max_and_qualified_attribute_na
     assert (d.memory_total, d.max_request, d.uuid, d.index, d.product_name) == (80 * GiB, 40 * GiB, "GPU-x", 3, None)
 
 
+def test_slice_view_reads_what_a_request_without_memory_consumes_and_whether_the_slice_names_a_node() -> None:
+    body = slices(count=1)[0]
+    view = slice_view(body, DRIVER_NAME)
+    assert view is not None and view.devices[0].default_request == 80 * GiB, "the policy's default: all of it"
+    assert view.devices[0].node_local
+    body["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]["default"] = "10Gi"
+    view = slice_view(body, DRIVER_NAME)
+    assert view is not None and view.devices[0].default_request == 10 * GiB
+    del body["spec"]["devices"][0]["capacity"]["memory"]["requestPolicy"]
+    del body["spec"]["nodeName"]
+    view = slice_view(body, DRIVER_NAME)
+    assert view is not None and view.devices[0].default_request == 80 * GiB, "no policy: the whole capacity"
+    assert not view.devices[0].node_local, "no nodeName: its devices may serve any node"
+
+
 def test_current_devices_use_the_newest_generation_of_each_pool() -> None:
     old = slice_view(slices(count=2, generation=1)[0], DRIVER_NAME)
     new = slice_view(slices(count=1, generation=2)[0] | {"metadata": {"name": "newer"}}, DRIVER_NAME)
@@ -158,6 +173,31 @@ def test_claim_view_of_a_pending_claim_collects_memory_requests_per_request() ->
         [("a", 100 * GiB)],
         [("b/big", 90 * GiB), ("b/small", 1 * GiB)],
     ]
+
+
+def test_claim_view_of_a_pending_claim_reads_counts_modes_and_constraints() -> None:
+    body = claim(
+        requests=[
+            {"name": "many", "exactly": {"deviceClassName": DEVICE_CLASS_NAME, "count": 3}},
+            {"name": "every", "exactly": {"deviceClassName": DEVICE_CLASS_NAME, "allocationMode": "All"}},
+            {"name": "nic", "exactly": {"deviceClassName": "other"}},
+        ]
+    )
+    body["spec"]["devices"]["constraints"] = [
+        {"requests": ["many", "nic"], "matchAttribute": "resource.kubernetes.io/pcieRoot"},
+        {"distinctAttribute": f"{DRIVER_NAME}/uuid"},
+    ]
+    view = claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert view is not None
+    assert [[(m.request, m.memory, m.count, m.all) for m in alts] for alts in view.requests] == [
+        [("many", None, 3, False)],
+        [("every", None, 1, True)],
+    ], "another driver's request is not ours to weigh"
+    assert [(c.requests, c.attribute, c.distinct) for c in view.constraints] == [
+        (("many", "nic"), "resource.kubernetes.io/pcieRoot", False),
+        ((), f"{DRIVER_NAME}/uuid", True),
+    ]
+    assert view.memory_requests == (), "no memory amounts"
 
 
 def test_claim_view_reads_memory_qualified_by_the_driver_domain_as_admission_does() -> None:
