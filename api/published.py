@@ -9,7 +9,13 @@ are in Kubernetes' domain `resource.kubernetes.io` (`device.attributes["resource
 from typing import Final
 
 from api import mig
-from api.names import MEMORY_CAPACITY, MPS_CLIENTS_CAPACITY
+from api.names import (
+    MEMORY_CAPACITY,
+    MPS_CLIENTS_CAPACITY,
+    NUMA_NODE_ATTRIBUTE,
+    PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
+)
 
 STANDARD_DOMAIN: Final = "resource.kubernetes.io"
 """Kubernetes' domain of standard device attributes."""
@@ -39,7 +45,9 @@ DRIVER_ATTRIBUTES: Final = frozenset(
 )
 """Attributes in the driver's domain, on some kind of device (a whole GPU, a MIG partition or a MIG GPU)."""
 
-STANDARD_ATTRIBUTES: Final = frozenset({"pciBusID", "pcieRoot", "numaNode"})
+STANDARD_ATTRIBUTES: Final = frozenset(
+    n.removeprefix(f"{STANDARD_DOMAIN}/") for n in (PCI_BUS_ID_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE, NUMA_NODE_ATTRIBUTE)
+)
 """Attributes in `resource.kubernetes.io` (Kubernetes' standard attributes)."""
 
 DRIVER_CAPACITIES: Final = frozenset({MEMORY_CAPACITY, MPS_CLIENTS_CAPACITY})

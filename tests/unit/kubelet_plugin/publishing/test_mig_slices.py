@@ -12,7 +12,7 @@ import pytest
 
 from api import mig as names
 from api import published
-from api.names import DRIVER_NAME, MEMORY_CAPACITY
+from api.names import DRIVER_NAME, MEMORY_CAPACITY, NUMA_NODE_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE
 from api.quantity import GiB, to_bytes
 from kubelet_plugin.core.model import MigGpu
 from kubelet_plugin.publishing.slices import build_slices, mig_devices
@@ -195,7 +195,7 @@ def test_every_name_published_is_in_the_list_admission_reads() -> None:
         NODE,
         NODE_UID,
         DRIVER_NAME,
-        [*GPUS, gpu(3), gpu(4)],
+        [gpu(0, pcie_root="pci0000:17", numa_node=0), *GPUS[1:], gpu(3), gpu(4)],
         step=STEP,
         reserve=0,
         generation=1,
@@ -217,7 +217,23 @@ def test_every_name_published_is_in_the_list_admission_reads() -> None:
         assert found <= published.attributes(DRIVER_NAME).get(domain, frozenset()), domain
     for domain, found in capacities.items():
         assert found <= published.capacities(DRIVER_NAME).get(domain, frozenset()), domain
-    # and every name of the driver's domain listed is published on some device (the standard domain's pcieRoot
-    # and numaNode come with the node plugin's sysfs reading)
+    # and every name listed is published on some device
     assert attributes[DRIVER_NAME] == published.DRIVER_ATTRIBUTES
+    assert attributes[published.STANDARD_DOMAIN] == published.STANDARD_ATTRIBUTES
     assert capacities[DRIVER_NAME] == published.DRIVER_CAPACITIES
+
+
+def test_a_mig_gpu_and_each_of_its_partitions_carry_the_gpus_topology() -> None:
+    placed = [gpu(0, pcie_root="pci0000:17", numa_node=0), gpu(1, pcie_root="pci0000:29")]
+    built = build_slices(NODE, NODE_UID, DRIVER_NAME, placed, step=STEP, reserve=0, generation=1, mig={
+        "gpu-0": H100_MIG, "gpu-1": H100_MIG})  # fmt: skip
+    by_gpu: dict[int, set[tuple[Any, ...]]] = {}
+    for device in devices(built):
+        attributes = device["attributes"]
+        topology = (
+            attributes.get(PCIE_ROOT_ATTRIBUTE, {}).get("string"),
+            attributes.get(NUMA_NODE_ATTRIBUTE, {}).get("int"),
+        )
+        by_gpu.setdefault(attr(device, "index"), set()).add(topology)
+    assert by_gpu == {0: {("pci0000:17", 0)}, 1: {("pci0000:29", None)}}
+    assert sum(1 for d in devices(built) if attr(d, names.TYPE_ATTRIBUTE) == names.TYPE_MIG) > 2  # partitions too
