@@ -22,7 +22,7 @@ from api.kube_retry import REFLECTOR_FIRST_S
 from api.mps_trust import TrustDomain, trust_domain
 from api.names import API_GROUP
 from controller.admission.certificate import SharedCertificate
-from controller.admission.verdict import Review, review_claim_spec
+from controller.admission.verdict import Review, is_extended_resource_claim, review_claim_spec
 from controller.admission.webhook import WebhookServer, refuse
 from controller.admission.webhook_config import CLAIMS, MUTATED_CLAIMS, TEMPLATES, Registration
 from controller.core import kube, metrics
@@ -116,10 +116,12 @@ def operator_settings(
     return out
 
 
-def _review(controller: Controller, spec: Any, prefix: str, namespace: str | None) -> Review:
+def _review(
+    controller: Controller, spec: Any, prefix: str, namespace: str | None, *, standalone: bool = False
+) -> Review:
     """Review a claim spec against what the controller published for admission (called on the webhook's
     thread: it reads `controller.admission.verdict` only), and its tolerations against the claim's MPS trust
-    domain (with --mps)."""
+    domain (with --mps). `standalone`: a ResourceClaim pods name directly (`review_claim_spec`)."""
     s = controller.settings
     facts = controller.admission
     if s.mps and namespace and isinstance(spec, Mapping):
@@ -140,6 +142,8 @@ def _review(controller: Controller, spec: Any, prefix: str, namespace: str | Non
         mps_offered=facts.mps,
         request_ranges=facts.request_ranges,
         our_classes={*s.device_classes, *s.claim_classes},
+        shared_classes=s.device_classes,
+        standalone=standalone,
     )
     return Review(problems=review.problems, warnings=(*review.warnings, *warned)) if warned else review
 
@@ -294,7 +298,8 @@ def register(
         operations=list(CLAIMS.operations),  # CREATE: the spec is immutable
     )
     async def validate_claim(body: kopf.Body, warnings: list[str], namespace: str | None, **_: Any) -> None:
-        _respond(_review(controller, body.get("spec"), "spec", namespace), warnings, body)
+        standalone = not is_extended_resource_claim(body)
+        _respond(_review(controller, body.get("spec"), "spec", namespace, standalone=standalone), warnings, body)
 
     @kopf.on.validate(
         TEMPLATES.group,

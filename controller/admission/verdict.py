@@ -11,9 +11,15 @@ a claim whose MPS shares span GPUs: a CUDA process is the client of one MPS daem
 else would say it: settings dropped or changed on the way, namely an opaque config of another driver that
 applies only to requests of our DeviceClasses (the kubelet hands it to no driver that reads it), a memory
 request the published GPUs' `requestPolicy` rounds up (naming the grant), and `computeLimitPercent` that no
-published GPU can apply (only the mps and hami-core tiers do).
+published GPU can apply (only the mps and hami-core tiers do). For users of other drivers: a request without
+`capacity.requests.memory` of a class shared by memory in a ResourceClaim that pods name directly (it takes a
+whole GPU that all of them share; templates, adminAccess requests, the MIG class and kube-scheduler's claim for an
+extended resource are not warned), and a CEL selector of a request of any of our classes that reads an attribute
+or capacity no fracgpu device publishes (`api/published.py`), another domain's, or compares `device.driver` with
+another driver (`controller/admission/cel_refs.py` finds them), naming the published name it likely means.
 """
 
+import difflib
 import functools
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -22,10 +28,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from api import published
 from api.config_merge import ConfigEntry, EntryError, MergeError, config_for
 from api.gpu_config import GpuConfig, GpuConfigError, decode_gpu_config
 from api.names import CONFIG_API_VERSION, CONFIG_KIND, MEMORY_CAPACITY, MPS_DEVICE_CLASS_NAME
 from api.quantity import MiB, format_bytes, granted_in_range, parse_quantity
+from controller.admission.cel_refs import Kind, Reference, references
 
 log = logging.getLogger(__name__)
 
@@ -196,6 +204,135 @@ def _compute_warnings(merged: GpuConfig, path: str, request: str, offered: Mappi
     ]
 
 
+_STANDARD = "standard"
+_ALIASES: dict[str, tuple[Kind, str, str]] = {
+    **dict.fromkeys(
+        ("model", "name", "product", "gpumodel", "gputype", "cardtype", "card", "brand", "devicename"),
+        ("attribute", "", "productName"),
+    ),
+    **dict.fromkeys(("gpuuuid", "gpuuid", "deviceuuid", "parentuuid", "id"), ("attribute", "", "uuid")),
+    **dict.fromkeys(("gpuindex", "deviceindex", "idx"), ("attribute", "", "index")),
+    **dict.fromkeys(("arch", "gpuarchitecture"), ("attribute", "", "architecture")),
+    **dict.fromkeys(
+        ("computecapability", "cudacapability", "cc", "capability"), ("attribute", "", "cudaComputeCapability")
+    ),
+    **dict.fromkeys(("cudadriverversion", "driver", "nvidiadriverversion"), ("attribute", "", "driverVersion")),
+    **dict.fromkeys(("migprofile", "gpuinstanceprofile"), ("attribute", "", "profile")),
+    **dict.fromkeys(("migmode", "migenabled", "migstatus"), ("attribute", "", "migState")),
+    **dict.fromkeys(("mpsenabled", "sharing", "sharingstrategy"), ("attribute", "", "mps")),
+    **dict.fromkeys(("pcibusid", "pciebusid", "busid", "pciaddress"), ("attribute", _STANDARD, "pciBusID")),
+    **dict.fromkeys(("pcieroot", "pciroot"), ("attribute", _STANDARD, "pcieRoot")),
+    **dict.fromkeys(("numa", "numanode", "numaid", "numanodeid"), ("attribute", _STANDARD, "numaNode")),
+    **dict.fromkeys(
+        (
+            "memory",
+            "gpumem",
+            "gpumemory",
+            "memorysize",
+            "memorytotal",
+            "totalmemory",
+            "mem",
+            "vram",
+            "framebuffer",
+            "fbmemory",
+        ),
+        ("capacity", "", "memory"),
+    ),
+}
+"""Names other drivers and device plugins publish (lowercased) -> fracgpu's: (kind, domain, name), domain ""
+for the driver's and "standard" for resource.kubernetes.io."""
+
+
+def _published(kind: str, driver: str) -> dict[str, frozenset[str]]:
+    return published.attributes(driver) if kind == "attribute" else published.capacities(driver)
+
+
+def _suggestion(ref: Reference, driver: str) -> Reference | None:
+    """The published name `ref` most likely means: the same name in a domain or kind that has it, a well-known
+    other project's name for it, or a close spelling."""
+    name = ref.name.rsplit("/", 1)[-1]  # a qualified name written as a key: "resource.kubernetes.io/pciBusID"
+    other: Kind = "capacity" if ref.kind == "attribute" else "attribute"
+    spelled: dict[str, Reference] = {}
+    for kind in (ref.kind, other):
+        for domain, names in _published(kind, driver).items():
+            if name in names and (kind, domain, name) != (ref.kind, ref.domain, ref.name):
+                return Reference(kind, domain, name)
+            spelled |= {n.lower(): Reference(kind, domain, n) for n in names}
+    alias = _ALIASES.get(name.lower())
+    if alias is not None:
+        kind, domain, target = alias
+        return Reference(kind, published.STANDARD_DOMAIN if domain == _STANDARD else driver, target)
+    close = difflib.get_close_matches(name.lower(), list(spelled), n=1, cutoff=0.75)
+    return spelled[close[0]] if close else None
+
+
+def _unpublished(ref: Reference, driver: str) -> str | None:
+    """Why no fracgpu device has what `ref` reads, or None when some does."""
+    if ref.kind == "driver":
+        return None if ref.name == driver else f"every device of a {driver} DeviceClass is a {driver} device"
+    names = _published(ref.kind, driver)
+    if ref.domain not in names:
+        where = " and ".join(names)
+        return f"{driver} devices publish {ref.kind} names only in the domain(s) {where}"
+    if ref.name in names[ref.domain]:
+        return None
+    return f"no {driver} device publishes {ref.kind} {ref.name!r} in {ref.domain}"
+
+
+def _selector_warnings(exact: Mapping[str, Any], path: str, request: str, driver: str) -> list[str]:
+    """A warning for each name a request's CEL selectors read that no fracgpu device publishes (an unknown
+    attribute or capacity, a domain other than the driver's and resource.kubernetes.io, another driver compared
+    with device.driver): on every fracgpu device the selector then fails ("no such key") or is false, so the
+    request never matches; each names the published name it likely means."""
+    warnings: list[str] = []
+    for k, selector in enumerate(exact.get("selectors") or []):
+        expression = ((selector or {}).get("cel") or {}).get("expression")
+        if not isinstance(expression, str):
+            continue
+        for ref in references(expression):
+            why = _unpublished(ref, driver)
+            if why is None:
+                continue
+            if ref.kind == "driver":
+                outcome = f'so the comparison is false on every device; write device.driver == "{driver}" or drop it'
+            elif ref.test:
+                outcome = "so it is absent on every device (a test of it is false, an optional read has no value)"
+            else:
+                outcome = 'so reading it is an error on every device (CEL: "no such key"): no device matches by it'
+            hint = _suggestion(ref, driver) if ref.kind != "driver" else None
+            if hint is not None:
+                meant = f"; did you mean {hint.cel}?"
+            elif ref.kind != "driver" and ref.domain in (names := _published(ref.kind, driver)):
+                meant = f"; {ref.domain} has the {ref.kind} names {', '.join(sorted(names[ref.domain]))}"
+            else:
+                meant = ""
+            warnings.append(
+                f"{path}.selectors[{k}].cel.expression: request {request!r} reads {ref.cel}, but {why}, {outcome}"
+                f"{meant}"
+            )
+    return warnings
+
+
+def _whole_gpu_warning(exact: Mapping[str, Any], path: str, request: str) -> list[str]:
+    """A warning for a request of a ResourceClaim (not a template) without capacity.requests.memory: it takes a
+    whole GPU, and every pod that references the claim shares that one GPU."""
+    if (exact.get("capacity") or {}).get("requests") or exact.get("adminAccess"):
+        return []
+    count = exact.get("count", 1)
+    if exact.get("allocationMode") == "All":
+        what = "every matching GPU of its node, each whole"
+    elif isinstance(count, int) and count > 1:
+        what = f"{count} whole GPUs"
+    else:
+        what = "a whole GPU"
+    return [
+        f"{path}: request {request!r} asks for no capacity.requests.memory, so it takes {what} (all of its memory: "
+        "no share can join it), and every pod that references this ResourceClaim shares what it takes; for a "
+        "share per pod, write a ResourceClaimTemplate whose request asks for capacity.requests.memory (e.g. "
+        "10Gi) and name it in the pod's resourceClaimTemplateName"
+    ]
+
+
 def _request_owners(requests: Sequence[Mapping[str, Any]], classes: Collection[str]) -> dict[str, bool]:
     """Whether each request name (and `request/alternative` of `firstAvailable`) asks only for `classes`."""
     owners: dict[str, bool] = {}
@@ -226,6 +363,17 @@ def _foreign_config_warning(config: Mapping[str, Any], path: str, driver: str, o
     ]
 
 
+EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+"""Set to "true" by kube-scheduler on the ResourceClaim it creates for a pod's extended resource
+(`DeviceClass.extendedResourceName`): a claim of one pod, whole GPUs by design."""
+
+
+def is_extended_resource_claim(claim: Mapping[str, Any]) -> bool:
+    """Whether `claim` is the one kube-scheduler made for a pod's extended resource (its annotation)."""
+    annotations = (claim.get("metadata") or {}).get("annotations") or {}
+    return bool(annotations.get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true")
+
+
 def _total(review: Callable[..., Review]) -> Callable[..., Review]:
     """Make a review answer a refusal, never an error, for a spec not shaped as the API server serves one."""
 
@@ -254,6 +402,8 @@ def review_claim_spec(
     mps_offered: bool | None = None,
     request_ranges: Sequence[tuple[int, int]] = (),
     our_classes: Collection[str] = (),
+    shared_classes: Collection[str] = (),
+    standalone: bool = False,
 ) -> Review:
     """Review a ResourceClaimSpec found at field path `prefix` (`spec` or `spec.spec` for templates).
 
@@ -263,7 +413,13 @@ def review_claim_spec(
     `hami_core_offered` / `nvml_offered` / `mps_offered` whether some published GPU offers HAMi-core / nvml / mps
     enforcement (None when none is published); `request_ranges` the `(min, step)` of the published GPUs' memory
     `requestPolicy.validRange`; `our_classes` our driver's further DeviceClasses (an opaque config of another
-    driver on requests of only these and `device_class` is ignored by every driver). Never raises: a spec that is not shaped like a ResourceClaimSpec is refused.
+    driver on requests of only these and `device_class` is ignored by every driver), whose requests' CEL
+    selectors are checked for names no fracgpu device publishes; `shared_classes` those of them whose GPUs are
+    shared by memory (`device_class` always is; the MIG class is not: a partition is never shared); `standalone`:
+    the spec is a ResourceClaim's that pods name directly (not a template's, not the scheduler's claim for an
+    extended resource), so a request of a shared class without `capacity.requests.memory` is warned of: it takes
+    a whole GPU that every pod of the claim shares. Never raises: a spec that is not shaped like a
+    ResourceClaimSpec is refused.
     """
     devices = (spec or {}).get("devices") or {}
     problems: list[str] = []
@@ -296,6 +452,10 @@ def review_claim_spec(
             for j, sub in enumerate(req.get("firstAvailable") or [])
         ]
         for exact, path, request in alternatives:
+            if exact.get("deviceClassName") in {device_class, *our_classes}:
+                warnings += _selector_warnings(exact, path, request, driver)
+            if standalone and exact.get("deviceClassName") in {device_class, *shared_classes}:
+                warnings += _whole_gpu_warning(exact, path, request)
             if exact.get("deviceClassName") == device_class:
                 p, w = _review_request(exact, path, request, driver, largest, ranges=request_ranges)
                 problems += p

@@ -775,6 +775,85 @@ def test_admission_warns_of_settings_that_would_be_dropped_or_rounded(
     assert "request 'gpu' sets computeLimitPercent 30, but enforcement 'nvml' does not apply it" in warning
 
 
+def _warnings_text(header: str) -> str:
+    """The Warning header's texts as written (`299 - "text"`, the API server escapes quotes in the text)."""
+    return header.replace('\\"', '"')
+
+
+def test_admission_warns_of_a_whole_gpu_that_a_claims_pods_share(
+    controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    """A ResourceClaim's request without capacity.requests.memory takes a whole GPU that every pod naming the claim
+    shares: warned on the real API server's answer; not for a template, nor for kube-scheduler's claim for an
+    extended resource (as the scheduler writes it: annotation, generateName, the pod as controlling owner)."""
+    whole = "request 'gpu' asks for no capacity.requests.memory, so it takes a whole GPU"
+    warning = _create_warnings(api_client, namespace, _claim_body("whole", [_request("gpu")]), dry_run=True)
+    assert f"spec.devices.requests[0].exactly: {whole}" in warning, warning
+    assert "write a ResourceClaimTemplate whose request asks for capacity.requests.memory" in warning
+    assert "takes" not in _create_warnings(api_client, namespace, _claim_body("share", [_request("gpu", "1Gi")]), True)
+
+    template = kube.claim_template("whole", DEVICE_CLASS_NAME, None)
+    response = client.ResourceV1Api(api_client).create_namespaced_resource_claim_template(
+        namespace, template, _preload_content=False, dry_run="All"
+    )
+    assert response.status == 201
+    assert str(response.headers.get("Warning", "")) == ""
+
+    pod = client.CoreV1Api(api_client).create_namespaced_pod(
+        namespace, kube.pod_with_claim("extended", None, gpu_node, claims={})
+    )
+    made = _claim_body("", [{"name": "container-0-request-0", "exactly": {"deviceClassName": DEVICE_CLASS_NAME}}])
+    made["metadata"] = {
+        "generateName": "extended-extended-resources-",
+        "annotations": {"resource.kubernetes.io/extended-resource-claim": "true"},
+        "ownerReferences": [
+            {"apiVersion": "v1", "kind": "Pod", "name": "extended", "uid": pod.metadata.uid, "controller": True}
+        ],
+    }
+    assert _create_warnings(api_client, namespace, made, dry_run=False) == ""
+    # the annotation is what tells it apart: the same claim without it is warned
+    made["metadata"]["annotations"] = {}
+    assert "request 'container-0-request-0' asks for no capacity.requests.memory, so it takes a whole GPU" in (
+        _create_warnings(api_client, namespace, made, dry_run=True)
+    )
+
+
+def test_admission_warns_of_selectors_reading_names_no_gpu_publishes(
+    controller: kube.ControllerProcess, gpu_node: str, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    """`model` (NVIDIA's `productName`) and HAMi's `gpumem` read nothing on fracgpu's devices: the warning names
+    the published name; a published one is not warned; an expression that does not compile is refused by the
+    API server itself with the compiler's message."""
+    attributes = f'device.attributes["{DRIVER_NAME}"]'
+    selectors = [
+        {"cel": {"expression": f'{attributes}.model == "NVIDIA A100-SXM4-40GB"'}},
+        {"cel": {"expression": f'device.capacity["{DRIVER_NAME}"].gpumem.compareTo(quantity("10Gi")) >= 0'}},
+        {"cel": {"expression": f'{attributes}.productName.startsWith("NVIDIA")'}},
+        # guarded: false on every GPU, and the scheduler says only "cannot allocate all claims"
+        {"cel": {"expression": f'"model" in {attributes} && {attributes}.model == "NVIDIA A100-SXM4-40GB"'}},
+    ]
+    body = _claim_body("model", [_request("gpu", "1Gi", selectors=selectors)])
+    warning = _warnings_text(_create_warnings(api_client, namespace, body, dry_run=True))
+    assert (
+        f"spec.devices.requests[0].exactly.selectors[0].cel.expression: request 'gpu' reads {attributes}.model, but "
+        f"no {DRIVER_NAME} device publishes attribute 'model' in {DRIVER_NAME}" in warning
+    ), warning
+    assert f"did you mean {attributes}.productName?" in warning, warning
+    assert f"selectors[1].cel.expression: request 'gpu' reads device.capacity[\"{DRIVER_NAME}\"].gpumem" in warning
+    assert f'did you mean device.capacity["{DRIVER_NAME}"].memory?' in warning, warning
+    assert "selectors[2]" not in warning
+    assert (
+        f"selectors[3].cel.expression: request 'gpu' reads {attributes}.model, but no {DRIVER_NAME} device publishes "
+        "attribute 'model' in gpu.fracgpu.dev, so it is absent on every device (a test of it is false" in warning
+    ), warning
+    broken = _claim_body("broken", [_request("gpu", "1Gi", selectors=[{"cel": {"expression": f"{attributes}.x =="}}])])
+    with pytest.raises(ApiException) as refused:
+        _claims(dyn).create(namespace=namespace, body=broken)
+    assert refused.value.status == 422, refused.value.body
+    text = json.loads(refused.value.body)["message"]
+    assert "spec.devices.requests[0].exactly.selectors[0].cel.expression" in text and "Syntax error" in text, text
+
+
 # ----- events and the ledger following slices -----------------------------------------------------------
 
 

@@ -6,7 +6,12 @@ import pytest
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB, MiB
-from controller.admission.verdict import Review, review_claim_spec
+from controller.admission.verdict import (
+    EXTENDED_RESOURCE_CLAIM_ANNOTATION,
+    Review,
+    is_extended_resource_claim,
+    review_claim_spec,
+)
 from tests.unit.scheduler_claims import extended_resource_claim
 
 HEAD = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig"}
@@ -408,3 +413,165 @@ def test_compute_limit_percent_some_gpu_can_enforce_or_none_published_is_not_war
     mps: bool | None, hami_core: bool | None
 ) -> None:
     assert review_compute({**HEAD, "computeLimitPercent": 30}, mps=mps, hami_core=hami_core) == Review()
+
+
+# --- a capacity-less request in a ResourceClaim pods share ------------------------------------------------
+
+MPS_CLASS = "mps.gpu.fracgpu.dev"
+MIG_CLASS = "mig.gpu.fracgpu.dev"
+
+
+def standalone(spec: dict[str, Any], standalone: bool = True) -> Review:
+    return review_claim_spec(
+        spec,
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=80 * GiB,
+        our_classes={MPS_CLASS, MIG_CLASS},
+        shared_classes={MPS_CLASS},
+        standalone=standalone,
+    )
+
+
+def test_a_whole_gpu_request_in_a_resource_claim_is_warned_as_shared_by_its_pods() -> None:
+    out = standalone(spec([req(None, "whole"), req("10Gi", "share")]))
+    (warning,) = out.warnings
+    assert out.allowed
+    assert warning.startswith(
+        "spec.devices.requests[0].exactly: request 'whole' asks for no capacity.requests.memory, so it takes a whole "
+        "GPU (all of its memory: no share can join it), and every pod that references this ResourceClaim shares"
+    ), warning
+    assert "write a ResourceClaimTemplate whose request asks for capacity.requests.memory" in warning
+
+
+def test_whole_gpu_warnings_name_each_alternative_and_the_count() -> None:
+    counted = {"name": "two", "exactly": {"deviceClassName": MPS_CLASS, "count": 2}}
+    every = {"name": "all", "exactly": {"deviceClassName": DEVICE_CLASS_NAME, "allocationMode": "All"}}
+    listed = {
+        "name": "pick",
+        "firstAvailable": [
+            {"name": "small", "deviceClassName": DEVICE_CLASS_NAME, "capacity": {"requests": {"memory": "4Gi"}}},
+            {"name": "whole", "deviceClassName": DEVICE_CLASS_NAME},
+        ],
+    }
+    warnings = standalone(spec([counted, every, listed])).warnings
+    assert [w.split(":")[0] for w in warnings] == [
+        "spec.devices.requests[0].exactly",
+        "spec.devices.requests[1].exactly",
+        "spec.devices.requests[2].firstAvailable[1]",
+    ]
+    assert "request 'two' asks for no capacity.requests.memory, so it takes 2 whole GPUs" in warnings[0]
+    assert "so it takes every matching GPU of its node, each whole" in warnings[1]
+    assert "request 'pick/whole' asks for no capacity.requests.memory" in warnings[2]
+
+
+@pytest.mark.parametrize(
+    ("requests", "is_standalone"),
+    [
+        ([req(None)], False),  # a template's request: each pod gets its own claim
+        ([req(None, device_class=MIG_CLASS)], True),  # a MIG partition is never shared: nothing to join
+        ([req(None, device_class="other.example.com")], True),  # not ours
+        ([{"name": "watch", "exactly": {"deviceClassName": DEVICE_CLASS_NAME, "adminAccess": True}}], True),
+        ([req("1Gi")], True),
+    ],
+)
+def test_whole_gpu_requests_that_are_not_warned(requests: list[dict[str, Any]], is_standalone: bool) -> None:
+    assert standalone(spec(requests), standalone=is_standalone).warnings == ()
+
+
+def test_the_schedulers_extended_resource_claim_is_recognised_by_its_annotation() -> None:
+    made = extended_resource_claim(
+        "p", driver=DRIVER_NAME, device_class=DEVICE_CLASS_NAME, pool="n", devices={"gpu-0": ("a", "80Gi")}
+    )
+    assert is_extended_resource_claim(made)
+    assert not is_extended_resource_claim({"metadata": {"name": "p-extended-resources-x", "annotations": {}}})
+    assert not is_extended_resource_claim({"metadata": {"annotations": {EXTENDED_RESOURCE_CLAIM_ANNOTATION: "no"}}})
+    assert not is_extended_resource_claim({})
+
+
+# --- selectors that read what no fracgpu device publishes --------------------------------------------------
+
+
+def selected(*expressions: str, device_class: str = DEVICE_CLASS_NAME) -> dict[str, Any]:
+    request = req("1Gi", device_class=device_class)
+    request["exactly"]["selectors"] = [{"cel": {"expression": e}} for e in expressions]
+    return request
+
+
+A = f'device.attributes["{DRIVER_NAME}"]'
+C = f'device.capacity["{DRIVER_NAME}"]'
+
+
+@pytest.mark.parametrize(
+    ("expression", "read", "meant"),
+    [
+        (f'{A}.model == "A100"', f"{A}.model", f"{A}.productName"),
+        (f"{A}.Productname == 'A100'", f"{A}.Productname", f"{A}.productName"),  # a close spelling
+        (f"{C}.gpumem.compareTo(quantity('10Gi')) >= 0", f"{C}.gpumem", f"{C}.memory"),  # HAMi's name
+        (f"{A}.memory.compareTo(quantity('10Gi')) >= 0", f"{A}.memory", f"{C}.memory"),  # a capacity, not attribute
+        (f'{A}.pcieBusID == "0000:3b:00.0"', f"{A}.pcieBusID", 'device.attributes["resource.kubernetes.io"].pciBusID'),
+        (
+            'device.attributes["gpu.nvidia.com"].productName == "x"',
+            'device.attributes["gpu.nvidia.com"].productName',
+            f"{A}.productName",
+        ),
+    ],
+)
+def test_a_selector_reading_an_unpublished_name_is_warned_with_the_published_one(
+    expression: str, read: str, meant: str
+) -> None:
+    (warning,) = review(spec([selected(expression)])).warnings
+    assert warning.startswith(
+        f"spec.devices.requests[0].exactly.selectors[0].cel.expression: request 'gpu' reads {read}"
+    )
+    assert warning.endswith(f"; did you mean {meant}?"), warning
+    assert " has the attribute names " not in warning  # the list only where nothing is close
+    assert 'is an error on every device (CEL: "no such key")' in warning
+
+
+def test_unpublished_tests_domains_and_drivers_say_what_they_do() -> None:
+    out = review(
+        spec(
+            [
+                selected(f'"profilename" in {A}', f'{A}.foo == "x"'),
+                selected('device.driver == "gpu.nvidia.com"'),
+            ]
+        )
+    )
+    tested, unknown, driver = out.warnings
+    assert f"reads {A}.profilename, but no {DRIVER_NAME} device publishes attribute 'profilename'" in tested
+    assert (
+        "so it is absent on every device (a test of it is false, an optional read has no value); did you mean" in tested
+    )
+    assert unknown.startswith("spec.devices.requests[0].exactly.selectors[1].cel.expression:")
+    assert f"{DRIVER_NAME} has the attribute names architecture, " in unknown  # no close name: the list
+    assert "productName" in unknown
+    assert driver.startswith("spec.devices.requests[1].exactly.selectors[0].cel.expression: request 'gpu' reads ")
+    assert f'the comparison is false on every device; write device.driver == "{DRIVER_NAME}" or drop it' in driver
+
+
+def test_published_names_are_not_warned() -> None:
+    expressions = [
+        f'{A}.productName.contains("H100") && {A}.type == "gpu" && {A}.mps',
+        f'{C}.memory.compareTo(quantity("40Gi")) >= 0 && {C}.mpsClients.isGreaterThan(quantity("1"))',
+        'device.attributes["resource.kubernetes.io"].pcieRoot != "" && device.attributes["resource.kubernetes.io"]'
+        ".numaNode >= 0",
+        f'device.driver == "{DRIVER_NAME}" && "profile" in {A}',
+    ]
+    assert review(spec([selected(*expressions)])).warnings == ()
+
+
+def test_selectors_of_first_available_and_of_our_other_classes_are_read_and_others_not() -> None:
+    listed = {
+        "name": "pick",
+        "firstAvailable": [
+            {"name": "mig", "deviceClassName": MIG_CLASS, "selectors": [{"cel": {"expression": f"{A}.gi == 1"}}]},
+            {"name": "gpu", "deviceClassName": DEVICE_CLASS_NAME, "capacity": {"requests": {"memory": "1Gi"}}},
+        ],
+    }
+    other = selected(f"{A}.model == 'x'", device_class="other.example.com")
+    (warning,) = standalone(spec([listed, other])).warnings
+    assert warning.startswith(
+        "spec.devices.requests[0].firstAvailable[0].selectors[0].cel.expression: request 'pick/mig'"
+    )

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from api import mig as names
+from api import published
 from api.names import DRIVER_NAME, MEMORY_CAPACITY, NUMA_NODE_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE
 from api.quantity import GiB, to_bytes
 from kubelet_plugin.core.model import MigGpu
@@ -185,6 +186,41 @@ def test_a_gpu_wide_taint_reaches_every_partition_and_a_partitions_only_it() -> 
     assert all(xid in d["taints"] for n, d in by_name.items() if n.startswith("gpu-1"))
     assert by_name[small]["taints"] == [xid, one]
     assert one not in by_name[names.partition_device_name(1, "1g.10gb", 5)]["taints"]
+
+
+def test_every_name_published_is_in_the_list_admission_reads() -> None:
+    """api/published.py is the list admission warns against: a name published and missing there would make
+    admission warn of a selector that matches."""
+    built = build_slices(
+        NODE,
+        NODE_UID,
+        DRIVER_NAME,
+        [gpu(0, pcie_root="pci0000:17", numa_node=0), *GPUS[1:], gpu(3), gpu(4)],
+        step=STEP,
+        reserve=0,
+        generation=1,
+        mig={GPUS[0].device_name: H100_MIG, GPUS[1].device_name: H100_MIG.model_copy(update={"state": "disabled"})},
+        hami_core=True,
+        enforcement={gpu(3).device_name: "mps", gpu(4).device_name: "nvml"},
+    )
+    attributes: dict[str, set[str]] = {}
+    capacities: dict[str, set[str]] = {}
+    for device in devices(built):
+        for name in device["attributes"]:
+            domain, _, short = name.rpartition("/")
+            attributes.setdefault(domain or DRIVER_NAME, set()).add(short)
+        for name in device.get("capacity", {}):
+            domain, _, short = name.rpartition("/")
+            capacities.setdefault(domain or DRIVER_NAME, set()).add(short)
+    assert {names.TYPE_MIG, names.TYPE_MIG_PARENT, names.TYPE_GPU} <= {attr(d, "type") for d in devices(built)}
+    for domain, found in attributes.items():
+        assert found <= published.attributes(DRIVER_NAME).get(domain, frozenset()), domain
+    for domain, found in capacities.items():
+        assert found <= published.capacities(DRIVER_NAME).get(domain, frozenset()), domain
+    # and every name listed is published on some device
+    assert attributes[DRIVER_NAME] == published.DRIVER_ATTRIBUTES
+    assert attributes[published.STANDARD_DOMAIN] == published.STANDARD_ATTRIBUTES
+    assert capacities[DRIVER_NAME] == published.DRIVER_CAPACITIES
 
 
 def test_a_mig_gpu_and_each_of_its_partitions_carry_the_gpus_topology() -> None:
