@@ -408,3 +408,52 @@ def test_compute_limit_percent_some_gpu_can_enforce_or_none_published_is_not_war
     mps: bool | None, hami_core: bool | None
 ) -> None:
     assert review_compute({**HEAD, "computeLimitPercent": 30}, mps=mps, hami_core=hami_core) == Review()
+
+
+def admin(memory: object = None) -> dict[str, Any]:
+    """An adminAccess request, as Kubernetes' docs write one (no capacity) or with a memory amount."""
+    request = req(memory, name="mon")
+    request["exactly"]["adminAccess"] = True
+    return request
+
+
+def test_an_admin_access_request_without_capacity_is_warned_that_it_waits_for_an_empty_gpu() -> None:
+    out = review(spec([admin()]))
+    assert out.allowed
+    assert out.warnings == (
+        "spec.devices.requests[0].exactly: request 'mon' has adminAccess and no capacity: to place it, the scheduler "
+        "charges it the GPU's default memory request (all of the GPU's memory), though it never counts an "
+        "admin-access allocation once made, so it stays Pending while any share is on the GPU; write capacity: "
+        "{requests: {memory: 0}} to reach any GPU, busy or not",
+    )
+
+
+def test_memory_0_is_admitted_on_an_admin_access_request_only() -> None:
+    ranges = [(0, 256 * MiB), (256 * MiB, 256 * MiB)]  # a node plugin of this release and one before it
+    out = review_claim_spec(
+        spec([admin("0")]),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=80 * GiB,
+        request_ranges=ranges,
+    )
+    assert out == Review()  # no rounding warning either: an admin-access allocation has no grant
+    assert review(spec([req("0")])).problems == (
+        "spec.devices.requests[0].exactly.capacity.requests.memory: must be a positive quantity of bytes such as "
+        "10Gi or 512Mi, got '0'",
+    )
+    assert review(spec([admin("-1")])).problems == (
+        "spec.devices.requests[0].exactly.capacity.requests.memory: must be 0 (the adminAccess way: placed on any "
+        "GPU) or a positive quantity of bytes such as 10Gi, got '-1'",
+    )
+
+
+def test_an_admin_access_request_with_memory_is_warned_that_it_needs_that_much_free() -> None:
+    out = review(spec([admin("1Gi")]))
+    assert out.allowed
+    assert out.warnings == (
+        "spec.devices.requests[0].exactly.capacity.requests.memory: request 'mon' has adminAccess, which reserves no "
+        "memory, but the scheduler places it only on a GPU with 1Gi free; write memory: 0 to reach any GPU, busy "
+        "or not",
+    )
