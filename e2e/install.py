@@ -111,6 +111,8 @@ def chart_values(
                 {"name": "FRACGPU_MOCK_NVML_PROCESSES", "value": f"/opt/fracgpu/nvml-host/{USAGE_CONTROL}"},
                 # GPU health (XIDs, lost GPUs, resets): written by e2e/test_health.py (Installation.health_control)
                 {"name": "FRACGPU_MOCK_NVML_EVENTS", "value": f"/opt/fracgpu/nvml-host/{HEALTH_CONTROL}"},
+                # the simulated GPUs' PCIe roots and NUMA nodes: the driver root's sysfs (mocknvml.make_sysfs)
+                {"name": "FRACGPU_SYS_ROOT", "value": str(driver_root / mocknvml.SYSFS)},
             ],
             "usage": {"interval": USAGE_INTERVAL_S, "ledgerInterval": USAGE_INTERVAL_S},
             "health": {"ignoredXids": HEALTH_IGNORED_XIDS, "probeInterval": 1},

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from api.names import NUMA_NODE_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE
 from api.quantity import MiB, to_bytes
 from e2e import workloads as w
 from e2e.install import NAMESPACE, Installation
@@ -145,6 +146,51 @@ def test_a_claim_with_two_requests_tells_each_container_what_it_references(insta
     assert len([k for k in only_a.env if k.startswith("FRACGPU_DEV_")]) == 6
     other = every.files[f"{uid}_b.json"]["devices"][0]["minor"]
     assert f"nvidia{other}" not in only_a.nodes and f"nvidia{device['minor']}" in only_a.nodes
+
+
+def test_match_attribute_on_pcie_root_keeps_a_claims_requests_under_one_root(
+    installation: Installation, ns: str
+) -> None:
+    """The simulated GPUs sit on two PCIe roots and NUMA nodes (the driver root's sysfs, sim80gi-x2.profile),
+    published as Kubernetes' standard attributes. On the real scheduler, two requests constrained to one
+    `resource.kubernetes.io/pcieRoot` stay Pending when no one GPU holds both (50Gi + 40Gi, which the two free GPUs
+    hold unconstrained, as in the test above) and land on one GPU when it does (40Gi + 40Gi)."""
+    cluster = installation.cluster
+    published = {
+        d["name"]: d["attributes"] for s in w.get(cluster, "resourceslices")["items"] for d in s["spec"]["devices"]
+    }
+    topology = {
+        name: (a[PCIE_ROOT_ATTRIBUTE]["string"], a[NUMA_NODE_ATTRIBUTE]["int"]) for name, a in published.items()
+    }
+    assert topology == {"gpu-0": ("pci0000:17", 0), "gpu-1": ("pci0000:29", 1)}
+    deadline = time.monotonic() + 30
+    while any(g.get("shares") for g in _ledger(installation).values()):  # the GPUs are free: the tests before are gone
+        assert time.monotonic() < deadline, _ledger(installation)
+        time.sleep(1)
+
+    def same_root(name: str, memories: dict[str, str]) -> dict[str, Any]:
+        template = w.requests_template(name, memories)
+        template["spec"]["spec"]["devices"]["constraints"] = [{"matchAttribute": PCIE_ROOT_ATTRIBUTE}]
+        return template
+
+    w.apply(
+        cluster,
+        ns,
+        same_root("apart", {"a": "50Gi", "b": "40Gi"}),
+        w.pod("apart", {"gpus": "apart"}, {"app": ["gpus"]}),
+    )
+    assert "cannot allocate all claims" in w.unschedulable(cluster, ns, "apart")
+    w.apply(
+        cluster,
+        ns,
+        same_root("together", {"a": "40Gi", "b": "40Gi"}),
+        w.pod("together", {"gpus": "together"}, {"app": ["gpus"]}),
+    )
+    w.wait_running(cluster, ns, ["together"])
+    results = w.claim_of(cluster, ns, "together", "gpus")["status"]["allocation"]["devices"]["results"]
+    assert sorted(r["request"] for r in results) == ["a", "b"]
+    assert len({r["device"] for r in results}) == 1, results
+    assert w.get(cluster, "pod", "-n", ns, "apart")["status"].get("phase") == "Pending"
 
 
 def test_a_non_root_container_opens_its_gpu(installation: Installation, ns: str) -> None:

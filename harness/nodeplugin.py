@@ -48,7 +48,8 @@ def register_when_serving(procs: ProcessGroup, socket: Path, timeout: float, wha
 
 
 class NodePluginProcess:
-    """`python -m kubelet_plugin` for `node` with kubelet/CDI/driver-root/dev-char dirs under `workdir`."""
+    """`python -m kubelet_plugin` for `node` with kubelet/CDI/driver-root/dev-char dirs under `workdir` (the host's
+    sysfs: the driver root's, `mocknvml.make_sysfs`)."""
 
     def __init__(
         self,
@@ -110,6 +111,7 @@ class NodePluginProcess:
                 f"--cdi-dir={self.cdi_dir}",
                 f"--driver-root={self.driver_root}",
                 f"--dev-char-dir={self.dev_char_dir}",
+                f"--sys-root={self.driver_root / mocknvml.SYSFS}",
                 "--metrics-port=0",
                 "--log-format=text",
                 *self._args,

@@ -115,7 +115,7 @@ def discover_node_gpus(settings: Settings) -> Discovery:
     """Discover the GPUs, a lost one with the identity remembered in the GPU inventory (which is then written
     anew). Without ``--health-nvml`` nothing would taint a lost GPU, so it is left out like an unknown one."""
     inventory = settings.plugin_data_dir / gpu_inventory.INVENTORY_FILE_NAME
-    found = discover(gpu_inventory.load(inventory))
+    found = discover(gpu_inventory.load(inventory), settings.sys_root)
     if found.lost and not settings.health_nvml:
         left_out = tuple(
             UnknownLostGpu(index=g.index, reason="lost, and --no-health-nvml cannot taint it")

@@ -1,9 +1,12 @@
 """Simulated GPUs for tests and the demo: the mock libnvidia-ml.so.1 plus mknod-made device nodes."""
 
 import os
+import re
 import stat
 import subprocess
 from pathlib import Path
+
+from kubelet_plugin.publishing.discovery import normalise_pci_bus_id
 
 HERE = Path(__file__).resolve().parent
 PROFILES = HERE / "profiles"
@@ -73,11 +76,44 @@ def _mknod(path: Path, major: int, minor: int, mode: int = DEVICE_NODE_MODE) -> 
     os.chmod(path, mode)  # mknod applies the umask
 
 
+SYSFS = "sys"
+"""Where a driver root keeps the simulated host's sysfs (the plugin's --sys-root is `<root>/sys`)."""
+_PCIE_ROOT = re.compile(r"pci([0-9a-f]{4,8}):([0-9a-f]{2})")
+
+
+def make_sysfs(root: Path, profile: Path) -> Path:
+    """The PCI part of a host's sysfs under `<root>/sys` for the profile's GPUs that have a `gpu.<i>.pcie_root`: as
+    Linux lays it out, `devices/<pcie root>/<root port>/<bus id>/` (the root port `<domain>:<root bus>:01.0`) with
+    the file `numa_node` (the GPU's `gpu.<i>.numa_node`, -1 when it has none) and the link
+    `bus/pci/devices/<bus id>` -> `../../../devices/<pcie root>/<root port>/<bus id>`. Needs no privileges.
+    Returns `<root>/sys`."""
+    values = read_profile(profile)
+    sysfs = root / SYSFS
+    links = sysfs / "bus" / "pci" / "devices"
+    links.mkdir(parents=True, exist_ok=True)
+    indices = sorted({k.split(".")[1] for k in values if k.startswith("gpu.") and k.endswith(".pcie_root")})
+    for i in indices:
+        pcie_root = values[f"gpu.{i}.pcie_root"]
+        match = _PCIE_ROOT.fullmatch(pcie_root)
+        if match is None:
+            raise ValueError(f"{profile}: gpu.{i}.pcie_root must look like pci0000:17, got {pcie_root!r}")
+        bus_id = normalise_pci_bus_id(values[f"gpu.{i}.pci_bus_id"])
+        port = f"{match[1]}:{match[2]}:01.0"
+        device = sysfs / "devices" / pcie_root / port / bus_id
+        device.mkdir(parents=True, exist_ok=True)
+        (device / "numa_node").write_text(values.get(f"gpu.{i}.numa_node", "-1") + "\n")
+        link = links / bus_id
+        link.unlink(missing_ok=True)
+        link.symlink_to(Path("..", "..", "..", "devices", pcie_root, port, bus_id))
+    return sysfs
+
+
 def make_driver_root(root: Path, profile: Path) -> Path:
     """Create `<root>/dev/nvidia<minor>` per GPU, nvidiactl, nvidia-uvm and nvidia-uvm-tools, all 0666 (needs root);
     for the profile's MIG GPUs (`mig_gpu_minors`) also every MIG capability node `dev/nvidia-caps/nvidia-cap<minor>`
     (config, monitor and those of each GPU and compute instance), 0444, and the driver's table of their minors at
-    `<root>/proc/driver/nvidia-caps/mig-minors` (the real driver keeps it in /proc)."""
+    `<root>/proc/driver/nvidia-caps/mig-minors` (the real driver keeps it in /proc); and the GPUs' sysfs
+    (`make_sysfs`)."""
     dev = root / "dev"
     dev.mkdir(parents=True, exist_ok=True)
     uvm_major = int(read_profile(profile).get("uvm_major", "510"))
@@ -95,6 +131,7 @@ def make_driver_root(root: Path, profile: Path) -> Path:
         table = root / MIG_MINORS
         table.parent.mkdir(parents=True, exist_ok=True)
         table.write_text(mig_minors_table())
+    make_sysfs(root, profile)
     return root
 
 

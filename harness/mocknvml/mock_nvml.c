@@ -27,6 +27,8 @@
  *                                                 for hopper, 108 for ampere, else 80)
  *   gpu.<i>.mig_mode        = enabled            (optional: disabled (default), enabled or pending-enable;
  *                                                 the MIG mode a GPU starts with, see mock_mig.h)
+ *   gpu.<i>.pcie_root       = pci0000:17         (optional: the PCIe root complex and NUMA node (-1: none)
+ *   gpu.<i>.numa_node       = 0                   of the driver root's sysfs, harness/mocknvml; ignored here)
  *   state_dir               = /run/fracgpu-mock  (optional: where compute modes, MPS servers and MIG instances
  *                                                 are kept, shared by all processes; FRACGPU_MOCK_NVML_STATE_DIR
  *                                                 wins; see mock_mps.h)

@@ -239,9 +239,18 @@ static int apply_gpu_key(mock_state *st, const char *key, const char *value, con
         bit = 0;
         ok = parse_uint(value, 0, 0xffffffffu, &d->pci_device_id);
         *why = "pci_device_id must be a 32-bit number such as 0x233010de";
+    } else if (strcmp(field, "pcie_root") == 0) { /* for the driver root's sysfs (harness/mocknvml) */
+        bit = 0;
+        ok = strncmp(value, "pci", 3) == 0 && strlen(value) < 32;
+        *why = "pcie_root must look like pci0000:17";
+    } else if (strcmp(field, "numa_node") == 0) { /* for the driver root's sysfs (harness/mocknvml) */
+        unsigned int node;
+        bit = 0;
+        ok = strcmp(value, "-1") == 0 || parse_uint(value, 10, 1023, &node);
+        *why = "numa_node must be -1 (none) or a decimal integer 0..1023";
     } else {
         *why = "unknown GPU field (uuid name memory_mib minor pci_bus_id architecture cuda_cc "
-               "pci_device_id memory_limits sm_count mig_mode)";
+               "pci_device_id memory_limits sm_count mig_mode pcie_root numa_node)";
         return 0;
     }
     if (!ok) {

@@ -17,7 +17,7 @@ TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
 
 
 class GpuInfo(BaseModel):
-    """One physical GPU as NVML reports it."""
+    """One physical GPU as NVML reports it, and where it sits on the host as sysfs says (None: sysfs does not)."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -30,6 +30,8 @@ class GpuInfo(BaseModel):
     architecture: str = Field(description="e.g. 'Hopper', 'Ampere'")
     cuda_compute_capability: str = Field(description="'<major>.<minor>', e.g. '9.0'")
     driver_version: str = Field(description="e.g. '580.65.06'")
+    pcie_root: str | None = Field(None, description="its PCIe root complex, e.g. 'pci0000:17'")
+    numa_node: int | None = Field(None, ge=0, description="its NUMA node")
 
     @property
     def device_name(self) -> str:

@@ -188,6 +188,11 @@ class Settings(OptionSettings):
         30.0, gt=0, description="at most one write of a GPU's used memory to its ledger object per this many seconds"
     )
     proc_root: Path = Field(Path("/proc"), description="the host's /proc (process cgroups of the usage sampler)")
+    sys_root: Path = Field(
+        Path("/sys"),
+        description="the host's /sys, where each GPU's PCIe root and NUMA node are read (the standard attributes "
+        "resource.kubernetes.io/pcieRoot and numaNode)",
+    )
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="log level")
     log_format: Literal["json", "text"] = Field("json", description="log format")
     namespace: str | None = Field(

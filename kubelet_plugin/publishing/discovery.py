@@ -7,12 +7,14 @@ The same code path runs against the real ``libnvidia-ml.so.1`` and against the m
 import logging
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pynvml
 from pydantic import BaseModel, ConfigDict
 
 from kubelet_plugin.core.model import GpuInfo
+from kubelet_plugin.publishing.pci_topology import numa_node, pcie_root
 
 __all__ = [
     "Discovery",
@@ -222,8 +224,9 @@ def _shutdown() -> None:
         _log.warning("nvmlShutdown failed: %s", err)
 
 
-def discover(remembered: Sequence[GpuInfo] = ()) -> Discovery:
-    """Every GPU NVML reports, where a GPU answering NVML_ERROR_GPU_IS_LOST does not fail discovery.
+def discover(remembered: Sequence[GpuInfo] = (), sys_root: Path | None = None) -> Discovery:
+    """Every GPU NVML reports, where a GPU answering NVML_ERROR_GPU_IS_LOST does not fail discovery; with
+    ``sys_root`` (the host's ``/sys``) each GPU that answers also with its PCIe root and NUMA node (``pci_topology``).
 
     NVML can no longer say who a lost GPU is, so its identity is taken from ``remembered`` (what NVML said when
     this node's plugin last discovered it, gpu_inventory) — only when that record is of this node's GPUs as they
@@ -231,6 +234,13 @@ def discover(remembered: Sequence[GpuInfo] = ()) -> Discovery:
     is ``unknown``. Any other failure raises DiscoveryError, as discover_gpus does.
     """
     version, answered, lost = _query_all()
+    if sys_root is not None:
+        answered = [
+            g.model_copy(
+                update={"pcie_root": pcie_root(sys_root, g.pci_bus_id), "numa_node": numa_node(sys_root, g.pci_bus_id)}
+            )
+            for g in answered
+        ]
     return resolve_lost(answered, {i: str(err) for i, err in lost.items()}, remembered, version)
 
 

@@ -1,6 +1,7 @@
 """The ResourceSlices that describe this node's GPUs (pure functions; publishing is in publisher.py).
 
 One pool per node, in three kinds of slices:
+
 - ``<node>-<driver>-<i>``: the whole GPUs (``type: gpu``, shareable by memory) and the MIG GPUs themselves
   (``type: mig-parent``, never allocatable; see ``api/mig.py``);
 - ``<node>-<driver>-counters-<i>``: the ``sharedCounters`` of the MIG GPUs whose MIG mode is on, one counter set
@@ -11,6 +12,9 @@ One pool per node, in three kinds of slices:
 The scheduler takes, for a request, the first device in pool, slice-name and device order that matches and fits,
 so the partitions are published smallest first (``mig_devices``): a memory request gets the smallest partition
 that holds it among those whose slices are free.
+
+Every GPU and partition carries Kubernetes' standard attributes ``resource.kubernetes.io/pciBusID``, ``pcieRoot``
+and ``numaNode`` (the last two where sysfs says them, ``pci_topology``; a partition has its GPU's).
 """
 
 from collections.abc import Mapping
@@ -19,7 +23,13 @@ from typing import Any
 
 from api import mig as names
 from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION
-from api.names import MEMORY_CAPACITY, MPS_CLIENTS_CAPACITY
+from api.names import (
+    MEMORY_CAPACITY,
+    MPS_CLIENTS_CAPACITY,
+    NUMA_NODE_ATTRIBUTE,
+    PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
+)
 from api.quantity import format_bytes
 from kubelet_plugin.core.model import GpuInfo, MigGpu, MigProfile
 from kubelet_plugin.enforcement.tiers import ATTRIBUTE as ENFORCEMENT_ATTRIBUTE
@@ -136,7 +146,7 @@ def device_entry(
             "architecture": {"string": gpu.architecture},
             "cudaComputeCapability": {"version": _semver(gpu.cuda_compute_capability)},
             "driverVersion": {"version": _semver(gpu.driver_version)},
-            "resource.kubernetes.io/pciBusID": {"string": gpu.pci_bus_id},
+            **_pci(gpu),
             "hamiCore": {"bool": hami_core},
             ENFORCEMENT_ATTRIBUTE: {"string": enforcement},
             MPS_ATTRIBUTE: {"bool": enforcement == "mps"},
@@ -167,9 +177,20 @@ def _identity(gpu: GpuInfo) -> dict[str, Any]:
         "architecture": {"string": gpu.architecture},
         "cudaComputeCapability": {"version": _semver(gpu.cuda_compute_capability)},
         "driverVersion": {"version": _semver(gpu.driver_version)},
-        "resource.kubernetes.io/pciBusID": {"string": gpu.pci_bus_id},
+        **_pci(gpu),
         ENFORCEMENT_ATTRIBUTE: {"string": MIG_TIER},
     }
+
+
+def _pci(gpu: GpuInfo) -> dict[str, Any]:
+    """Kubernetes' standard attributes of where the GPU sits: its PCI address, and its PCIe root and NUMA node where
+    sysfs says them (left out where it does not)."""
+    attributes: dict[str, Any] = {PCI_BUS_ID_ATTRIBUTE: {"string": gpu.pci_bus_id}}
+    if gpu.pcie_root is not None:
+        attributes[PCIE_ROOT_ATTRIBUTE] = {"string": gpu.pcie_root}
+    if gpu.numa_node is not None:
+        attributes[NUMA_NODE_ATTRIBUTE] = {"int": gpu.numa_node}
+    return attributes
 
 
 def parent_entry(

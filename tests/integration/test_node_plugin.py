@@ -23,6 +23,7 @@ import pytest
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
+from api.names import NUMA_NODE_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE
 from harness import kube, mocknvml
 from harness.cluster.controlplane import ControlPlane
 from harness.kubelet_client import KubeletClient
@@ -109,6 +110,9 @@ def test_publishes_each_gpu_shareable_by_memory(plugin: Plugin, api_client: clie
         assert device["attributes"]["uuid"]["string"] == profile[f"gpu.{index}.uuid"]
         assert device["attributes"]["productName"]["string"] == "NVIDIA H100 80GB HBM3"
         assert device["attributes"]["resource.kubernetes.io/pciBusID"]["string"] == profile[f"gpu.{index}.pci_bus_id"]
+        # the standard topology attributes, read from the driver root's sysfs (mocknvml.make_sysfs)
+        assert device["attributes"][PCIE_ROOT_ATTRIBUTE] == {"string": profile[f"gpu.{index}.pcie_root"]}
+        assert device["attributes"][NUMA_NODE_ATTRIBUTE] == {"int": int(profile[f"gpu.{index}.numa_node"])}
         # 81559 MiB rounded down to the 256 MiB step
         assert device["capacity"]["memory"]["value"] == "81408Mi"
         assert device["capacity"]["memory"]["requestPolicy"]["validRange"]["step"] == "256Mi"

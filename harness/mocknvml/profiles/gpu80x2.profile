@@ -1,6 +1,7 @@
 # fracgpu mock NVML profile: 2x NVIDIA H100 80GB HBM3 (as a real H100 reports it; integration tests)
 # Format: key = value; see harness/mocknvml/mock_nvml.c. Read by libnvidia-ml.so.1 built from it
 # when FRACGPU_MOCK_NVML_PROFILE points here.
+# Each GPU on a PCIe root and NUMA node of its own, as the driver root's sysfs says (mocknvml.make_sysfs).
 driver_version = 580.65.06
 cuda_driver_version = 13000
 uvm_major = 510
@@ -14,6 +15,8 @@ gpu.0.architecture = hopper
 gpu.0.cuda_cc = 9.0
 gpu.0.sm_count = 132
 gpu.0.pci_device_id = 0x233010de
+gpu.0.pcie_root = pci0000:17
+gpu.0.numa_node = 0
 
 gpu.1.uuid = GPU-1d492704-49c3-5be7-977e-269165e18e2c
 gpu.1.name = NVIDIA H100 80GB HBM3
@@ -24,3 +27,5 @@ gpu.1.architecture = hopper
 gpu.1.cuda_cc = 9.0
 gpu.1.sm_count = 132
 gpu.1.pci_device_id = 0x233010de
+gpu.1.pcie_root = pci0000:29
+gpu.1.numa_node = 1

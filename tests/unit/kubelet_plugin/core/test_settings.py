@@ -52,6 +52,14 @@ def test_usage_sampling_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert settings.proc_root == Path("/host/proc")
 
 
+def test_the_hosts_sysfs_is_slash_sys_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("NODE_NAME", "node-a")
+    assert parse_settings([]).sys_root == Path("/sys")
+    assert parse_settings(["--sys-root", "/root/sys"]).sys_root == Path("/root/sys")
+    monkeypatch.setenv("FRACGPU_SYS_ROOT", "/driver/sys")
+    assert parse_settings([]).sys_root == Path("/driver/sys")
+
+
 def test_handover_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("NODE_NAME", "node-a")
     assert parse_settings([]).handover_timeout_seconds == 25.0

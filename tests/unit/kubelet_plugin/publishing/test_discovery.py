@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from harness.mocknvml import make_sysfs
 from kubelet_plugin.publishing.discovery import normalise_pci_bus_id
 
 REPO = Path(__file__).resolve().parents[4]
@@ -168,6 +169,8 @@ def test_discovers_h100x8(mock_lib_dir: Path) -> None:
             "architecture": "Hopper",
             "cuda_compute_capability": "9.0",
             "driver_version": DRIVER,
+            "pcie_root": None,  # no sysfs asked for
+            "numa_node": None,
         }
         for i in range(8)
     ]
@@ -176,7 +179,7 @@ def test_discovers_h100x8(mock_lib_dir: Path) -> None:
 def test_discovers_mixed(mock_lib_dir: Path) -> None:
     result, _ = discover(mock_lib_dir, PROFILES / "mixed.profile")
     fields = list(result["gpus"][0])  # GpuInfo field order
-    rows = [tuple(gpu[field] for field in fields) for gpu in result["gpus"]]
+    rows = [tuple(gpu[field] for field in fields[:9]) for gpu in result["gpus"]]
     assert rows == [
         (0, "GPU-fcb87bd3-1909-5dd2-8f0a-7fb81345197d", "NVIDIA H100 80GB HBM3", 81559 * MIB, 0,
          "0000:18:00.0", "Hopper", "9.0", DRIVER),
@@ -242,6 +245,8 @@ gpu.0.cuda_cc = 9.0
         (GOOD_GPU + GOOD_GPU.replace("gpu.0.", "gpu.1.").split("\n", 1)[1], "gpu.0 and gpu.1 have the same uuid"),
         (GOOD_GPU.replace("driver_version", "driver_versoin"), "line 1: unknown key"),
         (GOOD_GPU.split("\n", 1)[1], "driver_version is missing"),
+        (GOOD_GPU + "gpu.0.pcie_root = 0000:17\n", "line 9: pcie_root must look like pci0000:17"),
+        (GOOD_GPU + "gpu.0.numa_node = -2\n", "line 9: numa_node must be -1 (none) or a decimal integer"),
     ],
 )
 def test_malformed_profile_is_a_discovery_error(mock_lib_dir: Path, tmp_path: Path, text: str, problem: str) -> None:
@@ -253,6 +258,42 @@ def test_malformed_profile_is_a_discovery_error(mock_lib_dir: Path, tmp_path: Pa
     assert len(lines) == 1, stderr
     assert lines[0].startswith(f"fracgpu mock NVML: profile '{profile}' (FRACGPU_MOCK_NVML_PROFILE)")
     assert problem in lines[0]
+
+
+DISCOVER_WITH_SYSFS = """
+import json, sys
+from pathlib import Path
+from kubelet_plugin.publishing.discovery import discover
+found = discover((), Path(sys.argv[1]))
+print(json.dumps({"gpus": [[g.pci_bus_id, g.pcie_root, g.numa_node] for g in found.gpus]}))
+"""
+
+
+def _more_gpu(index: int, bus: str, topology: str) -> str:
+    """GOOD_GPU's lines as GPU `index` on PCI bus `bus`, with `topology`'s lines."""
+    gpu = GOOD_GPU.split("\n", 1)[1].replace("gpu.0.", f"gpu.{index}.").replace("minor = 0", f"minor = {index}")
+    return gpu.replace("0000:18:", f"0000:{bus}:").replace("000000000001", f"00000000000{index}") + topology
+
+
+def test_discovery_reads_each_gpus_topology_from_the_driver_roots_sysfs(mock_lib_dir: Path, tmp_path: Path) -> None:
+    """The sysfs the harness lays out for a profile (make_sysfs) is read back as the profile says: each GPU's PCIe
+    root and NUMA node; a GPU absent from sysfs (here: its link removed) has neither."""
+    profile = tmp_path / "topology.profile"
+    profile.write_text(
+        (PROFILES / "gpu80x2.profile").read_text()
+        + _more_gpu(2, "9a", "gpu.2.pcie_root = pci0000:99\ngpu.2.numa_node = -1\n")
+        + _more_gpu(3, "ab", "gpu.3.pcie_root = pci0000:aa\n")
+    )
+    sysfs = make_sysfs(tmp_path / "root", profile)
+    (sysfs / "bus/pci/devices/0000:ab:00.0").unlink()
+    env_code = f"import sys; sys.argv = ['x', {str(sysfs)!r}]\n" + DISCOVER_WITH_SYSFS
+    result, _ = run_python(env_code, mock_lib_dir, profile)
+    assert result["gpus"] == [
+        ["0000:18:00.0", "pci0000:17", 0],
+        ["0000:2a:00.0", "pci0000:29", 1],
+        ["0000:9a:00.0", "pci0000:99", None],  # numa_node -1: no NUMA affinity
+        ["0000:ab:00.0", None, None],
+    ]
 
 
 def test_good_profile_fixture_is_valid(mock_lib_dir: Path, tmp_path: Path) -> None:

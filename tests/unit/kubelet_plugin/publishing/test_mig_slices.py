@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from api import mig as names
-from api.names import DRIVER_NAME, MEMORY_CAPACITY
+from api.names import DRIVER_NAME, MEMORY_CAPACITY, NUMA_NODE_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE
 from api.quantity import GiB, to_bytes
 from kubelet_plugin.core.model import MigGpu
 from kubelet_plugin.publishing.slices import build_slices, mig_devices
@@ -185,3 +185,19 @@ def test_a_gpu_wide_taint_reaches_every_partition_and_a_partitions_only_it() -> 
     assert all(xid in d["taints"] for n, d in by_name.items() if n.startswith("gpu-1"))
     assert by_name[small]["taints"] == [xid, one]
     assert one not in by_name[names.partition_device_name(1, "1g.10gb", 5)]["taints"]
+
+
+def test_a_mig_gpu_and_each_of_its_partitions_carry_the_gpus_topology() -> None:
+    placed = [gpu(0, pcie_root="pci0000:17", numa_node=0), gpu(1, pcie_root="pci0000:29")]
+    built = build_slices(NODE, NODE_UID, DRIVER_NAME, placed, step=STEP, reserve=0, generation=1, mig={
+        "gpu-0": H100_MIG, "gpu-1": H100_MIG})  # fmt: skip
+    by_gpu: dict[int, set[tuple[Any, ...]]] = {}
+    for device in devices(built):
+        attributes = device["attributes"]
+        topology = (
+            attributes.get(PCIE_ROOT_ATTRIBUTE, {}).get("string"),
+            attributes.get(NUMA_NODE_ATTRIBUTE, {}).get("int"),
+        )
+        by_gpu.setdefault(attr(device, "index"), set()).add(topology)
+    assert by_gpu == {0: {("pci0000:17", 0)}, 1: {("pci0000:29", None)}}
+    assert sum(1 for d in devices(built) if attr(d, names.TYPE_ATTRIBUTE) == names.TYPE_MIG) > 2  # partitions too

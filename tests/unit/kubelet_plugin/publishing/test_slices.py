@@ -6,7 +6,14 @@ from typing import Any
 
 import pytest
 
-from api.names import DRIVER_NAME, MEMORY_CAPACITY, MPS_CLIENTS_CAPACITY
+from api.names import (
+    DRIVER_NAME,
+    MEMORY_CAPACITY,
+    MPS_CLIENTS_CAPACITY,
+    NUMA_NODE_ATTRIBUTE,
+    PCI_BUS_ID_ATTRIBUTE,
+    PCIE_ROOT_ATTRIBUTE,
+)
 from api.quantity import GiB, MiB, to_bytes
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.publishing.slices import MAX_DEVICES_PER_SLICE, build_slices, device_entry, usable_memory
@@ -118,6 +125,19 @@ def test_device_attributes_present_and_typed() -> None:
         assert next(iter(value)) in {"string", "int", "bool", "version"}
     assert isinstance(attrs["index"]["int"], int)
     assert isinstance(attrs["minor"]["int"], int)
+
+
+def test_the_standard_topology_attributes_are_published_where_sysfs_said_them() -> None:
+    attrs = device_entry(gpu(pcie_root="pci0000:17", numa_node=1), STEP, 0)["attributes"]
+    assert attrs[PCIE_ROOT_ATTRIBUTE] == {"string": "pci0000:17"}
+    assert attrs[NUMA_NODE_ATTRIBUTE] == {"int": 1}
+    assert device_entry(gpu(pcie_root="pci0000:17", numa_node=0), STEP, 0)["attributes"][NUMA_NODE_ATTRIBUTE] == {
+        "int": 0
+    }
+    unknown = device_entry(gpu(), STEP, 0)["attributes"]  # sysfs said neither: both left out, never guessed
+    assert PCIE_ROOT_ATTRIBUTE not in unknown
+    assert NUMA_NODE_ATTRIBUTE not in unknown
+    assert unknown[PCI_BUS_ID_ATTRIBUTE] == {"string": "0000:00:00.0"}
 
 
 @pytest.mark.parametrize(
