@@ -539,3 +539,36 @@ def test_this_cgroup_v1_node_enforces_nothing_says_so_and_refuses_nvml_and_mps(
             message = "\n".join(e.get("message", "") for e in events)
         assert lacking in message, message
         assert w.get(cluster, "pod", "-n", ns, pod)["status"].get("phase") == "Pending"
+
+
+def test_an_admin_access_pod_reaches_a_busy_gpu_whole_and_unlimited(installation: Installation, ns: str) -> None:
+    """A monitoring claim (`adminAccess: true`, `memory: 0`, in a namespace labelled for admin access) on the GPU a
+    70Gi share holds: it runs there, with that GPU's device node, told it is admin access with the whole GPU's
+    memory and tier none, and the claim's status records that it reserves nothing."""
+    cluster = installation.cluster
+    cluster.kubectl("label", "namespace", ns, "resource.kubernetes.io/admin-access=true")
+    w.apply(cluster, ns, w.claim_template("share-70gi", "70Gi"), w.gpu_pod("busy", "share-70gi"))
+    w.wait_running(cluster, ns, ["busy"])
+    busy = w.recorded_gpu(w.claim_of(cluster, ns, "busy"))
+    monitor = w.claim_template("monitor", "0")
+    exactly = monitor["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    exactly["adminAccess"] = True
+    exactly["selectors"] = [{"cel": {"expression": f'device.attributes["{w.DEVICE_CLASS}"].uuid == "{busy["uuid"]}"'}}]
+    w.apply(cluster, ns, monitor, w.gpu_pod("monitor", "monitor"))
+    w.wait_running(cluster, ns, ["monitor"])
+    seen = w.report(cluster, ns, "monitor")
+    (file,) = seen.files.values()
+    (device,) = file["devices"]
+    whole = to_bytes(busy["memoryTotal"]) // MiB
+    assert (device["uuid"], device["adminAccess"], device["memoryMiB"], device["enforcement"], file["version"]) == (
+        busy["uuid"],
+        True,
+        whole,
+        "none",
+        3,
+    )
+    own = seen.device_vars()[device["envPrefix"]]
+    assert (own["ADMIN_ACCESS"], own["MEMORY_LIMIT_MIB"], own["ENFORCEMENT"]) == ("true", str(whole), "none")
+    assert f"nvidia{_minor(busy['device'], installation)}" in seen.nodes
+    recorded = w.recorded_gpu(w.claim_of(cluster, ns, "monitor"))
+    assert (recorded["uuid"], recorded["memory"], recorded["adminAccess"]) == (busy["uuid"], "0", True)

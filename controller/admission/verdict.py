@@ -1,22 +1,25 @@
 """Admission review of ResourceClaims and ResourceClaimTemplates that concern our driver (pure functions).
 
-A claim spec concerns us when a request (or a `firstAvailable` alternative) names our DeviceClass, or an
-opaque config names our driver. Refused: GpuConfig parameters that do not decode strictly, configs that
-decode one by one but merge into an invalid one for some request (merged as the node plugin merges them,
-api/config_merge.py, with our DeviceClass's configs first), capacity requests other than `memory`, and memory
-amounts that are not positive whole numbers of bytes. Each problem names its field path, as `kubectl` users
-write it, and what is allowed. Warned: requests larger than any published GPU, `enforcement: hami-core`, `mps`
-or `nvml` while no published GPU offers it, and an `mps` request for more than one GPU (the node plugin refuses
-a claim whose MPS shares span GPUs: a CUDA process is the client of one MPS daemon). Warned too, since nothing
-else would say it: settings dropped or changed on the way, namely an opaque config of another driver that
-applies only to requests of our DeviceClasses (the kubelet hands it to no driver that reads it), a memory
-request the published GPUs' `requestPolicy` rounds up (naming the grant), and `computeLimitPercent` that no
-published GPU can apply (only the mps and hami-core tiers do). For users of other drivers: a request without
+A claim spec concerns us when a request (or a `firstAvailable` alternative) names our DeviceClass, or an opaque
+config names our driver. Refused: GpuConfig parameters that do not decode strictly, configs that decode one by one
+but merge into an invalid one for some request (merged as the node plugin merges them, api/config_merge.py, with
+our DeviceClass's configs first), capacity requests other than `memory`, and memory amounts that are not positive
+whole numbers of bytes (an `adminAccess` request may ask for 0). Each problem names its field path, as `kubectl`
+users write it, and what is allowed. Warned: requests larger than any published GPU, `enforcement: hami-core`,
+`mps` or `nvml` while no published GPU offers it, and an `mps` request for more than one GPU (the node plugin
+refuses a claim whose MPS shares span GPUs: a CUDA process is the client of one MPS daemon). Warned too, since
+nothing else would say it: settings dropped or changed on the way, namely an opaque config of another driver that
+applies only to requests of our DeviceClasses (the kubelet hands it to no driver that reads it), a memory request
+the published GPUs' `requestPolicy` rounds up (naming the grant), and `computeLimitPercent` that no published GPU
+can apply (only the mps and hami-core tiers do). For users of other drivers: a request without
 `capacity.requests.memory` of a class shared by memory in a ResourceClaim that pods name directly (it takes a
 whole GPU that all of them share; templates, adminAccess requests, the MIG class and kube-scheduler's claim for an
 extended resource are not warned), and a CEL selector of a request of any of our classes that reads an attribute
 or capacity no fracgpu device publishes (`api/published.py`), another domain's, or compares `device.driver` with
-another driver (`controller/admission/cel_refs.py` finds them), naming the published name it likely means.
+another driver (`controller/admission/cel_refs.py` finds them), naming the published name it likely means. An
+`adminAccess` request that does not ask for `memory: 0` is warned that the scheduler places it only where that
+much memory is free (all of it when it names no capacity, as Kubernetes' docs write one), though the allocation is
+never counted once made.
 """
 
 import difflib
@@ -56,14 +59,16 @@ class Review(BaseModel):
         return "; ".join(self.problems)
 
 
-def _check_memory(value: object, path: str) -> tuple[int | None, str | None]:
-    """(bytes, None) for a positive whole number of bytes, else (None, problem)."""
+def _check_memory(value: object, path: str, *, admin: bool = False) -> tuple[int | None, str | None]:
+    """(bytes, None) for a positive whole number of bytes (or 0 on an `admin` request), else (None, problem)."""
     allowed = "must be a positive quantity of bytes such as 10Gi or 512Mi"
+    if admin:
+        allowed = "must be 0 (the adminAccess way: placed on any GPU) or a positive quantity of bytes such as 10Gi"
     try:
         parsed: Decimal = parse_quantity(value)
     except (ValueError, TypeError, InvalidOperation):
         return None, f"{path}: {allowed}, got {value!r}"
-    if parsed <= 0:
+    if parsed < 0 or (parsed == 0 and not admin):
         return None, f"{path}: {allowed}, got {value!r}"
     if parsed != parsed.to_integral_value():
         return None, f"{path}: {allowed} (whole bytes; fractions such as {value!r} are not allowed)"
@@ -96,6 +101,17 @@ def _rounding_warning(
     ]
 
 
+_ADMIN_WITHOUT_MEMORY = (
+    "{path}: request {request!r} has adminAccess and no capacity: to place it, the scheduler charges it the GPU's "
+    "default memory request (all of the GPU's memory), though it never counts an admin-access allocation once made, "
+    "so it stays Pending while any share is on the GPU; write capacity: {{requests: {{memory: 0}}}} to reach any GPU, "
+    "busy or not"
+)
+"""Kubernetes' allocator (v1.37) checks an adminAccess request's capacity like any other's when it places it on a
+device that allows multiple allocations (the requestPolicy default when it names none), and only leaves it out of
+the device's consumed capacity afterwards."""
+
+
 def _review_request(
     exact: Mapping[str, Any],
     path: str,
@@ -108,21 +124,29 @@ def _review_request(
     problems: list[str] = []
     warnings: list[str] = []
     requests = (exact.get("capacity") or {}).get("requests") or {}
+    admin = exact.get("adminAccess") is True
+    if admin and not any(n in (MEMORY_CAPACITY, f"{driver}/{MEMORY_CAPACITY}") for n in requests):
+        warnings.append(_ADMIN_WITHOUT_MEMORY.format(path=path, request=request))
     for name, value in requests.items():
         field = f"{path}.capacity.requests.{name}"
         if name not in (MEMORY_CAPACITY, f"{driver}/{MEMORY_CAPACITY}"):
             problems.append(f"{field}: unknown capacity; {driver} devices offer only {MEMORY_CAPACITY!r}")
             continue
-        memory, problem = _check_memory(value, field)
+        memory, problem = _check_memory(value, field, admin=admin)
         if problem is not None:
             problems.append(problem)
+        elif admin and memory:
+            warnings.append(
+                f"{field}: request {request!r} has adminAccess, which reserves no memory, but the scheduler places it "
+                f"only on a GPU with {value} free; write memory: 0 to reach any GPU, busy or not"
+            )
         elif memory is not None and largest is not None and memory > largest:
             warnings.append(
                 f"{field}: request {request!r} asks for {value} of GPU memory, more than any GPU in the cluster "
                 f"offers (largest GPU has {format_bytes(largest)}); the claim stays pending until a larger GPU "
                 "is published"
             )
-        elif memory is not None:
+        elif memory is not None and not admin:
             warnings += _rounding_warning(field, request, value, memory, ranges)
     return problems, warnings
 

@@ -6,7 +6,8 @@ each container that gets the device, and nothing is an aggregate over "all GPUs 
 
 - per-device env ``FRACGPU_DEV_<KEY>_{UUID,MEMORY_LIMIT_MIB,CLAIM,REQUEST,ENFORCEMENT,SHARE_ID}`` (and
   ``ACTIVE_THREAD_PERCENTAGE`` for an mps share with computeLimitPercent, ``MIG_DEVICE`` and ``MIG_PROFILE`` for a
-  MIG partition: its MIG UUID and profile; its ``UUID`` is the physical GPU's as for any device), ``<KEY>`` being
+  MIG partition: its MIG UUID and profile; its ``UUID`` is the physical GPU's as for any device; ``ADMIN_ACCESS=true``
+  for an adminAccess allocation, whose ``MEMORY_LIMIT_MIB`` is the whole GPU's, none of it reserved), ``<KEY>`` being
   the CDI device name (``<claimUID>-<device>[-<shareID>]``) upper-cased with ``-`` as ``_``: unique per device,
   stable;
 - per request one JSON file, ``/run/fracgpu/<claimUID>_<request>.json`` in the container, mounted read-only by
@@ -38,12 +39,15 @@ ENV_SUFFIXES = (
     "ACTIVE_THREAD_PERCENTAGE",
     "MIG_DEVICE",
     "MIG_PROFILE",
+    "ADMIN_ACCESS",
 )  # none is a suffix of another
 INFO_FILE_MODE = 0o644  # readable by any container user
-INFO_SCHEMA_VERSION = 2  # the newest `version` of a request's file; fracgpu 0.1.0 wrote none (schema 1)
+INFO_SCHEMA_VERSION = 3  # the newest `version` of a request's file; fracgpu 0.1.0 wrote none (schema 1)
 MIG_INFO_SCHEMA_VERSION = 2
 """The schema that added a device's `mig`: a file is written in the lowest schema its contents need (1 without a
 MIG device), so a reader of schema 1 reads every file that has none."""
+ADMIN_INFO_SCHEMA_VERSION = 3
+"""The schema that added a device's `adminAccess` (written only when true)."""
 KEYABLE_RE = re.compile(r"^[a-z0-9]+(-[a-z0-9]+)*$")  # claim UIDs, DNS-label device names, share UUIDs
 _REQUEST_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")  # a DNS label, as Kubernetes validates it
 VOID = "NVIDIA_VISIBLE_DEVICES=void"
@@ -94,6 +98,12 @@ class DeviceInfo(_Model):
         description="mps tier: the client's active thread percentage (computeLimitPercent; None: the GPU's default)",
     )
     mig: MigInfo | None = Field(None, description="a MIG partition: which (memoryMiB is then its memory)")
+    admin_access: bool = Field(
+        False,
+        alias="adminAccess",
+        description="schema 3: an adminAccess allocation (monitoring): memoryMiB is the whole GPU's, none of it "
+        "reserved, and no tier limits it",
+    )
 
 
 class RequestInfo(_Model):
@@ -121,7 +131,15 @@ class RequestInfo(_Model):
                 del device["activeThreadPercentage"]  # only an mps share with computeLimitPercent has one
             if device["mig"] is None:
                 del device["mig"]  # only a MIG partition has one
-        data["version"] = MIG_INFO_SCHEMA_VERSION if any(d.mig for d in self.devices) else 1
+            if not device["adminAccess"]:
+                del device["adminAccess"]  # only an adminAccess allocation has one
+        data["version"] = (
+            ADMIN_INFO_SCHEMA_VERSION
+            if any(d.admin_access for d in self.devices)
+            else MIG_INFO_SCHEMA_VERSION
+            if any(d.mig for d in self.devices)
+            else 1
+        )
         return (json.dumps(data, separators=(",", ":")) + "\n").encode()
 
 
@@ -167,6 +185,8 @@ def device_env(prefix: str, info: DeviceInfo, claim: ClaimName, request: str) ->
     if info.mig is not None:
         env[f"{prefix}MIG_DEVICE"] = info.mig.uuid
         env[f"{prefix}MIG_PROFILE"] = info.mig.profile
+    if info.admin_access:
+        env[f"{prefix}ADMIN_ACCESS"] = "true"
     return env
 
 

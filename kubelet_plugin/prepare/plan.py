@@ -63,6 +63,11 @@ class _Share:
         return str(self.result["request"]).split("/", 1)[0]
 
     @property
+    def admin(self) -> bool:
+        """An adminAccess result: monitoring access that reserves nothing, limited by no tier."""
+        return self.result.get("adminAccess") is True
+
+    @property
     def share_id(self) -> str | None:
         share: str | None = self.result.get("shareID") or None
         return share
@@ -143,6 +148,8 @@ def plan_claim(
     ``tiers`` (device name -> the enforcement tiers that GPU offers now, ``EnforcementDetector.tiers()``)
     decide each share's tier with the node's mode and the share's GpuConfig
     (enforcement.applied_tier); a tier a GPU cannot give is a PrepareError ``enforcement_unavailable``.
+    An ``adminAccess`` result (monitoring, KEP-5018) is a device of tier ``none`` whose grant is the whole GPU's
+    memory, marked ``adminAccess`` for the container: the scheduler never counts it, nothing limits it.
 
     A result on a published MIG partition (``mig_devices``: device name -> the partition it stands for) is a
     device of tier ``mig`` whose instances the caller made (``partitions``: device name -> them): its GPU's node,
@@ -208,9 +215,9 @@ def plan_claim(
         consumed = (result.get("consumedCapacity") or {}).get(MEMORY_CAPACITY)
         granted = (
             to_bytes(consumed)
-            if consumed is not None
+            if consumed is not None and result.get("adminAccess") is not True
             else usable_memory(gpu, settings.memory_step_bytes, settings.memory_reserve_bytes)
-        )
+        )  # an adminAccess result reaches the whole GPU, whatever it asked the scheduler for
         step, reserve = settings.memory_step_bytes, settings.memory_reserve_bytes
         entry = device_entry(gpu, step, reserve, hami_core_installed, tiers[gpu.device_name].published)
         shares.append(_Share(result, gpu, granted // MiB, _config_for(result, entries), attributes=entry["attributes"]))
@@ -358,7 +365,7 @@ def _with_tiers(shares: list[_Share], settings: Settings, tiers: Mapping[str, Gp
     shares of one claim must have one grant: NVIDIA's hook reads a single NVIDIA_GPU_MEMORY_LIMIT per container."""
     out = []
     for share in shares:
-        if share.partition is not None:
+        if share.partition is not None or share.admin:  # an admin's tier stays none: nothing limits monitoring
             out.append(share)
             continue
         where = f"GPU {share.result['device']} ({share.gpu.uuid})"
@@ -425,6 +432,7 @@ def _device_info(share: _Share, driver: str, uid: str) -> info.DeviceInfo:
         enforcement=share.tier,
         active_thread_percentage=share.config.compute_limit_percent if share.tier == "mps" else None,
         mig=_mig_info(share.partition.record) if share.partition is not None else None,
+        admin_access=share.admin,
     )
 
 

@@ -124,12 +124,15 @@ def device_entry(
     `taints`: its `taints` (GPU health, `kubelet_plugin.health.book.plan_taints`), left out when none."""
     memory = usable_memory(gpu, step, reserve)
     capacity: dict[str, Any] = {"value": format_bytes(memory)}
-    if memory >= 2 * step:  # validRange needs min + step <= value
+    if memory >= step:  # validRange needs min + step <= value
         # default = all of it: a request without capacity (a whole GPU, the scheduler's extended-resource
-        # claim) consumes the whole GPU, so it never meets a share (without a policy, the value is consumed)
+        # claim) consumes the whole GPU, so it never meets a share (without a policy, the value is consumed).
+        # min 0: a positive request is granted the same multiple of step as with min = step, and an adminAccess
+        # request of `memory: 0` (which the scheduler must still fit, though it never counts it once allocated)
+        # fits a GPU with no memory free; admission refuses 0 on any other request
         capacity["requestPolicy"] = {
             "default": format_bytes(memory),
-            "validRange": {"min": format_bytes(step), "max": format_bytes(memory), "step": format_bytes(step)},
+            "validRange": {"min": "0", "max": format_bytes(memory), "step": format_bytes(step)},
         }
     entry: dict[str, Any] = {
         "name": gpu.device_name,

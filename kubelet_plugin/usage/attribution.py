@@ -38,6 +38,9 @@ class ClaimShare(_Value):
     gpu_uuid: str
     granted_bytes: int = Field(ge=0)
     enforced: bool = Field(description="a tier caps the claim's memory (the grant cannot be exceeded)")
+    admin_access: bool = Field(
+        False, description="an adminAccess allocation: its grant (the whole GPU) is reach, not a reservation"
+    )
 
 
 class ClaimUsage(_Value):
@@ -106,7 +109,7 @@ def attribute(
             )
     granted: dict[str, int] = defaultdict(int)
     for share in share_list:
-        granted[share.gpu_uuid] += share.granted_bytes
+        granted[share.gpu_uuid] += 0 if share.admin_access else share.granted_bytes
     gpus = tuple(GpuUsage(uuid=u, granted_bytes=granted[u], used_bytes=gpu_used[u]) for u in sorted(set(gpu_uuids)))
     return Snapshot(claims=tuple(claims), gpus=gpus, unattributed=unattributed, ambiguous=ambiguous)
 

@@ -64,10 +64,12 @@ def read_shares(plugin_data_dir: Path) -> list[ClaimShare]:
             continue
         granted: dict[str, int] = {}
         enforced: dict[str, bool] = {}
+        admin: dict[str, bool] = {}
         for info in infos:
             for device in info.devices:
                 granted[device.uuid] = granted.get(device.uuid, 0) + device.memory_mib * MiB
                 enforced[device.uuid] = enforced.get(device.uuid, True) and device.enforcement != "none"
+                admin[device.uuid] = admin.get(device.uuid, False) or device.admin_access
         if infos:
             claim = infos[0].claim
             shares += [
@@ -78,6 +80,7 @@ def read_shares(plugin_data_dir: Path) -> list[ClaimShare]:
                     gpu_uuid=gpu,
                     granted_bytes=granted[gpu],
                     enforced=enforced[gpu],
+                    admin_access=admin[gpu],
                 )
                 for gpu in sorted(granted)
             ]

@@ -771,7 +771,10 @@ def test_admission_warns_of_settings_that_would_be_dropped_or_rounded(
         "spec.devices.config[1].opaque: a config for driver 'gpu.nvidia.com' on request(s) 'gpu', which only "
         "gpu.fracgpu.dev prepares: gpu.fracgpu.dev ignores other drivers' configs" in warning
     ), warning
-    assert "rounds it up to a 3072Mi grant where the GPU's memory requestPolicy.validRange has min 256Mi" in warning
+    assert (
+        "rounds it up to a 3072Mi grant where the GPU's memory requestPolicy.validRange has min 0, step 256Mi"
+        in warning
+    )
     assert "request 'gpu' sets computeLimitPercent 30, but enforcement 'nvml' does not apply it" in warning
 
 
@@ -1150,6 +1153,84 @@ def test_events_for_unsatisfiable_requests_and_vanished_devices(
         if s["spec"].get("nodeName") == node:
             kube.resource(dyn, "resource.k8s.io/v1", "ResourceSlice").delete(name=s["metadata"]["name"])
     assert _wait(controller, lambda: not _node_ledger(dyn, node), 20, "all GPU objects of the node deleted")
+
+
+# ----- adminAccess on a busy GPU (issue 30) --------------------------------------------------------------
+
+
+ADMIN_LABEL = "resource.kubernetes.io/admin-access"
+
+
+def _unschedulable(api_client: client.ApiClient, namespace: str, pod: str) -> str | None:
+    """The scheduler's message once it has found no node for `pod`, else None."""
+    conditions = client.CoreV1Api(api_client).read_namespaced_pod(pod, namespace).status.conditions or []
+    return next(
+        (c.message for c in conditions if c.type == "PodScheduled" and c.reason == "Unschedulable"),
+        None,
+    )
+
+
+def test_an_admin_access_claim_of_memory_0_reaches_a_full_gpu_and_one_without_capacity_waits(
+    controller: kube.ControllerProcess,
+    api_client: client.ApiClient,
+    dyn: DynamicClient,
+    namespace: str,
+) -> None:
+    """The real scheduler (v1.37) fits an adminAccess request's capacity like any other's on a GPU shared by
+    memory and leaves it out of the GPU's consumption once allocated. A GPU filled by two 40Gi shares: the
+    monitoring claim written as Kubernetes' docs write it (no capacity: the requestPolicy default, all 80Gi) stays
+    Pending, and admission said why and what to write; the one with `memory: 0` (the published validRange has
+    min 0) is allocated there, and the ledger lists it reserving nothing."""
+    core = client.CoreV1Api(api_client)
+    core.patch_namespace(namespace, {"metadata": {"labels": {ADMIN_LABEL: "true"}}})
+    node_body = kube.create_fake_node(api_client, kube.unique("gpunode"))
+    node = node_body["metadata"]["name"]
+    kube.publish_gpus(dyn, node_body, DRIVER_NAME, kube.simulated_gpus(node, 1))
+    claims = _claims(dyn)
+    for name in ("busy-a", "busy-b"):
+        claims.create(namespace=namespace, body=_claim_body(name, [_request("gpu", "40Gi")]))
+        core.create_namespaced_pod(namespace, kube.pod_with_claim(f"p-{name}", None, node, {"c": name}))
+    for name in ("busy-a", "busy-b"):
+        _wait(controller, functools.partial(_written_claim, dyn, namespace, name), 60, f"allocation of {name}")
+
+    docs_way = _claim_body("mon-docs", [_request("mon", adminAccess=True)])
+    warning = _create_warnings(api_client, namespace, docs_way, dry_run=False)
+    assert (
+        "request 'mon' has adminAccess and no capacity: to place it, the scheduler charges it the GPU's default "
+        "memory request (all of the GPU's memory)" in warning
+    ), warning
+    assert "write capacity: {requests: {memory: 0}}" in warning, warning
+    zero = _claim_body("mon", [_request("mon", "0", adminAccess=True)])
+    assert _create_warnings(api_client, namespace, zero, dry_run=False) == ""
+    for name in ("mon-docs", "mon"):
+        core.create_namespaced_pod(namespace, kube.pod_with_claim(f"p-{name}", None, node, {"c": name}))
+
+    mon = _wait(controller, lambda: _written_claim(dyn, namespace, "mon"), 60, "allocation of the memory-0 admin claim")
+    (result,) = _our_results(mon)
+    assert (result["device"], result.get("adminAccess"), result["consumedCapacity"]) == (
+        "gpu-0",
+        True,
+        {"memory": "0"},
+    )
+    assert [(d["memory"], d.get("adminAccess")) for d in _our_entries(mon).values()] == [("0", True)]
+    gpu = _wait(
+        controller,
+        lambda: next(
+            (g for g in _node_ledger(dyn, node).values() if len((g.get("status") or {}).get("claims") or []) == 3),
+            None,
+        ),
+        20,
+        "the ledger listing the admin claim",
+    )
+    assert (gpu["status"]["allocatedMemory"], gpu["status"]["freeMemory"]) == ("80Gi", "0")
+    assert {(c["name"], c["memory"], c.get("adminAccess")) for c in gpu["status"]["claims"]} == {
+        ("busy-a", "40Gi", None),
+        ("busy-b", "40Gi", None),
+        ("mon", "0", True),
+    }
+    message = _wait(controller, lambda: _unschedulable(api_client, namespace, "p-mon-docs"), 60, "mon-docs Pending")
+    assert "cannot allocate all claims" in message, message
+    assert not (claims.get(namespace=namespace, name="mon-docs").to_dict().get("status") or {}).get("allocation")
 
 
 # ----- burst and restart ------------------------------------------------------------------------------

@@ -9,8 +9,11 @@ API server that drops a field (a feature gate off, a misspelt field pruned) fail
 admission webhook uses, and the claim spec must pass the webhook's review.
 
 A block fenced as ```yaml theirs shows what a user wrote for another project (docs/migrating.md, "coming from X,
-write Y"): it must parse as YAML and is not sent; any other word after `yaml` fails the test, so that no block
-escapes the check by its info string.
+write Y"): it must parse as YAML and is not sent. A block fenced as ```yaml not-dry-run holds objects of another
+project's API that the test cluster does not serve (Kueue's, docs/migrating.md#quota-with-kueue): each must be of
+one of UNSERVED_GROUPS, which the API server is checked not to serve, so no fracgpu or Kubernetes object escapes
+the dry run by it. Any other word after `yaml` fails the test, so that no block escapes the check by its info
+string.
 """
 
 import re
@@ -19,6 +22,7 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
@@ -35,18 +39,27 @@ GiB = 1 << 30
 _YAML_BLOCK = re.compile(r"^ {0,3}```[ \t]*ya?ml(?P<info>[^\n]*)\n(?P<body>.*?)^ {0,3}```[ \t]*$", re.M | re.S)
 THEIRS = "theirs"
 """The info-string word of a block that shows another project's objects, never sent to the API server."""
+NOT_DRY_RUN = "not-dry-run"
+"""The info-string word of a block of objects whose API the test cluster lacks (CRDs not installed): parsed only."""
+UNSERVED_GROUPS = ("kueue.x-k8s.io", "config.kueue.x-k8s.io")
+"""The API groups a ```yaml not-dry-run block may hold: Kueue's, whose CRDs the test cluster does not install
+(`config.kueue.x-k8s.io` is Kueue's configuration file, never an API object)."""
 MIGRATING = REPO / "docs" / "migrating.md"
 CLAIM_SPEC_AT = {"ResourceClaim": ("spec",), "ResourceClaimTemplate": ("spec", "spec")}
 
 
-def yaml_blocks(text: str, *, theirs: bool = False) -> list[str]:
-    """The bodies of the ```yaml (or ```yml) fenced blocks of a Markdown text: fracgpu's, or with `theirs` those
-    marked ```yaml theirs. A block with any other info string after `yaml` is an error."""
+def yaml_blocks(text: str, *, theirs: bool = False, marker: str = "") -> list[str]:
+    """The bodies of the ```yaml (or ```yml) fenced blocks of a Markdown text: fracgpu's, with `theirs` those
+    marked ```yaml theirs, with `marker` those marked ```yaml <marker>. A block with any other info string after
+    `yaml` is an error."""
+    want = [THEIRS] if theirs else [marker] if marker else []
     found: list[str] = []
     for m in _YAML_BLOCK.finditer(text):
         words = m.group("info").split()
-        assert words in ([], [THEIRS]), f"```yaml {m.group('info').strip()}: only ```yaml and ```yaml {THEIRS} exist"
-        if bool(words) == theirs:
+        assert words in ([], [THEIRS], [NOT_DRY_RUN]), (
+            f"```yaml {m.group('info').strip()}: only ```yaml, ```yaml {THEIRS} and ```yaml {NOT_DRY_RUN} exist"
+        )
+        if words == want:
             found.append(m.group("body"))
     return found
 
@@ -103,8 +116,10 @@ def test_the_helpers_see_what_they_check() -> None:
     text = "a\n```yaml\nkind: A\n---\nkind: B\n```\n```bash\nkind: C\n```\n```yml\n- x\n```\n```yaml theirs\nkind: D\n```\n"
     assert yaml_blocks(text) == ["kind: A\n---\nkind: B\n", "- x\n"]
     assert yaml_blocks(text, theirs=True) == ["kind: D\n"]
-    with pytest.raises(AssertionError, match="only ```yaml and"):
+    with pytest.raises(AssertionError, match="only ```yaml, "):
         yaml_blocks("```yaml mine\nkind: E\n```\n")
+    unsent = "```yaml not-dry-run\nkind: F\n```\n```yaml\nkind: G\n```\n"
+    assert (yaml_blocks(unsent, marker=NOT_DRY_RUN), yaml_blocks(unsent)) == (["kind: F\n"], ["kind: G\n"])
     assert not_whole({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}}) is None
     assert not_whole({"resources": {"limits": {"gpu.fracgpu.dev/gpu": 1}}}) is not None
     assert not_whole(["x"]) is not None
@@ -172,3 +187,24 @@ def test_the_api_server_accepts_every_example_as_it_stands(dyn: DynamicClient, n
         kinds.add(doc["kind"])
     assert problems == {}
     assert {"ResourceClaimTemplate", "Pod"} <= kinds
+
+
+def test_objects_not_dry_run_are_only_of_apis_the_cluster_does_not_serve(dyn: DynamicClient) -> None:
+    """A ```yaml not-dry-run block holds only whole objects (apiVersion and kind; Kueue's Configuration has no
+    name) of UNSERVED_GROUPS, and the API server indeed serves none of them: once it does, send them instead."""
+    unsent = [
+        (page.relative_to(REPO), doc)
+        for page in PAGES
+        for block in yaml_blocks(page.read_text(), marker=NOT_DRY_RUN)
+        for doc in yaml.safe_load_all(block)
+        if doc is not None
+    ]
+    assert len(unsent) >= 4, "docs/migrating.md shows Kueue's Configuration, ResourceFlavor, ClusterQueue, LocalQueue"
+    for where, doc in unsent:
+        assert isinstance(doc, dict) and isinstance(doc.get("kind"), str), (where, doc)
+        group = str(doc.get("apiVersion", "")).rpartition("/")[0]
+        assert group in UNSERVED_GROUPS, (
+            f"{where}: {doc.get('apiVersion')} {doc['kind']} must be dry-run: fence it ```yaml"
+        )
+    served = {g.name for g in client.ApisApi(dyn.client).get_api_versions().groups}
+    assert not served & set(UNSERVED_GROUPS), f"the API server serves {served & set(UNSERVED_GROUPS)}: dry-run them"

@@ -477,7 +477,9 @@ def test_whole_gpu_warnings_name_each_alternative_and_the_count() -> None:
     ],
 )
 def test_whole_gpu_requests_that_are_not_warned(requests: list[dict[str, Any]], is_standalone: bool) -> None:
-    assert standalone(spec(requests), standalone=is_standalone).warnings == ()
+    warnings = standalone(spec(requests), standalone=is_standalone).warnings
+    assert not [w for w in warnings if "every pod that references this ResourceClaim" in w]
+    assert warnings == () or requests[0]["exactly"].get("adminAccess")  # adminAccess has its own warning
 
 
 def test_the_schedulers_extended_resource_claim_is_recognised_by_its_annotation() -> None:
@@ -574,4 +576,53 @@ def test_selectors_of_first_available_and_of_our_other_classes_are_read_and_othe
     (warning,) = standalone(spec([listed, other])).warnings
     assert warning.startswith(
         "spec.devices.requests[0].firstAvailable[0].selectors[0].cel.expression: request 'pick/mig'"
+    )
+
+
+def admin(memory: object = None) -> dict[str, Any]:
+    """An adminAccess request, as Kubernetes' docs write one (no capacity) or with a memory amount."""
+    request = req(memory, name="mon")
+    request["exactly"]["adminAccess"] = True
+    return request
+
+
+def test_an_admin_access_request_without_capacity_is_warned_that_it_waits_for_an_empty_gpu() -> None:
+    out = review(spec([admin()]))
+    assert out.allowed
+    assert out.warnings == (
+        "spec.devices.requests[0].exactly: request 'mon' has adminAccess and no capacity: to place it, the scheduler "
+        "charges it the GPU's default memory request (all of the GPU's memory), though it never counts an "
+        "admin-access allocation once made, so it stays Pending while any share is on the GPU; write capacity: "
+        "{requests: {memory: 0}} to reach any GPU, busy or not",
+    )
+
+
+def test_memory_0_is_admitted_on_an_admin_access_request_only() -> None:
+    ranges = [(0, 256 * MiB), (256 * MiB, 256 * MiB)]  # a node plugin of this release and one before it
+    out = review_claim_spec(
+        spec([admin("0")]),
+        "spec",
+        driver=DRIVER_NAME,
+        device_class=DEVICE_CLASS_NAME,
+        largest=80 * GiB,
+        request_ranges=ranges,
+    )
+    assert out == Review()  # no rounding warning either: an admin-access allocation has no grant
+    assert review(spec([req("0")])).problems == (
+        "spec.devices.requests[0].exactly.capacity.requests.memory: must be a positive quantity of bytes such as "
+        "10Gi or 512Mi, got '0'",
+    )
+    assert review(spec([admin("-1")])).problems == (
+        "spec.devices.requests[0].exactly.capacity.requests.memory: must be 0 (the adminAccess way: placed on any "
+        "GPU) or a positive quantity of bytes such as 10Gi, got '-1'",
+    )
+
+
+def test_an_admin_access_request_with_memory_is_warned_that_it_needs_that_much_free() -> None:
+    out = review(spec([admin("1Gi")]))
+    assert out.allowed
+    assert out.warnings == (
+        "spec.devices.requests[0].exactly.capacity.requests.memory: request 'mon' has adminAccess, which reserves no "
+        "memory, but the scheduler places it only on a GPU with 1Gi free; write memory: 0 to reach any GPU, busy "
+        "or not",
     )

@@ -30,11 +30,11 @@ def test_slice_view_reads_the_request_policys_min_and_step_and_admission_facts_c
     """What the admission warning about rounded requests computes grants from (controller/devices/facts.py)."""
     view = slice_view(slices(count=2)[0], DRIVER_NAME)
     assert view is not None
-    assert [d.request_range for d in view.devices] == [(256 * MiB, 256 * MiB)] * 2
+    assert [d.request_range for d in view.devices] == [(0, 256 * MiB)] * 2
     coarse = view.devices[1].model_copy(update={"request_range": (GiB, GiB)})
     bare = view.devices[0].model_copy(update={"request_range": None})
     facts = admission_facts([*view.devices, coarse, bare], None)
-    assert facts.request_ranges == ((256 * MiB, 256 * MiB), (GiB, GiB))
+    assert facts.request_ranges == ((0, 256 * MiB), (GiB, GiB))
 
 
 def test_slice_view_ignores_other_drivers_and_devices_without_memory() -> None:

@@ -794,3 +794,42 @@ def test_hami_core_covers_the_claims_unenforced_shares(root: Path, hami_library:
     assert {t[3] for t in plan.tiers} == {"hami-core"}
     (file,) = plan.files
     assert file.info.enforcement == "hami-core"
+
+
+# --- adminAccess (KEP-5018) ------------------------------------------------------------------------------
+
+
+def test_an_admin_access_result_reaches_the_whole_gpu_with_no_limit_and_says_so(root: Path) -> None:
+    """An adminAccess result (here `memory: 0`, as admission tells monitoring claims to write) on a node where the
+    GPU offers nvml and the claim asks for it: no tier limits it, its grant is the whole GPU, and the container is
+    told it is admin access, in its variables and its request's file (schema 3)."""
+    settings = make_settings(root, driver_edits="toolkit", host_driver_root=Path("/run/nvidia/driver"))
+    admin = {**result(memory="0"), "adminAccess": True}
+    plan = planned(
+        claim([admin], [config(gpu_config(enforcement="nvml"))]),
+        settings,
+        GPUS,
+        LIBS,
+        tiers({"gpu-0": None, "gpu-1": None}),
+    )
+    device = only_device(plan)
+    whole = usable_memory(GPUS["gpu-0"], settings.memory_step_bytes, settings.memory_reserve_bytes) // MiB
+    assert own_vars(device) | {"SHARE_ID": "-"} == {
+        "UUID": UUID0,
+        "MEMORY_LIMIT_MIB": str(whole),
+        "CLAIM": "team-a/my-claim",
+        "REQUEST": "gpu",
+        "ENFORCEMENT": "none",
+        "SHARE_ID": "-",
+        "ADMIN_ACCESS": "true",
+    }
+    assert device.container_edits.hooks == []
+    assert not {"NVIDIA_GPU_MEMORY_LIMIT", "CUDA_MPS_PIPE_DIRECTORY"} & set(env_of(device.container_edits))
+    assert plan.tiers == ((NODE, "gpu-0", SHARE_A, "none"),)
+    (file,) = plan.files
+    data = json.loads(file.info.to_json())
+    assert (data["version"], data["devices"][0]["adminAccess"], data["devices"][0]["memoryMiB"]) == (3, True, whole)
+    assert (
+        "adminAccess"
+        not in json.loads(planned(claim([result()]), settings, GPUS, LIBS).files[0].info.to_json())["devices"][0]
+    )

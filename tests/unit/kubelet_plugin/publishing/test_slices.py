@@ -75,7 +75,7 @@ def test_device_memory_capacity_and_policy() -> None:
     assert to_bytes(policy["default"]) == to_bytes(cap["value"])
     valid = policy["validRange"]
     assert set(valid) == {"min", "max", "step"}
-    assert to_bytes(valid["min"]) == STEP
+    assert to_bytes(valid["min"]) == 0  # an adminAccess request of memory 0 fits a full GPU
     assert to_bytes(valid["max"]) == to_bytes(cap["value"])
     assert to_bytes(valid["step"]) == STEP
     assert set(entry["capacity"]) == {MEMORY_CAPACITY}
@@ -98,9 +98,12 @@ def test_device_value_is_a_step_multiple() -> None:
 
 
 def test_device_too_small_for_a_range_has_no_policy() -> None:
-    # validRange needs min + step <= value: one step of memory gets no requestPolicy at all
-    cap = memory_capacity(device_entry(gpu(memory_mib=300), STEP, 0))
-    assert to_bytes(cap["value"]) == STEP
+    # validRange needs min + step <= value: with min 0 one step of memory gets a range, less gets no policy
+    one_step = memory_capacity(device_entry(gpu(memory_mib=300), STEP, 0))
+    assert to_bytes(one_step["value"]) == STEP
+    assert one_step["requestPolicy"]["validRange"] == {"min": "0", "max": "256Mi", "step": "256Mi"}
+    cap = memory_capacity(device_entry(gpu(memory_mib=200), STEP, 0))
+    assert to_bytes(cap["value"]) == 0
     assert "requestPolicy" not in cap
 
 
