@@ -224,7 +224,11 @@ def test_throttled_prepares_wait_and_the_controllers_backlog_drains(  # noqa: PL
             granted = sum(int((g.get("status") or {}).get("shares") or 0) for g in ledger)
             return granted == CLAIMS
 
-        kube.wait_for(drained, 60, what="every claim's status and the ledger written after the storm")
+        # A write refused near the storm's end waits what the server asked (APF asks up to about 32 s) before its
+        # next try, so draining may take a few such rounds: the bound says "drains", not how fast (printed below).
+        started = time.monotonic()
+        kube.wait_for(drained, 180, what="every claim's status and the ledger written after the storm")
+        print(f"backlog drained {time.monotonic() - started:.1f} s after the storm")
         print(f"ledger current {time.monotonic() - storm_ended:.2f} s after the storm ended")
         assert counter_total(proc.metrics_port, "fracgpu_controller_api_throttled_total") > 0, (
             "the controller's own writes were throttled too"

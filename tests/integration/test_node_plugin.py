@@ -153,7 +153,11 @@ def test_prepare_writes_a_cdi_spec_for_the_allocated_gpu_only(
         assert env[f"{own}MEMORY_LIMIT_MIB"] == "30720"
         assert env[f"{own}SHARE_ID"] == result["shareID"]
         assert env[f"{own}CLAIM"] == f"{namespace}/{claim['metadata']['name']}"
-        (mount,) = cdi_device["containerEdits"]["mounts"]
+        mounts = {m["containerPath"]: m for m in cdi_device["containerEdits"]["mounts"]}
+        mount = mounts.pop(f"/run/fracgpu/{uid}_gpu.json")
+        (metadata_path,) = mounts  # the other mount: the request's KEP-5304 device metadata, and nothing else
+        assert metadata_path.startswith("/var/run/kubernetes.io/dra-device-attributes/"), metadata_path
+        assert metadata_path.endswith(f"/gpu/{DRIVER}-metadata.json"), metadata_path
         request_file = json.loads(Path(mount["hostPath"]).read_text())
         assert [(d["uuid"], d["memoryMiB"]) for d in request_file["devices"]] == [(env[f"{own}UUID"], 30720)]
         paths = {n["path"] for n in cdi_device["containerEdits"]["deviceNodes"]}
