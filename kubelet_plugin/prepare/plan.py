@@ -212,13 +212,13 @@ def plan_claim(
                 "(DeviceClass mig.gpu.fracgpu.dev); a claim that tolerates its taint gpu.fracgpu.dev/mig-parent "
                 "gets nothing: ask for a MIG partition, or a GPU not named in mig.gpus",
             )
+        step, reserve = settings.memory_step_bytes, settings.memory_reserve_bytes
         consumed = (result.get("consumedCapacity") or {}).get(MEMORY_CAPACITY)
         granted = (
             to_bytes(consumed)
             if consumed is not None and result.get("adminAccess") is not True
-            else usable_memory(gpu, settings.memory_step_bytes, settings.memory_reserve_bytes)
+            else usable_memory(gpu, step, reserve)
         )  # an adminAccess result reaches the whole GPU, whatever it asked the scheduler for
-        step, reserve = settings.memory_step_bytes, settings.memory_reserve_bytes
         entry = device_entry(gpu, step, reserve, hami_core_installed, tiers[gpu.device_name].published)
         shares.append(_Share(result, gpu, granted // MiB, _config_for(result, entries), attributes=entry["attributes"]))
     shares = _with_tiers(shares, settings, tiers, uid)
