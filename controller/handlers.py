@@ -26,17 +26,9 @@ from controller.admission.verdict import Review, is_extended_resource_claim, rev
 from controller.admission.webhook import WebhookServer, refuse
 from controller.admission.webhook_config import CLAIMS, MUTATED_CLAIMS, TEMPLATES, Registration
 from controller.core import kube, metrics
-from controller.core.model import (
-    ClaimView,
-    DeviceClassView,
-    SliceView,
-    TaintRuleView,
-    claim_view,
-    device_class_view,
-    slice_view,
-    taint_rule_view,
-)
+from controller.core.claims import ClaimView, DeviceClassView, claim_view, device_class_view
 from controller.core.settings import COMPONENT, Settings
+from controller.core.slices import SliceView, TaintRuleView, slice_view, taint_rule_view
 from controller.leadership.gate import Leadership
 from controller.ledger.plan import ExistingGpu
 from controller.loops import Controller

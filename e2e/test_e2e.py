@@ -13,7 +13,7 @@ from api.quantity import MiB, to_bytes
 from e2e import workloads as w
 from e2e.install import NAMESPACE, Installation
 from harness.cluster.node import RUNC
-from kubelet_plugin.prepare import device_metadata
+from kubelet_plugin.state import device_metadata
 
 pytestmark = pytest.mark.e2e
 

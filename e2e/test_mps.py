@@ -2,7 +2,7 @@
 GPU 0, and pods of MPS claims run CUDA (the mock libcuda, an MPS client as NVIDIA documents it) in containers
 made from their claim specs.
 
-What is real: the chart, the supervisor (kubelet_plugin/mps) setting the compute mode through NVML and running
+What is real: the chart, the supervisor (kubelet_plugin/mps_supervisor) setting the compute mode through NVML and running
 the daemon binary from the driver root, the node plugin reading its status, setting the GPU's ceiling through the
 driver's control client and writing CDI specs, containerd applying them, the kubelet and the scheduler. What is
 not: the driver (harness/mocknvml: the daemon, the server and libcuda enforce the limits themselves).

@@ -17,22 +17,22 @@ from kubelet_plugin.core.metrics import PluginMetrics
 from kubelet_plugin.core.model import GpuInfo, MigGpu
 from kubelet_plugin.core.settings import Settings, is_mps_gpu, is_selected, parse_settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
-from kubelet_plugin.health.mps_watch import MpsWatch, event_poster, mps_gpus, status_reader
 from kubelet_plugin.health.source import DeviceHealth
 from kubelet_plugin.health.watch import start_gpu_health
-from kubelet_plugin.prepare.checkpoint import CheckpointStore
+from kubelet_plugin.kinds.mig.discovery import discover_mig
+from kubelet_plugin.kinds.mig.publish import mig_catalog
+from kubelet_plugin.kinds.mps.watch import MpsWatch, event_poster, mps_gpus, status_reader
 from kubelet_plugin.prepare.driver_edits import DriverEdits, GeneratorConfig
 from kubelet_plugin.prepare.preparer import Preparer
 from kubelet_plugin.prepare.state_gate import RECHECK_SECONDS, newer_state, wait_until_readable
-from kubelet_plugin.publishing import gpu_inventory
 from kubelet_plugin.publishing.discovery import Discovery, DiscoveryError, UnknownLostGpu, discover, driver_version
 from kubelet_plugin.publishing.heartbeat import Heartbeat
-from kubelet_plugin.publishing.mig_discovery import discover_mig
 from kubelet_plugin.publishing.publisher import SlicePublisher
-from kubelet_plugin.publishing.slices import mig_catalog
 from kubelet_plugin.serving.grpc_server import PluginServer
 from kubelet_plugin.serving.handover import await_replacement
 from kubelet_plugin.serving.http_server import HttpEndpoint
+from kubelet_plugin.state import gpu_inventory
+from kubelet_plugin.state.checkpoint import CheckpointStore
 
 log = logging.getLogger("fracgpu.kubelet_plugin")
 

@@ -20,9 +20,12 @@ another driver (`controller/admission/cel_refs.py` finds them), naming the publi
 `adminAccess` request that does not ask for `memory: 0` is warned that the scheduler places it only where that
 much memory is free (all of it when it names no capacity, as Kubernetes' docs write one), though the allocation is
 never counted once made.
+
+The warnings that refuse nothing are phrased in `controller/admission/spec_warnings.py` (whole GPU, another
+driver's config, compute, rounding) and `controller/admission/selector_names.py` (CEL selector names); this
+module reviews the spec, refuses, and gathers them (`review_claim_spec`).
 """
 
-import difflib
 import functools
 import logging
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -31,12 +34,18 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from api import published
 from api.config_merge import ConfigEntry, EntryError, MergeError, config_for
-from api.gpu_config import GpuConfig, GpuConfigError, decode_gpu_config
-from api.names import CONFIG_API_VERSION, CONFIG_KIND, MEMORY_CAPACITY, MPS_DEVICE_CLASS_NAME
-from api.quantity import MiB, format_bytes, granted_in_range, parse_quantity
-from controller.admission.cel_refs import Kind, Reference, references
+from api.gpu_config import GpuConfigError, decode_gpu_config
+from api.names import MEMORY_CAPACITY
+from api.quantity import format_bytes, parse_quantity
+from controller.admission.selector_names import selector_warnings
+from controller.admission.spec_warnings import (
+    compute_warnings,
+    foreign_config_warning,
+    request_owners,
+    rounding_warning,
+    whole_gpu_warning,
+)
 
 log = logging.getLogger(__name__)
 
@@ -73,32 +82,6 @@ def _check_memory(value: object, path: str, *, admin: bool = False) -> tuple[int
     if parsed != parsed.to_integral_value():
         return None, f"{path}: {allowed} (whole bytes; fractions such as {value!r} are not allowed)"
     return int(parsed), None
-
-
-def _in_mib(value: int) -> str:
-    """`value` bytes in Mi when whole (`3072Mi`, the unit of the node plugin's memory step), else as it is."""
-    return f"{value // MiB}Mi" if value % MiB == 0 else format_bytes(value)
-
-
-def _rounding_warning(
-    field: str, request: str, value: object, memory: int, ranges: Sequence[tuple[int, int]]
-) -> list[str]:
-    """A warning when the published GPUs' `requestPolicy.validRange` rounds `memory` up, naming each grant."""
-    rounded = sorted({(granted_in_range(memory, low, step), low, step) for low, step in ranges})
-    rounded = [(grant, low, step) for grant, low, step in rounded if grant != memory]
-    if not rounded:
-        return []
-    grants = ", and ".join(
-        f"a {_in_mib(grant)} grant where the GPU's memory requestPolicy.validRange has min "
-        f"{format_bytes(low)}, step {format_bytes(step)}"
-        for grant, low, step in rounded
-    )
-    asked = _in_mib(rounded[0][0])
-    return [
-        f"{field}: request {request!r} asks for {value} of GPU memory ({memory} bytes), which the GPUs' request "
-        f"policy does not grant as asked: the scheduler rounds it up to {grants}; the share's limit, environment "
-        f"and info files are the grant, so ask for {asked} to write what it gets"
-    ]
 
 
 _ADMIN_WITHOUT_MEMORY = (
@@ -147,7 +130,7 @@ def _review_request(
                 "is published"
             )
         elif memory is not None and not admin:
-            warnings += _rounding_warning(field, request, value, memory, ranges)
+            warnings += rounding_warning(field, request, value, memory, ranges)
     return problems, warnings
 
 
@@ -177,7 +160,7 @@ def _merged_problems(
         if not err.entry.from_class:
             return [], []
         return [], [f"{err.entry.where} is invalid ({err}): claims of it fail to prepare until it is fixed"]
-    compute = _compute_warnings(merged, path, request, offered)
+    compute = compute_warnings(merged, path, request, offered)
     if merged.enforcement == "mps":
         warnings = []
         if offered.get("mps") is False:
@@ -206,185 +189,6 @@ def _merged_problems(
             "toolkit): the claim's pod fails to start on any node until one does",
         )
     return [], compute
-
-
-def _compute_warnings(merged: GpuConfig, path: str, request: str, offered: Mapping[str, bool | None]) -> list[str]:
-    """A warning when `merged` sets computeLimitPercent that no published GPU can apply to the request: only the
-    mps tier (an MPS GPU's active thread percentage) and the hami-core tier (CUDA_DEVICE_SM_LIMIT) apply it.
-    None for `enforcement` mps or hami-core (their own warnings say when no GPU offers them)."""
-    percent = merged.compute_limit_percent
-    if percent is None or merged.enforcement in ("mps", "hami-core"):
-        return []
-    if merged.enforcement == "nvml":
-        why = "enforcement 'nvml' does not apply it"
-    elif offered.get("mps") is False and offered.get("hami-core") is False:
-        why = "no published GPU can enforce it (none is an MPS GPU or offers hami-core)"
-    else:
-        return []
-    return [
-        f"{path}: request {request!r} sets computeLimitPercent {percent}, but {why}: the share gets the GPU's "
-        "compute unlimited; only the mps tier applies it, as the MPS active thread percentage (MPS GPUs, attribute "
-        f"mps: ask the DeviceClass {MPS_DEVICE_CLASS_NAME}), and the hami-core tier, as CUDA_DEVICE_SM_LIMIT"
-    ]
-
-
-_STANDARD = "standard"
-_ALIASES: dict[str, tuple[Kind, str, str]] = {
-    **dict.fromkeys(
-        ("model", "name", "product", "gpumodel", "gputype", "cardtype", "card", "brand", "devicename"),
-        ("attribute", "", "productName"),
-    ),
-    **dict.fromkeys(("gpuuuid", "gpuuid", "deviceuuid", "parentuuid", "id"), ("attribute", "", "uuid")),
-    **dict.fromkeys(("gpuindex", "deviceindex", "idx"), ("attribute", "", "index")),
-    **dict.fromkeys(("arch", "gpuarchitecture"), ("attribute", "", "architecture")),
-    **dict.fromkeys(
-        ("computecapability", "cudacapability", "cc", "capability"), ("attribute", "", "cudaComputeCapability")
-    ),
-    **dict.fromkeys(("cudadriverversion", "driver", "nvidiadriverversion"), ("attribute", "", "driverVersion")),
-    **dict.fromkeys(("migprofile", "gpuinstanceprofile"), ("attribute", "", "profile")),
-    **dict.fromkeys(("migmode", "migenabled", "migstatus"), ("attribute", "", "migState")),
-    **dict.fromkeys(("mpsenabled", "sharing", "sharingstrategy"), ("attribute", "", "mps")),
-    **dict.fromkeys(("pcibusid", "pciebusid", "busid", "pciaddress"), ("attribute", _STANDARD, "pciBusID")),
-    **dict.fromkeys(("pcieroot", "pciroot"), ("attribute", _STANDARD, "pcieRoot")),
-    **dict.fromkeys(("numa", "numanode", "numaid", "numanodeid"), ("attribute", _STANDARD, "numaNode")),
-    **dict.fromkeys(
-        (
-            "memory",
-            "gpumem",
-            "gpumemory",
-            "memorysize",
-            "memorytotal",
-            "totalmemory",
-            "mem",
-            "vram",
-            "framebuffer",
-            "fbmemory",
-        ),
-        ("capacity", "", "memory"),
-    ),
-}
-"""Names other drivers and device plugins publish (lowercased) -> fracgpu's: (kind, domain, name), domain ""
-for the driver's and "standard" for resource.kubernetes.io."""
-
-
-def _published(kind: str, driver: str) -> dict[str, frozenset[str]]:
-    return published.attributes(driver) if kind == "attribute" else published.capacities(driver)
-
-
-def _suggestion(ref: Reference, driver: str) -> Reference | None:
-    """The published name `ref` most likely means: the same name in a domain or kind that has it, a well-known
-    other project's name for it, or a close spelling."""
-    name = ref.name.rsplit("/", 1)[-1]  # a qualified name written as a key: "resource.kubernetes.io/pciBusID"
-    other: Kind = "capacity" if ref.kind == "attribute" else "attribute"
-    spelled: dict[str, Reference] = {}
-    for kind in (ref.kind, other):
-        for domain, names in _published(kind, driver).items():
-            if name in names and (kind, domain, name) != (ref.kind, ref.domain, ref.name):
-                return Reference(kind, domain, name)
-            spelled |= {n.lower(): Reference(kind, domain, n) for n in names}
-    alias = _ALIASES.get(name.lower())
-    if alias is not None:
-        kind, domain, target = alias
-        return Reference(kind, published.STANDARD_DOMAIN if domain == _STANDARD else driver, target)
-    close = difflib.get_close_matches(name.lower(), list(spelled), n=1, cutoff=0.75)
-    return spelled[close[0]] if close else None
-
-
-def _unpublished(ref: Reference, driver: str) -> str | None:
-    """Why no fracgpu device has what `ref` reads, or None when some does."""
-    if ref.kind == "driver":
-        return None if ref.name == driver else f"every device of a {driver} DeviceClass is a {driver} device"
-    names = _published(ref.kind, driver)
-    if ref.domain not in names:
-        where = " and ".join(names)
-        return f"{driver} devices publish {ref.kind} names only in the domain(s) {where}"
-    if ref.name in names[ref.domain]:
-        return None
-    return f"no {driver} device publishes {ref.kind} {ref.name!r} in {ref.domain}"
-
-
-def _selector_warnings(exact: Mapping[str, Any], path: str, request: str, driver: str) -> list[str]:
-    """A warning for each name a request's CEL selectors read that no fracgpu device publishes (an unknown
-    attribute or capacity, a domain other than the driver's and resource.kubernetes.io, another driver compared
-    with device.driver): on every fracgpu device the selector then fails ("no such key") or is false, so the
-    request never matches; each names the published name it likely means."""
-    warnings: list[str] = []
-    for k, selector in enumerate(exact.get("selectors") or []):
-        expression = ((selector or {}).get("cel") or {}).get("expression")
-        if not isinstance(expression, str):
-            continue
-        for ref in references(expression):
-            why = _unpublished(ref, driver)
-            if why is None:
-                continue
-            if ref.kind == "driver":
-                outcome = f'so the comparison is false on every device; write device.driver == "{driver}" or drop it'
-            elif ref.test:
-                outcome = "so it is absent on every device (a test of it is false, an optional read has no value)"
-            else:
-                outcome = 'so reading it is an error on every device (CEL: "no such key"): no device matches by it'
-            hint = _suggestion(ref, driver) if ref.kind != "driver" else None
-            if hint is not None:
-                meant = f"; did you mean {hint.cel}?"
-            elif ref.kind != "driver" and ref.domain in (names := _published(ref.kind, driver)):
-                meant = f"; {ref.domain} has the {ref.kind} names {', '.join(sorted(names[ref.domain]))}"
-            else:
-                meant = ""
-            warnings.append(
-                f"{path}.selectors[{k}].cel.expression: request {request!r} reads {ref.cel}, but {why}, {outcome}"
-                f"{meant}"
-            )
-    return warnings
-
-
-def _whole_gpu_warning(exact: Mapping[str, Any], path: str, request: str) -> list[str]:
-    """A warning for a request of a ResourceClaim (not a template) without capacity.requests.memory: it takes a
-    whole GPU, and every pod that references the claim shares that one GPU."""
-    if (exact.get("capacity") or {}).get("requests") or exact.get("adminAccess"):
-        return []
-    count = exact.get("count", 1)
-    if exact.get("allocationMode") == "All":
-        what = "every matching GPU of its node, each whole"
-    elif isinstance(count, int) and count > 1:
-        what = f"{count} whole GPUs"
-    else:
-        what = "a whole GPU"
-    return [
-        f"{path}: request {request!r} asks for no capacity.requests.memory, so it takes {what} (all of its memory: "
-        "no share can join it), and every pod that references this ResourceClaim shares what it takes; for a "
-        "share per pod, write a ResourceClaimTemplate whose request asks for capacity.requests.memory (e.g. "
-        "10Gi) and name it in the pod's resourceClaimTemplateName"
-    ]
-
-
-def _request_owners(requests: Sequence[Mapping[str, Any]], classes: Collection[str]) -> dict[str, bool]:
-    """Whether each request name (and `request/alternative` of `firstAvailable`) asks only for `classes`."""
-    owners: dict[str, bool] = {}
-    for req in requests:
-        name = str(req.get("name", ""))
-        if req.get("exactly"):
-            owners[name] = req["exactly"].get("deviceClassName") in classes
-            continue
-        subs = req.get("firstAvailable") or []
-        for sub in subs:
-            owners[f"{name}/{sub.get('name', '')}"] = sub.get("deviceClassName") in classes
-        owners[name] = bool(subs) and all(sub.get("deviceClassName") in classes for sub in subs)
-    return owners
-
-
-def _foreign_config_warning(config: Mapping[str, Any], path: str, driver: str, owners: Mapping[str, bool]) -> list[str]:
-    """A warning for an opaque config of another driver that applies only to requests of our DeviceClasses."""
-    other = (config.get("opaque") or {}).get("driver")
-    named = [str(n) for n in config.get("requests") or ()] or list(owners)
-    if not other or not named or not all(owners.get(n) for n in named):
-        return []
-    return [
-        f"{path}.opaque: a config for driver {other!r} on request(s) {', '.join(repr(n) for n in named)}, which "
-        f"only {driver} prepares: {driver} ignores other drivers' configs, so none of its settings take effect; "
-        f"to configure these requests write a GpuConfig (apiVersion {CONFIG_API_VERSION}, kind {CONFIG_KIND}) "
-        f"under opaque with driver: {driver} (GPU memory is asked as capacity.requests.memory, compute as "
-        "computeLimitPercent)"
-    ]
 
 
 EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
@@ -453,12 +257,12 @@ def review_claim_spec(
         ConfigEntry(parameters=p, from_class=True, where=f"GpuConfig {k + 1} of DeviceClass {device_class}")
         for k, p in enumerate(class_configs)
     ]
-    owners = _request_owners(devices.get("requests") or [], {device_class, *our_classes})
+    owners = request_owners(devices.get("requests") or [], {device_class, *our_classes})
     for k, config in enumerate(devices.get("config") or []):
         opaque = config.get("opaque") or {}
         path = f"{prefix}.devices.config[{k}]"
         if opaque.get("driver") != driver:
-            warnings += _foreign_config_warning(config, path, driver, owners)
+            warnings += foreign_config_warning(config, path, driver, owners)
             continue
         entries.append(
             ConfigEntry(parameters=opaque.get("parameters"), requests=tuple(config.get("requests") or ()), where=path)
@@ -477,9 +281,9 @@ def review_claim_spec(
         ]
         for exact, path, request in alternatives:
             if exact.get("deviceClassName") in {device_class, *our_classes}:
-                warnings += _selector_warnings(exact, path, request, driver)
+                warnings += selector_warnings(exact, path, request, driver)
             if standalone and exact.get("deviceClassName") in {device_class, *shared_classes}:
-                warnings += _whole_gpu_warning(exact, path, request)
+                warnings += whole_gpu_warning(exact, path, request)
             if exact.get("deviceClassName") == device_class:
                 p, w = _review_request(exact, path, request, driver, largest, ranges=request_ranges)
                 problems += p

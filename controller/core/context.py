@@ -11,8 +11,9 @@ from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from controller.core.model import ClaimView, DeviceClassView, SliceView, TaintRuleView
+from controller.core.claims import ClaimView, DeviceClassView
 from controller.core.settings import Settings
+from controller.core.slices import SliceView, TaintRuleView
 
 T = TypeVar("T")
 ClaimKey = tuple[str, str]

@@ -24,7 +24,7 @@ from api.kube_rest import KubeConnection, KubeRest, claim_path
 from api.mps_trust import RULE_LABEL
 from api.mps_trust import TAINT_RULES_PATH as TAINT_RULES
 from api.names import API_GROUP
-from controller.core.model import ClaimView
+from controller.core.claims import ClaimView
 from controller.core.settings import COMPONENT, FIELD_MANAGER, Settings
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from api.gpu import gpu_object_name
 from api.mig import TYPE_MIG
 from controller.core.context import Context
-from controller.core.model import DeviceKey, DeviceRecord, current_devices
+from controller.core.slices import DeviceKey, DeviceRecord, current_devices
 from controller.devices.facts import AdmissionFacts, admission_facts
 
 

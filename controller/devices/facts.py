@@ -3,7 +3,8 @@
 from collections.abc import Iterable
 from typing import NamedTuple
 
-from controller.core.model import DeviceClassView, DeviceRecord
+from controller.core.claims import DeviceClassView
+from controller.core.slices import DeviceRecord
 
 
 class AdmissionFacts(NamedTuple):

@@ -14,8 +14,8 @@ from typing import Any
 from api.events import event_body, involved_object, post_event
 from api.kube_errors import ApiError
 from api.kube_rest import KubeRest
+from controller.core.claims import ClaimView
 from controller.core.context import Writer
-from controller.core.model import ClaimView
 from controller.core.settings import COMPONENT
 from controller.leadership.election import LeaderElector
 from controller.loops import Controller

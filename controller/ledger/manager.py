@@ -21,8 +21,8 @@ from api.kube_errors import ApiError, ApiNotFound
 from controller.core import metrics, runtime
 from controller.core.context import ClaimKey, Context, Tasks
 from controller.core.kube import describe
-from controller.core.model import DeviceKey, TaintRuleView
 from controller.core.settings import FIELD_MANAGER
+from controller.core.slices import DeviceKey, TaintRuleView
 from controller.devices.catalogue import DeviceCatalogue
 from controller.ledger.plan import (
     ExistingGpu,

@@ -31,7 +31,8 @@ from api.gpu import (
     gpu_object_name,
 )
 from api.quantity import format_bytes
-from controller.core.model import ClaimView, DeviceKey, DeviceRecord, DeviceTaint, Share, TaintRuleView
+from controller.core.claims import ClaimView, Share
+from controller.core.slices import DeviceKey, DeviceRecord, DeviceTaint, TaintRuleView
 
 MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
 

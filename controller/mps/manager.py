@@ -1,5 +1,6 @@
 """The MPS trust-domain manager: which claims sit on each MPS GPU, what is decided for the ones the scheduler waits
-on (`entries`, read by the status writers), and each MPS GPU's DeviceTaintRule (its own loop).
+on (`entries`, read by the status writers), and each MPS GPU's DeviceTaintRule (kept by
+`controller/mps/taint_rules.py`, a loop of its own, which this manager tells what changed).
 
 Decisions are made here, one at a time on the event loop, and remembered until the claim's status shows them: a
 claim decided but not yet written is never decided again from a stale index, so two claims of two domains are
@@ -9,19 +10,17 @@ claims' conditions; one that was never written is made again. Inactive (no entri
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from api.kube_errors import ApiError
 from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION, TrustDomain, trust_domain
 from api.quantity import to_bytes
-from controller.core.context import ClaimKey, Context, Tasks
-from controller.core.kube import describe
-from controller.core.model import ClaimView, DeviceKey, Share
+from controller.core.claims import ClaimView, Share
+from controller.core.context import ClaimKey, Context
+from controller.core.slices import DeviceKey
 from controller.devices.catalogue import DeviceCatalogue
 from controller.mps.plan import (
     DeviceVerdict,
@@ -30,12 +29,10 @@ from controller.mps.plan import (
     ShareState,
     admitted_message,
     conflict_message,
-    desired_taint_rules,
     plan_device,
-    rule_differs,
-    rule_name,
     waiting_message,
 )
+from controller.mps.taint_rules import MpsTaintRules
 
 log = logging.getLogger(__name__)
 CONFLICT_REASON = "MpsTrustDomainConflict"
@@ -66,30 +63,23 @@ class MpsDomains:
         self._on: dict[DeviceKey, set[ClaimKey]] = {}
         self._of: dict[ClaimKey, tuple[str, set[DeviceKey]]] = {}  # claim -> (its uid, its MPS GPUs)
         self._decided: dict[ShareKey, ShareState] = {}
-        self._marks: set[DeviceKey] = set()
-        self._all = True  # the next pass looks at every rule (start, resync)
-        self._wake = asyncio.Event()
-        self._rules: dict[str, dict[str, Any]] = {}
-        self._tasks = Tasks()
+        self._taint_rules = MpsTaintRules(context, lambda: self._on, self._held_verdict)
 
     # ----- lifecycle ---------------------------------------------------------------------------------
 
     def start(self) -> None:
         if self.enabled:
-            self._all = True
-            self._wake.set()
-            self._tasks.spawn(self._rule_loop(), "mps-taint-rules")
+            self._taint_rules.start()
 
     async def stop(self) -> None:
-        await self._tasks.cancel()
+        await self._taint_rules.stop()
 
     def reset(self) -> None:
         """New indexes bound: forget what was indexed (rebuilt from the claims as they are seen)."""
         self._on, self._of, self._decided = {}, {}, {}
 
     def resync(self) -> None:
-        self._all = True
-        self._wake.set()
+        self._taint_rules.resync()
 
     # ----- what the indexes say ------------------------------------------------------------------------
 
@@ -124,9 +114,7 @@ class MpsDomains:
         gone = {uid} if uid and (claim is None or claim.uid != uid or not now) else set()
         if gone:  # deallocated, deleted or replaced: its decisions go with it
             self._decided = {k: v for k, v in self._decided.items() if k[0] not in gone}
-        self._marks |= before | now
-        if before or now:
-            self._wake.set()
+        self._taint_rules.mark(before | now)
 
     def devices_changed(self) -> None:
         """The published devices changed (a GPU may have become an MPS GPU): re-index every claim."""
@@ -247,41 +235,9 @@ class MpsDomains:
         owner = self.owner(device)
         return owner.id if owner is not None else None
 
-    # ----- DeviceTaintRules ----------------------------------------------------------------------------
-
-    async def _rule_loop(self) -> None:
-        listed = False
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            try:
-                if not listed or self._all:
-                    existing = await self._context.run(self._context.writer.list_taint_rules)
-                    self._rules = {r["metadata"]["name"]: r for r in existing}
-                    listed = True
-                await self._pass()
-            except (ApiError, Exception) as err:  # NotLeaderError at a leadership loss too: stop() follows
-                log.warning("cannot keep the MPS DeviceTaintRules; trying again", extra={"error": describe(err)})
-                self._wake.set()
-                await asyncio.sleep(2.0)
-
-    async def _pass(self) -> None:
-        every = self._all
-        devices = set(self._on) if every else set(self._marks)
-        self._marks.clear()
-        self._all = False
-        verdicts = [plan_device(d[0], d[1], self._shares(d)) for d in sorted(devices) if self._on.get(d)]
-        desired = desired_taint_rules(self._context.driver, verdicts)
-        names = {rule_name(self._context.driver, d[0], d[1]) for d in devices}
-        writer = self._context.writer
-        for name, rule in desired.items():
-            if name not in self._rules or rule_differs(rule, self._rules[name]):
-                await self._context.run(writer.apply_taint_rule, rule)
-                self._rules[name] = rule
-        stale = [n for n in self._rules if n not in desired and (every or n in names)]
-        for name in stale:
-            await self._context.run(writer.delete_taint_rule, name)
-            self._rules.pop(name, None)
+    def _held_verdict(self, device: DeviceKey) -> DeviceVerdict | None:
+        """The verdict of an MPS GPU that holds claims (for its DeviceTaintRule); None when it holds none."""
+        return plan_device(device[0], device[1], self._shares(device)) if self._on.get(device) else None
 
 
 def _condition(kind: str, message: str, now: datetime.datetime) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict
 
 from api.gpu import DEVICE_GONE_CONDITION, PLUGIN_REPORTING_CONDITION, GpuCondition
 from api.heartbeat import heartbeat_of, lease_name, parse_time
-from controller.core.model import ClaimView, Share
+from controller.core.claims import ClaimView, Share
 
 REASON_NODE_DELETED = "NodeDeleted"
 REASON_HEARTBEAT = "PluginHeartbeat"

@@ -12,8 +12,8 @@ from collections.abc import Callable
 
 from api.gpu_config import MAX_PARAMETERS_DEPTH
 from controller.core import metrics
+from controller.core.claims import ClaimView, Share
 from controller.core.context import ClaimKey, Context
-from controller.core.model import ClaimView, Share
 from controller.devices.catalogue import DeviceCatalogue
 from controller.nodes.plan import NodeGonePlan, node_gone_message
 from controller.status.feasibility import plan_unsatisfiable

@@ -25,7 +25,8 @@ from pydantic import BaseModel, ConfigDict
 
 from api.mig import TYPE_MIG_PARENT
 from api.quantity import format_bytes
-from controller.core.model import ClaimView, DeviceClassView, DeviceConstraint, DeviceRecord, GpuRequest
+from controller.core.claims import ClaimView, DeviceClassView, DeviceConstraint, GpuRequest
+from controller.core.slices import DeviceRecord
 from controller.status.selectors import NotEvaluated, evaluate
 
 MAX_PLACEMENTS = 20_000

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict
 from api.gpu import AllocatedGpuData, gpu_object_name
 from api.mig import TYPE_MIG
 from api.quantity import MiB, format_bytes
-from controller.core.model import ClaimView, DeviceKey, DeviceRecord, Share
+from controller.core.claims import ClaimView, Share
+from controller.core.slices import DeviceKey, DeviceRecord
 
 
 class MpsPart(Protocol):

@@ -21,7 +21,7 @@ from cel_expr_python.ext import ext_strings
 
 from api.names import MEMORY_CAPACITY
 from api.quantity import parse_quantity
-from controller.core.model import DeviceRecord
+from controller.core.slices import DeviceRecord
 
 
 @dataclass(frozen=True)

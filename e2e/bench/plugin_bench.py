@@ -46,7 +46,7 @@ from harness.cluster.controlplane import ControlPlane
 from harness.kubelet_client import KubeletClient
 from harness.mocknvml.driver_root import install_driver
 from harness.nodeplugin import DRIVER, NodePluginProcess
-from kubelet_plugin.mps import layout as mps
+from kubelet_plugin.state import mps_files as mps
 
 
 def rss_mib(pid: int, field: str = "VmRSS") -> float:

@@ -26,9 +26,10 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from harness import mocknvml
-from kubelet_plugin.prepare import container_info, store
-from kubelet_plugin.prepare.container_info import ClaimName, DeviceInfo, RequestInfo
 from kubelet_plugin.publishing.discovery import discover_gpus
+from kubelet_plugin.state import claim_files as store
+from kubelet_plugin.state import container_info
+from kubelet_plugin.state.container_info import ClaimName, DeviceInfo, RequestInfo
 from kubelet_plugin.usage.metrics import UsageMetrics
 from kubelet_plugin.usage.sampler import UsageSampler
 

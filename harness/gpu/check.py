@@ -52,17 +52,19 @@ from typing import Any
 from api.names import DRIVER_NAME, MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
 from harness.gpu import container, mig_step, mps_step, report
+from kubelet_plugin.core.devicenodes import snapshot
+from kubelet_plugin.core.errors import PrepareError
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector, probe_nvml_limits, static_facts
 from kubelet_plugin.enforcement.tiers import GpuTiers
-from kubelet_plugin.mps.control import MpsControlError
-from kubelet_plugin.prepare import cdi, container_info, store
-from kubelet_plugin.prepare.devicenodes import snapshot
+from kubelet_plugin.kinds.gpu.plan import NVML_HOOK
+from kubelet_plugin.kinds.mps.control import MpsControlError
 from kubelet_plugin.prepare.driver_edits import DriverEditsError, GeneratorConfig, generate_driver_edits, install_hook
-from kubelet_plugin.prepare.errors import PrepareError
-from kubelet_plugin.prepare.plan import NVML_HOOK, plan_claim
+from kubelet_plugin.prepare.plan import HostFacts, plan_claim
 from kubelet_plugin.publishing.discovery import DiscoveryError, discover_gpus
+from kubelet_plugin.state import cdi, container_info
+from kubelet_plugin.state import claim_files as store
 
 NODE = "gpu-check"
 NAMESPACE = "gpu-check"
@@ -217,7 +219,8 @@ def run(
         claim = share_claim(gpu, memory)
         uid = claim["metadata"]["uid"]
         nodes = snapshot(settings.driver_root, [g.minor for g in gpus])
-        plan = plan_claim(claim, settings, {g.device_name: g for g in gpus}, edits, tiers, nodes=nodes)
+        facts = HostFacts(gpus={g.device_name: g for g in gpus}, nodes=nodes, tiers=tiers, driver_edits=edits)
+        plan = plan_claim(claim, settings, facts)
         if plan.spec is None:
             raise CheckError("claim spec: the plan has no spec")
         store.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), plan.claim_files())

@@ -3,9 +3,9 @@ made as prepare makes it, given to a container, seen there, and destroyed again.
 
 The MIG mode of a lent machine's GPUs is left as it is (switching it needs the GPU idle and often a reset: an
 operator's step, never the plugin's nor the check's), so on a GPU whose mode is off the step only reports the
-mode and is skipped (no failure). Otherwise: fracgpu's MIG discovery (``publishing/mig_discovery.py``) reads the
-GPU's profiles and placements; the first published partition (``publishing/slices.py``'s order, the smallest
-profile first) whose placement is free is made through ``prepare/partitions.py`` (a GPU instance at the placement,
+mode and is skipped (no failure). Otherwise: fracgpu's MIG discovery (``kinds/mig/discovery.py``) reads the
+GPU's profiles and placements; the first published partition (``kinds/mig/publish.py``'s order, the smallest
+profile first) whose placement is free is made through ``kinds/mig/partitions.py`` (a GPU instance at the placement,
 then the compute instance of the GPU instance's full size) and planned as prepare plans it; the container
 (``nvidia-smi -L`` and the CUDA probe) must see exactly that MIG device (count 1, the MIG UUID, the profile's
 multiprocessors, no more memory than the profile's), ``NVIDIA_VISIBLE_DEVICES=void`` and only its GPU's node.
@@ -20,17 +20,19 @@ from typing import Any
 
 from api.names import DRIVER_NAME
 from harness.gpu import container, report
+from kubelet_plugin.core.devicenodes import DeviceNodeSnapshot
+from kubelet_plugin.core.errors import PrepareError
 from kubelet_plugin.core.model import GpuInfo, MigGpu
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.tiers import GpuTiers
-from kubelet_plugin.prepare import cdi, container_info, store
-from kubelet_plugin.prepare.devicenodes import DeviceNodeSnapshot
-from kubelet_plugin.prepare.errors import PrepareError
-from kubelet_plugin.prepare.mig import MigManager, NvmlMig
-from kubelet_plugin.prepare.partitions import Partitioner
-from kubelet_plugin.prepare.plan import PreparedPartition, plan_claim
-from kubelet_plugin.publishing.mig_discovery import discover_mig
-from kubelet_plugin.publishing.slices import MigDevice, mig_devices
+from kubelet_plugin.kinds.mig.discovery import discover_mig
+from kubelet_plugin.kinds.mig.nvml import MigManager, NvmlMig
+from kubelet_plugin.kinds.mig.partitions import Partitioner
+from kubelet_plugin.kinds.mig.publish import MigDevice, mig_devices
+from kubelet_plugin.kinds.share import PreparedPartition
+from kubelet_plugin.prepare.plan import HostFacts, plan_claim
+from kubelet_plugin.state import cdi, container_info
+from kubelet_plugin.state import claim_files as store
 
 MIG_MINORS = Path("proc/driver/nvidia-caps/mig-minors")
 _SMI_MIG = re.compile(r"^\s+MIG (\S+)\s+Device\s+(\d+): \(UUID: (MIG-[0-9a-fA-F-]+)\)$")
@@ -176,11 +178,11 @@ def run(
             f"{record.gpu_instance}, compute instance {record.compute_instance}, {record.uuid}, {record.memory_mib} MiB, "
             f"{record.multiprocessors} SMs, capability minors {', '.join(map(str, partition.cap_minors))}"
         )
-        plan = plan_claim(
-            claim, settings, {g.device_name: g for g in gpus}, edits, tiers,
-            nodes=partitioner.with_cap_nodes(nodes, partitions), mig_devices=partitioner.devices,
-            partitions=partitions,
+        host = HostFacts(
+            gpus={g.device_name: g for g in gpus}, nodes=partitioner.with_cap_nodes(nodes, partitions), tiers=tiers,
+            driver_edits=edits, mig_devices=partitioner.devices, partitions=partitions,
         )  # fmt: skip
+        plan = plan_claim(claim, settings, host)
         assert plan.spec is not None
         uid = claim["metadata"]["uid"]
         store.write_claim_files(container_info.claim_info_dir(settings.plugin_data_dir, uid), plan.claim_files())

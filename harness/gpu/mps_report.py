@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pydantic import BaseModel, ConfigDict, Field
 
 from harness.gpu.report import MARKER, ProbeRun, json_line, sections
-from kubelet_plugin.mps.layout import PIPE_IN_CONTAINER
+from kubelet_plugin.state.mps_files import PIPE_IN_CONTAINER
 
 MAX_CLIENTS_REACHED = "CUDA_ERROR_MPS_MAX_CLIENTS_REACHED"
 CLIENT_WAIT_S = 10

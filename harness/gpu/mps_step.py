@@ -42,16 +42,17 @@ import pynvml
 
 from api.names import DRIVER_NAME
 from harness.gpu import container, mps_report, report
+from kubelet_plugin.core.devicenodes import DeviceNodeSnapshot
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
-from kubelet_plugin.mps import layout as mps
-from kubelet_plugin.mps.control import CONTROL_IN_DRIVER_ROOT, DaemonReading, Limits, MpsControl, MpsControlError
-from kubelet_plugin.mps.limits import MpsLimits
-from kubelet_plugin.prepare import cdi, container_info, store
-from kubelet_plugin.prepare.devicenodes import DeviceNodeSnapshot
-from kubelet_plugin.prepare.plan import ClaimPlan, plan_claim
-from kubelet_plugin.publishing.slices import mps_clients
+from kubelet_plugin.kinds.mps.control import CONTROL_IN_DRIVER_ROOT, DaemonReading, Limits, MpsControl, MpsControlError
+from kubelet_plugin.kinds.mps.limits import MpsLimits
+from kubelet_plugin.kinds.mps.publish import mps_clients
+from kubelet_plugin.prepare.plan import ClaimPlan, HostFacts, plan_claim
+from kubelet_plugin.state import cdi, container_info
+from kubelet_plugin.state import claim_files as store
+from kubelet_plugin.state import mps_files as mps
 
 SHARES = (("10Gi", 10240, 30), ("20Gi", 20480, 50))
 """(memory, MiB, computeLimitPercent) of the two MPS shares."""
@@ -234,7 +235,10 @@ class _Step:
         settings = self.base.model_copy(update={"mps_gpus": self.gpu.uuid, "mps_root": root})
         tiers = EnforcementDetector.without_nvml(settings, self.gpus, "not probed in the MPS step").tiers()
         claim = mps_claim(self.gpu, memory, percent, namespace)
-        plan = plan_claim(claim, settings, {g.device_name: g for g in self.gpus}, self.edits, tiers, nodes=self.nodes)
+        facts = HostFacts(
+            gpus={g.device_name: g for g in self.gpus}, nodes=self.nodes, tiers=tiers, driver_edits=self.edits
+        )
+        plan = plan_claim(claim, settings, facts)
         if plan.spec is None:
             raise MpsStepError(f"the plan of the {memory} MPS share has no spec")
         uid = claim["metadata"]["uid"]

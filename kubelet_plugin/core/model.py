@@ -12,6 +12,8 @@ from api.mig import MigState
 NodeMode = Literal["auto", "none", "hami-core", "nvml"]
 """The node's enforcement floor (``--enforcement``): ``auto`` = each GPU's strongest tier, or a tier."""
 NODE_MODES: tuple[NodeMode, ...] = get_args(NodeMode)
+TAINT_DOMAIN = "gpu.fracgpu.dev"
+"""The domain of the taints the plugin puts on its devices (health, MPS daemons)."""
 TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
 """What a GPU's health class does to its ResourceSlice device (``None``: no taint)."""
 

@@ -1,5 +1,6 @@
 """Memory-enforcement tiers: what each GPU offers (``probe``, the node's facts) and which tier a share gets
 (``tiers``, pure).
 
-May import: ``core``, ``api``. Imported by: ``prepare``, ``publishing`` and the packages above them.
+May import: ``state`` (the MPS daemons' status files), ``core``, ``api``. Imported by: ``kinds`` and the
+packages above them.
 """

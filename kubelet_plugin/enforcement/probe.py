@@ -10,7 +10,7 @@ Facts, read at start (and HAMi-core's library on every call, so installing it la
 - ``--driver-edits=toolkit``: the hook binary is installed on the host;
 - HAMi-core: its library file exists;
 - MPS (on every call, for the GPUs ``--mps-gpus`` names): the GPU's daemon status file says running and is fresh
-  (``kubelet_plugin/mps/layout.py``).
+  (``kubelet_plugin/state/mps_files.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import pynvml
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings, is_mps_gpu
 from kubelet_plugin.enforcement.tiers import NOT_MPS, GpuTiers, MpsFacts, NodeFacts, NvmlLimits, gpu_tiers
-from kubelet_plugin.mps.layout import read_status
+from kubelet_plugin.state.mps_files import read_status
 
 log = logging.getLogger(__name__)
 

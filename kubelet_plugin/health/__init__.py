@@ -2,6 +2,6 @@
 device-health stream the kubelet reads (``source``), slice taints, Events (``events``), metrics (``metrics``);
 ``watch`` wires them.
 
-May import: ``prepare`` (device nodes, the checkpoint's claims), ``publishing``, ``enforcement``, ``core``,
-``api``. Imported by: ``serving``, ``__main__``. Independent of ``usage``.
+May import: ``state`` (the checkpoint's claims), ``core`` (device nodes), ``api``. An MPS daemon's health is the
+MPS kind's (``kinds/mps/watch.py``). Imported by: ``serving``, ``__main__``. Independent of ``usage``.
 """

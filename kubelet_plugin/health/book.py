@@ -16,10 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from kubelet_plugin.core.model import TaintEffect
+from kubelet_plugin.core.model import TAINT_DOMAIN, TaintEffect
 from kubelet_plugin.health.xid_catalog import SEVERITY, HealthClass, classify_action, classify_xid
 
-TAINT_DOMAIN = "gpu.fracgpu.dev"
 XID_TAINT = f"{TAINT_DOMAIN}/xid"
 LOST_TAINT = f"{TAINT_DOMAIN}/gpu-lost"
 RECOVERY_TAINT = f"{TAINT_DOMAIN}/recovery-action"

@@ -8,31 +8,14 @@ import queue
 import threading
 from pathlib import Path
 
-from pydantic import ValidationError
-
 from api.kube_rest import KubeRest
 from kubelet_plugin.core.events import post_node_event, post_object_event
 from kubelet_plugin.health.book import Transition
-from kubelet_plugin.prepare.checkpoint import Checkpoint
+from kubelet_plugin.state.checkpoint import read_claims_on
 
 log = logging.getLogger(__name__)
 UNHEALTHY_REASON = "GpuUnhealthy"
 HEALTHY_REASON = "GpuHealthy"
-
-
-def claims_on(checkpoint_path: Path, device: str) -> list[tuple[str, str, str]]:
-    """(namespace, name, uid) of the claims the checkpoint lists with a device on GPU ``device`` (its MIG
-    partitions' too, ``<device>-mig-...``); none when the checkpoint is missing or unreadable (read only: the
-    preparer owns the file)."""
-    try:
-        checkpoint = Checkpoint.model_validate_json(checkpoint_path.read_bytes())
-    except (OSError, ValidationError):
-        return []
-    return sorted(
-        (entry.namespace, entry.name, uid)
-        for uid, entry in checkpoint.claims.items()
-        if any(d.device_name == device or d.device_name.startswith(f"{device}-mig-") for d in entry.devices)
-    )
 
 
 def message(transition: Transition) -> str:
@@ -61,7 +44,7 @@ class HealthEventPoster:
         reason, type_ = (HEALTHY_REASON, "Normal") if healthy else (UNHEALTHY_REASON, "Warning")
         text = message(transition)
         post_node_event(self._rest, self._node, reason, text, type_)
-        for namespace, name, uid in claims_on(self._checkpoint, transition.device):
+        for namespace, name, uid in read_claims_on(self._checkpoint, transition.device):
             involved = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "namespace": namespace,
                         "name": name, "uid": uid}  # fmt: skip
             post_object_event(self._rest, involved, self._node, reason, text, type_=type_)

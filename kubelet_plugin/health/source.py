@@ -5,9 +5,9 @@ carries a message saying why, which the kubelet shows in the pod's status (`allo
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from kubelet_plugin.core.devicenodes import DeviceNodeSnapshot
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.health.book import HealthBook
-from kubelet_plugin.prepare.devicenodes import DeviceNodeSnapshot
 
 
 class ReportedHealth(NamedTuple):

@@ -18,7 +18,7 @@ from kubelet_plugin.health.events import HealthEventPoster
 from kubelet_plugin.health.metrics import HealthMetrics
 from kubelet_plugin.health.nvml_watcher import NvmlHealthWatcher
 from kubelet_plugin.health.source import HealthSource, with_reported_health
-from kubelet_plugin.prepare.checkpoint import Checkpoint
+from kubelet_plugin.state.checkpoint import Checkpoint
 
 
 @dataclass(frozen=True)

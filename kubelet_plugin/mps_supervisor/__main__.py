@@ -8,7 +8,8 @@ import threading
 import prometheus_client
 
 from api.logs import configure_logging
-from kubelet_plugin.mps_supervisor.supervisor import MpsSettings, Supervisor, parse_mps_settings
+from kubelet_plugin.mps_supervisor.settings import MpsSettings, parse_mps_settings
+from kubelet_plugin.mps_supervisor.supervisor import Supervisor
 
 log = logging.getLogger("kubelet_plugin.mps_supervisor")
 

@@ -1,12 +1,10 @@
-"""Preparing a claim: NodePrepareResources / NodeUnprepareResources and recovery.
+"""Preparing a claim: NodePrepareResources / NodeUnprepareResources and recovery, over the kinds.
 
-``preparer`` orchestrates; each step has its module: ``reader`` (claims from the API), ``node_lock``,
-``journal`` over ``checkpoint`` (the durable record), ``plan`` (pure: claim -> CDI spec, info files, devices),
-``cdi`` (the CDI spec model), ``container_info`` (what a container is told), ``devicenodes`` (the only place
-that stats device nodes), ``driver_edits`` (NVIDIA's generated libraries and hooks), ``store`` (writes and
-removes a claim's files), ``ready_writer`` and ``status`` (the claim's status conditions), ``spec_rebuild`` and
-``state_gate`` (a corrupt or too-new checkpoint), ``errors`` (the error kinds).
+``preparer`` is thin: ``reader`` (claims from the API), ``journal`` (the node lock and the checkpoint),
+``transaction`` (one claim's steps over its kinds, undone in reverse on failure), ``plan`` (pure: the kinds'
+shares assembled into the CDI spec, files and devices), ``release`` (unprepare: the kinds' release hooks),
+``recovery`` (at start), ``ready`` (the claim's status conditions, written in the background), ``driver_edits``
+(NVIDIA's generated libraries and hooks), ``state_gate`` (a too-new checkpoint keeps the plugin unregistered).
 
-May import: ``publishing``, ``enforcement``, ``core``, ``api``. Imported by: ``serving``, ``health``,
-``usage``, ``__main__``.
+May import: ``kinds``, ``enforcement``, ``state``, ``core``, ``api``. Imported by: ``serving``, ``__main__``.
 """

@@ -35,10 +35,11 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from kubelet_plugin.core.errors import ErrorKind, PrepareError
 from kubelet_plugin.core.filelock import atomic_write
 from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.prepare import cdi
-from kubelet_plugin.prepare.container_info import VOID, library_problem
+from kubelet_plugin.state import cdi
+from kubelet_plugin.state.container_info import VOID, library_problem
 
 log = logging.getLogger(__name__)
 
@@ -272,3 +273,22 @@ class DriverEdits:
         """``refresh()`` every ``interval`` seconds until ``stop`` is set."""
         while not stop.wait(self._interval):
             self.refresh()
+
+
+def current_driver_edits(settings: Settings, driver_edits: DriverEdits | None) -> cdi.ContainerEdits | None:
+    """The driver edits for claim specs (None with ``--driver-edits=none``), as last generated; raises
+    PrepareError (a claim's error: the generator failed, or none was started)."""
+    if settings.driver_edits != "toolkit":
+        return None
+    if driver_edits is None:
+        raise PrepareError(
+            ErrorKind.DRIVER_EDITS, "driver edits are on but this plugin was started without a generator"
+        )
+    try:
+        return driver_edits.current()
+    except DriverEditsError as err:
+        raise PrepareError(
+            ErrorKind.DRIVER_EDITS,
+            f"the NVIDIA driver's libraries for the container could not be generated: {err}; the plugin "
+            f"retries every {settings.driver_edits_retry_seconds:g} s and the kubelet retries this claim",
+        ) from None

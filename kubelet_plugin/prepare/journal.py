@@ -6,17 +6,26 @@ and posted as a ``CheckpointCorrupt`` Node Event, so the claims of running pods 
 not taken for orphans. A file of a newer schema raises ``NewerSchemaError`` and stays untouched; it is logged
 and posted (``CheckpointTooNew``) the first time in a row it is seen. Unknown fields are logged when they change.
 Callers hold the node lock.
+
+The node-wide lock every checkpoint and claim-file change happens under (``NodeLock``): this process's lock, then
+the ``serialize.lock`` file lock shared with every plugin instance on the node (``filelock.serialize_lock``).
 """
 
 import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
 
 from api.kube_rest import KubeRest
+from kubelet_plugin.core.errors import ErrorKind, PrepareError
 from kubelet_plugin.core.events import post_node_event
-from kubelet_plugin.core.filelock import remove_temp_files
+from kubelet_plugin.core.filelock import remove_temp_files, serialize_lock
 from kubelet_plugin.core.metrics import PluginMetrics
-from kubelet_plugin.prepare.checkpoint import Checkpoint, CheckpointStore, NewerSchemaError
-from kubelet_plugin.prepare.spec_rebuild import entry_from_spec
-from kubelet_plugin.prepare.store import ClaimStore
+from kubelet_plugin.state.checkpoint import Checkpoint, CheckpointStore, NewerSchemaError
+from kubelet_plugin.state.claim_files import ClaimStore
+from kubelet_plugin.state.spec_rebuild import entry_from_spec
 
 log = logging.getLogger(__name__)
 
@@ -94,3 +103,42 @@ class ClaimJournal:
     def remove_temp_files(self) -> list[str]:
         """Delete temp files of interrupted checkpoint writes; their paths."""
         return [str(p) for p in remove_temp_files(self._store.path.parent, self._store.path.name)]
+
+
+class NodeLockTimeoutError(PrepareError):
+    """The node-wide lock was not free within the timeout."""
+
+
+class NodeLock:
+    """Holds both locks; bounded by `timeout_s` for kubelet calls, `on_timeout` called at each timeout."""
+
+    def __init__(self, path: Path, timeout_s: float, on_timeout: Callable[[], None] = lambda: None) -> None:
+        self._path = path
+        self._timeout = timeout_s
+        self._on_timeout = on_timeout
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def hold(self, *, bounded: bool = True) -> Iterator[None]:
+        """Hold both locks for the block; raises NodeLockTimeoutError when they are not ours within the
+        timeout. Unbounded (`bounded=False`) at start, when no kubelet call is waiting."""
+        if not bounded:
+            with self._lock, serialize_lock(self._path):
+                yield
+            return
+        deadline = time.monotonic() + self._timeout
+        with ExitStack() as held:
+            if not self._lock.acquire(timeout=self._timeout):
+                raise self._timed_out("another call of this fracgpu plugin")
+            held.callback(self._lock.release)
+            try:
+                held.enter_context(serialize_lock(self._path, timeout=max(0.0, deadline - time.monotonic())))
+            except TimeoutError:
+                raise self._timed_out("another fracgpu plugin instance") from None
+            yield
+
+    def _timed_out(self, holder: str) -> NodeLockTimeoutError:
+        self._on_timeout()
+        return NodeLockTimeoutError(
+            ErrorKind.LOCK_TIMEOUT, f"{holder} held the node lock for {self._timeout:g} s; the kubelet retries"
+        )

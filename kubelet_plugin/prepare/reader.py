@@ -15,8 +15,8 @@ from typing import Any
 
 from api.kube_errors import ApiError, ApiNotFound, ApiThrottled, ApiTimeout, ApiTransient, UndecodableResponse
 from api.kube_rest import KubeRest, claim_path
+from kubelet_plugin.core.errors import ErrorKind, PrepareError
 from kubelet_plugin.core.model import ClaimRef
-from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from typing import Literal
 
-from kubelet_plugin.prepare.checkpoint import CheckpointStore
+from kubelet_plugin.state.checkpoint import CheckpointStore
 
 log = logging.getLogger(__name__)
 

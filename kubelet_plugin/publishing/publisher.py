@@ -55,7 +55,7 @@ class SlicePublisher:
         """`enforcement`: the tiers each GPU offers (default: HAMi-core where its library is, no nvml);
         `taints`: device name -> its taints now (GPU health); `changes`: notified when they change, each
         coalesced burst is one re-sync; `on_write`: called for every slice written (created, replaced, deleted);
-        `mig`: the MIG GPUs (``--mig-gpus``) -> what they offer (``mig_discovery``), published as MIG GPUs."""
+        `mig`: the MIG GPUs (``--mig-gpus``) -> what they offer (``kinds/mig/discovery.py``), published as MIG GPUs."""
         self._rest = KubeRest.bounded(api, settings.api_timeout_seconds)
         self._taints = taints or dict
         self._changes = changes

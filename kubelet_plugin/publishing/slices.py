@@ -18,88 +18,17 @@ and ``numaNode`` (the last two where sysfs says them, ``pci_topology``; a partit
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
-from api import mig as names
-from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION
-from api.names import (
-    MEMORY_CAPACITY,
-    MPS_CLIENTS_CAPACITY,
-    NUMA_NODE_ATTRIBUTE,
-    PCI_BUS_ID_ATTRIBUTE,
-    PCIE_ROOT_ATTRIBUTE,
-)
-from api.quantity import format_bytes
-from kubelet_plugin.core.model import GpuInfo, MigGpu, MigProfile
-from kubelet_plugin.enforcement.tiers import ATTRIBUTE as ENFORCEMENT_ATTRIBUTE
-from kubelet_plugin.enforcement.tiers import MPS_ATTRIBUTE, Tier
+from kubelet_plugin.core.model import GpuInfo, MigGpu
+from kubelet_plugin.enforcement.tiers import Tier
+from kubelet_plugin.kinds.gpu.publish import gpu_entry
+from kubelet_plugin.kinds.mig.publish import counter_set, mig_devices, parent_entry, partition_entry
+from kubelet_plugin.kinds.mps.publish import with_mps_server
 
 MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices
 MAX_TAINTED_DEVICES_PER_SLICE = 64  # ResourceSliceMaxDevicesWithAdvancedFeatures: taints or consumesCounters
 MAX_COUNTER_SETS_PER_SLICE = 8  # ResourceSliceMaxCounterSets
-MIG_TIER = "mig"
-"""The `memoryEnforcement` of a MIG partition: memory and compute enforced by the hardware."""
-
-
-@dataclass(frozen=True)
-class MigDevice:
-    """A possible MIG partition as published: `profile` of `gpu` at placement `start`."""
-
-    name: str
-    gpu: GpuInfo
-    profile: MigProfile
-    start: int
-
-    @property
-    def memory(self) -> int:
-        """The published `memory` capacity (bytes): the partition's memory rounded up to a whole GiB."""
-        return names.nominal_memory(self.profile.memory_mib)
-
-
-def mig_devices(gpus: list[GpuInfo], mig: Mapping[str, MigGpu]) -> list[MigDevice]:
-    """Every possible partition of the GPUs in `mig` (device name -> its MIG facts) whose MIG mode is on, in the
-    order the scheduler should try them: the smallest memory first; among profiles of equal memory the balanced
-    one before the memory-heavy one (``2g.20gb`` before ``1g.20gb``), then fewer compute slices (``3g.40gb``
-    before ``4g.40gb``); then by GPU, filling one GPU before the next; on a GPU the highest placement first, so
-    small partitions fill a GPU from the top and leave the low placements, where the large profiles fit."""
-    out = [
-        MigDevice(names.partition_device_name(g.index, p.name, start), g, p, start)
-        for g in gpus
-        if (facts := mig.get(g.device_name)) is not None and facts.state == "enabled"
-        for p in facts.profiles
-        for start in p.placements
-    ]
-    return sorted(
-        out,
-        key=lambda d: (
-            d.memory,
-            names.is_memory_heavy(d.profile.compute_slices, d.profile.memory_slices),
-            d.profile.compute_slices,
-            d.gpu.index,
-            -d.start,
-        ),
-    )
-
-
-def mig_catalog(gpus: list[GpuInfo], mig: Mapping[str, MigGpu]) -> dict[str, MigDevice]:
-    """The published partitions by device name."""
-    return {d.name: d for d in mig_devices(gpus, mig)}
-
-
-MPS_CLIENTS_VOLTA = 48
-MPS_CLIENTS_BEFORE_VOLTA = 16
-
-
-def mps_clients(gpu: GpuInfo) -> int:
-    """How many clients one MPS server takes on `gpu`: 48 from Volta (compute capability 7.0) on, 16 before."""
-    major = gpu.cuda_compute_capability.split(".", 1)[0]
-    return MPS_CLIENTS_VOLTA if major.isdigit() and int(major) >= 7 else MPS_CLIENTS_BEFORE_VOLTA
-
-
-def usable_memory(gpu: GpuInfo, step: int, reserve: int) -> int:
-    """Memory offered for sharing: total minus reserve, rounded down to a multiple of `step` (≥ 0)."""
-    return max(0, (gpu.memory_total_bytes - reserve) // step * step)
 
 
 def device_entry(
@@ -112,147 +41,10 @@ def device_entry(
     taints: list[dict[str, str]] | None = None,
     mps_binding: bool = False,
 ) -> dict[str, Any]:
-    """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes; `hami_core`: the
-    node can enforce limits with HAMi-core (its library is installed), published as attribute `hamiCore`;
-    `enforcement`: the GPU's memory-enforcement tier (``GpuTiers.published``), attribute `memoryEnforcement`, and
-    whether it is an MPS GPU, attribute `mps`, with capacity `mpsClients`: the clients its MPS server takes, of
-    which each allocation consumes one unless it asks for more (one per CUDA process), so the scheduler never
-    places a share the server would refuse with CUDA_ERROR_MPS_MAX_CLIENTS_REACHED; with `mps_binding` (MPS trust
-    domains kept apart, any scope but cluster) also the binding condition the scheduler waits on before it binds a pod
-    there, which the controller sets once it has found the claim's trust domain alone on the GPU (or the failure
-    condition, when another domain holds it: the scheduler then places the claim again);
-    `taints`: its `taints` (GPU health, `kubelet_plugin.health.book.plan_taints`), left out when none."""
-    memory = usable_memory(gpu, step, reserve)
-    capacity: dict[str, Any] = {"value": format_bytes(memory)}
-    if memory >= step:  # validRange needs min + step <= value
-        # default = all of it: a request without capacity (a whole GPU, the scheduler's extended-resource
-        # claim) consumes the whole GPU, so it never meets a share (without a policy, the value is consumed).
-        # min 0: a positive request is granted the same multiple of step as with min = step, and an adminAccess
-        # request of `memory: 0` (which the scheduler must still fit, though it never counts it once allocated)
-        # fits a GPU with no memory free; admission refuses 0 on any other request
-        capacity["requestPolicy"] = {
-            "default": format_bytes(memory),
-            "validRange": {"min": "0", "max": format_bytes(memory), "step": format_bytes(step)},
-        }
-    entry: dict[str, Any] = {
-        "name": gpu.device_name,
-        "allowMultipleAllocations": True,
-        "attributes": {
-            names.TYPE_ATTRIBUTE: {"string": names.TYPE_GPU},
-            "uuid": {"string": gpu.uuid},
-            "index": {"int": gpu.index},
-            "minor": {"int": gpu.minor},
-            "productName": {"string": gpu.product_name[:64]},
-            "architecture": {"string": gpu.architecture},
-            "cudaComputeCapability": {"version": _semver(gpu.cuda_compute_capability)},
-            "driverVersion": {"version": _semver(gpu.driver_version)},
-            **_pci(gpu),
-            "hamiCore": {"bool": hami_core},
-            ENFORCEMENT_ATTRIBUTE: {"string": enforcement},
-            MPS_ATTRIBUTE: {"bool": enforcement == "mps"},
-        },
-        "capacity": {MEMORY_CAPACITY: capacity},
-    }
-    if enforcement == "mps":
-        clients = str(mps_clients(gpu))
-        entry["capacity"][MPS_CLIENTS_CAPACITY] = {
-            "value": clients,
-            "requestPolicy": {"default": "1", "validRange": {"min": "1", "max": clients, "step": "1"}},
-        }
-        if mps_binding:
-            entry["bindingConditions"] = [ADMITTED_CONDITION]
-            entry["bindingFailureConditions"] = [CONFLICT_CONDITION]
-    if taints:
-        entry["taints"] = taints
-    return entry
-
-
-def _identity(gpu: GpuInfo) -> dict[str, Any]:
-    """The attributes a MIG GPU and its partitions share: the physical GPU's."""
-    return {
-        "uuid": {"string": gpu.uuid},
-        "index": {"int": gpu.index},
-        "minor": {"int": gpu.minor},
-        "productName": {"string": gpu.product_name[:64]},
-        "architecture": {"string": gpu.architecture},
-        "cudaComputeCapability": {"version": _semver(gpu.cuda_compute_capability)},
-        "driverVersion": {"version": _semver(gpu.driver_version)},
-        **_pci(gpu),
-        ENFORCEMENT_ATTRIBUTE: {"string": MIG_TIER},
-    }
-
-
-def _pci(gpu: GpuInfo) -> dict[str, Any]:
-    """Kubernetes' standard attributes of where the GPU sits: its PCI address, and its PCIe root and NUMA node where
-    sysfs says them (left out where it does not)."""
-    attributes: dict[str, Any] = {PCI_BUS_ID_ATTRIBUTE: {"string": gpu.pci_bus_id}}
-    if gpu.pcie_root is not None:
-        attributes[PCIE_ROOT_ATTRIBUTE] = {"string": gpu.pcie_root}
-    if gpu.numa_node is not None:
-        attributes[NUMA_NODE_ATTRIBUTE] = {"int": gpu.numa_node}
-    return attributes
-
-
-def parent_entry(
-    gpu: GpuInfo, mig: MigGpu, step: int, reserve: int, *, taints: list[dict[str, str]] | None = None
-) -> dict[str, Any]:
-    """The device of a MIG GPU itself: its identity, MIG state and slice totals for the ledger; tainted NoSchedule
-    so that nothing allocates it (its partitions are the allocatable devices)."""
-    attributes = {
-        names.TYPE_ATTRIBUTE: {"string": names.TYPE_MIG_PARENT},
-        **_identity(gpu),
-        names.STATE_ATTRIBUTE: {"string": mig.state},
-    }
-    if mig.state == "enabled":
-        attributes[names.MEMORY_SLICES_ATTRIBUTE] = {"int": mig.memory_slices}
-        attributes[names.COMPUTE_SLICES_ATTRIBUTE] = {"int": mig.compute_slices}
-    parent_taint = {"key": names.PARENT_TAINT_KEY, "value": mig.state, "effect": "NoSchedule"}
-    return {
-        "name": gpu.device_name,
-        "attributes": attributes,
-        "capacity": {MEMORY_CAPACITY: {"value": format_bytes(usable_memory(gpu, step, reserve))}},
-        "taints": [parent_taint, *(taints or [])],
-    }
-
-
-def partition_entry(device: MigDevice, *, taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    """One possible partition: its profile, placement and memory, consuming its slices of its GPU's counters."""
-    p = device.profile
-    counters = {
-        names.memory_slice_counter(i): {"value": "1"} for i in range(device.start, device.start + p.memory_slices)
-    }
-    counters[names.COMPUTE_SLICES_COUNTER] = {"value": str(p.compute_slices)}
-    entry: dict[str, Any] = {
-        "name": device.name,
-        "attributes": {
-            names.TYPE_ATTRIBUTE: {"string": names.TYPE_MIG},
-            names.PROFILE_ATTRIBUTE: {"string": p.name},
-            **_identity(device.gpu),
-            names.PLACEMENT_ATTRIBUTE: {"int": device.start},
-            names.MEMORY_SLICES_ATTRIBUTE: {"int": p.memory_slices},
-            names.COMPUTE_SLICES_ATTRIBUTE: {"int": p.compute_slices},
-            names.PARTITION_MEMORY_ATTRIBUTE: {"int": p.memory_mib},
-            names.MULTIPROCESSORS_ATTRIBUTE: {"int": p.multiprocessors},
-        },
-        "capacity": {MEMORY_CAPACITY: {"value": format_bytes(device.memory)}},
-        "consumesCounters": [{"counterSet": names.counter_set_name(device.gpu.index), "counters": counters}],
-    }
-    if taints:
-        entry["taints"] = taints
-    return entry
-
-
-def counter_set(gpu: GpuInfo, mig: MigGpu) -> dict[str, Any]:
-    """The shared counters of a MIG GPU: one per memory slice and its compute slices."""
-    counters = {names.memory_slice_counter(i): {"value": "1"} for i in range(mig.memory_slices)}
-    counters[names.COMPUTE_SLICES_COUNTER] = {"value": str(mig.compute_slices)}
-    return {"name": names.counter_set_name(gpu.index), "counters": counters}
-
-
-def _semver(version: str) -> str:
-    """`9.0` → `9.0.0`, `580.65.06` → `580.65.6`: DRA version attributes must be semantic versions."""
-    parts = [str(int(p)) for p in version.split(".")[:3] if p.isdigit()]
-    return ".".join([*parts, "0", "0", "0"][:3])
+    """A whole GPU's `spec.devices[]` entry (``kinds/gpu/publish.py``), with its MPS server's capacity and binding
+    conditions when its tier is ``mps`` (``kinds/mps/publish.py``)."""
+    entry = gpu_entry(gpu, step, reserve, hami_core, enforcement, taints=taints)
+    return with_mps_server(entry, gpu, binding=mps_binding) if enforcement == "mps" else entry
 
 
 def slice_name(node: str, driver: str, index: int) -> str:

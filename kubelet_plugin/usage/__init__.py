@@ -1,6 +1,6 @@
 """GPU memory used per claim: NVML's processes (``nvml``), each process's pod (``cgroups``), attribution to
 claims (``attribution``, pure), the sampler thread (``sampler``) and its metrics (``metrics``).
 
-May import: ``prepare`` (the info files' format), ``publishing``, ``enforcement``, ``core``, ``api``.
+May import: ``state`` (the info files), ``core``, ``api``.
 Imported by: ``__main__`` (only when sampling is on). Independent of ``health``.
 """

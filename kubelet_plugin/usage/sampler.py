@@ -23,8 +23,7 @@ from api.kube_rest import KubeRest, claim_path
 from api.quantity import MiB, format_bytes
 from kubelet_plugin.core.events import post_object_event
 from kubelet_plugin.core.model import GpuInfo
-from kubelet_plugin.prepare import container_info
-from kubelet_plugin.prepare.container_info import RequestInfo
+from kubelet_plugin.state.claim_files import prepared_claim_uids, read_request_infos
 from kubelet_plugin.usage import cgroups
 from kubelet_plugin.usage.attribution import (
     ClaimShare,
@@ -50,17 +49,12 @@ POD_REFRESH_MIN_S = 30.0
 def read_shares(plugin_data_dir: Path) -> list[ClaimShare]:
     """The shares of every claim whose info files exist (written at prepare, removed at unprepare), per claim
     and GPU. A claim whose files vanish or cannot be parsed while being read is left out of this sample."""
-    root = container_info.claim_info_root(plugin_data_dir)
-    try:
-        claim_dirs = sorted(p for p in root.iterdir() if p.is_dir())
-    except FileNotFoundError:
-        return []
     shares: list[ClaimShare] = []
-    for directory in claim_dirs:
+    for uid in prepared_claim_uids(plugin_data_dir):
         try:
-            infos = [RequestInfo.model_validate_json(f.read_bytes()) for f in sorted(directory.glob("*.json"))]
+            infos = read_request_infos(plugin_data_dir, uid)
         except (OSError, ValidationError) as err:
-            log.debug("skipping a claim's info files in this sample", extra={"dir": str(directory), "error": str(err)})
+            log.debug("skipping a claim's info files in this sample", extra={"claim": uid, "error": str(err)})
             continue
         granted: dict[str, int] = {}
         enforced: dict[str, bool] = {}

@@ -27,8 +27,8 @@ from api.kube_rest import KubeConnection, KubeRest
 from controller.core.rbac import cluster_role_rules
 from harness import kube
 from harness.cluster.controlplane import ControlPlane
+from kubelet_plugin.core.errors import ErrorKind, PrepareError
 from kubelet_plugin.core.model import ClaimRef
-from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
 from kubelet_plugin.prepare.reader import ClaimReader
 
 pytestmark = pytest.mark.integration

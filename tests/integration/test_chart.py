@@ -38,7 +38,7 @@ from harness.cluster import binaries
 from harness.cluster.controlplane import ControlPlane
 from harness.nodeplugin import PLUGIN_RUNTIME_ENV
 from kubelet_plugin.mps_supervisor.supervisor import MpsSettings
-from kubelet_plugin.prepare.status import apply_ready
+from kubelet_plugin.prepare.ready import apply_ready
 from kubelet_plugin.publishing.heartbeat import Heartbeat
 from kubelet_plugin.publishing.slices import build_slices
 

@@ -582,7 +582,7 @@ def test_the_tier_the_plugin_reports_reaches_status_data_and_the_ledger(
     """The node plugin's MemoryEnforcement condition (its own field manager) and the controller's `data` (atomic,
     the controller's) coexist on one entry; the controller copies the tier into data and the ledger."""
     from api.kube_rest import KubeConnection, KubeRest
-    from kubelet_plugin.prepare.status import FIELD_MANAGER, apply_ready
+    from kubelet_plugin.prepare.ready import FIELD_MANAGER, apply_ready
 
     node_body = kube.create_fake_node(api_client, kube.unique("tiernode"))
     node = node_body["metadata"]["name"]

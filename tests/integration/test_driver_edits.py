@@ -25,7 +25,6 @@ from harness.cluster.controlplane import ControlPlane
 from harness.mocknvml import PROFILES, make_driver_root, read_profile
 from harness.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make_faithful_driver_root
 from harness.nodeplugin import DRIVER, NodePluginProcess, toolkit_args
-from kubelet_plugin.prepare import cdi
 from kubelet_plugin.prepare.driver_edits import (
     DriverEditsError,
     GeneratorConfig,
@@ -33,6 +32,7 @@ from kubelet_plugin.prepare.driver_edits import (
     generate_driver_edits,
     transform_argv,
 )
+from kubelet_plugin.state import cdi
 
 pytestmark = [
     pytest.mark.integration,

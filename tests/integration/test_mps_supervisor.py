@@ -4,7 +4,7 @@ and libcuda as an MPS client, run by the CUDA probe. Root: the supervisor mounts
 the daemon in a mount namespace of its own.
 
 Shown: the supervisor sets EXCLUSIVE_PROCESS through NVML and starts the daemon with its own /dev/shm; the plugin's
-ceiling (kubelet_plugin/mps/limits.py) caps a client whose environment asks for more, while a client's own grant
+ceiling (kubelet_plugin/kinds/mps/limits.py) caps a client whose environment asks for more, while a client's own grant
 holds below it; a process outside MPS cannot use the GPU; a killed daemon is reported down and restarted; SIGTERM
 quits it and restores the compute mode; a GPU taken off the list gets its mode back at the next start. Trust
 domains: a daemon takes its first domain as it is and is replaced (fresh pipe directory and /dev/shm) for the
@@ -33,9 +33,9 @@ import pytest
 from harness import mocknvml
 from harness.mocknvml import PROFILES, read_profile
 from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.mps import layout as mps
-from kubelet_plugin.mps.control import Limits, MpsControl, MpsControlError
-from kubelet_plugin.mps.limits import MpsLimits
+from kubelet_plugin.kinds.mps.control import Limits, MpsControl, MpsControlError
+from kubelet_plugin.kinds.mps.limits import MpsLimits
+from kubelet_plugin.state import mps_files as mps
 
 pytestmark = pytest.mark.integration
 

@@ -28,7 +28,8 @@ from harness import kube, mocknvml
 from harness.cluster.controlplane import ControlPlane
 from harness.kubelet_client import KubeletClient
 from harness.nodeplugin import DRIVER, NodePluginProcess
-from kubelet_plugin.prepare import cdi, container_info, store
+from kubelet_plugin.state import cdi, container_info
+from kubelet_plugin.state import claim_files as store
 
 pytestmark = pytest.mark.integration
 PROFILE = mocknvml.PROFILES / "gpu80x2.profile"

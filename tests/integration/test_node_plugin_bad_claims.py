@@ -17,7 +17,7 @@ from kubernetes.dynamic import DynamicClient
 from api.kube_rest import JSON, RESOURCE_V1, claim_path
 from harness import kube
 from harness.nodeplugin import DRIVER
-from kubelet_plugin.prepare import cdi
+from kubelet_plugin.state import cdi
 from tests.integration import own_plane
 from tests.integration import test_node_plugin as node_plugin
 

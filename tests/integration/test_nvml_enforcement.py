@@ -36,12 +36,14 @@ from harness.cluster.controlplane import ControlPlane
 from harness.mocknvml import PROFILES, read_profile
 from harness.mocknvml.driver_root import LIBDIR, DriverInstall, install_driver, make_faithful_driver_root
 from harness.nodeplugin import DRIVER, NodePluginProcess, toolkit_args
+from kubelet_plugin.core.devicenodes import snapshot
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.tiers import NodeFacts, NvmlLimits, gpu_tiers
-from kubelet_plugin.prepare import cdi, container_info, store
-from kubelet_plugin.prepare.devicenodes import snapshot
-from kubelet_plugin.prepare.plan import NVML_HOOK, plan_claim
+from kubelet_plugin.kinds.gpu.plan import NVML_HOOK
+from kubelet_plugin.prepare.plan import HostFacts, plan_claim
+from kubelet_plugin.state import cdi, container_info
+from kubelet_plugin.state import claim_files as store
 
 pytestmark = [
     pytest.mark.integration,
@@ -167,9 +169,10 @@ def write_claim_spec(node: Node) -> tuple[str, Any]:
     every_fact = NodeFacts(cgroup_problem=None, driver_edits_problem=None, hami_core_problem="no HAMi-core here")
     tiers = {node.gpu.device_name: gpu_tiers(every_fact, NvmlLimits(problem=None))}
     nodes = snapshot(node.settings.driver_root, [node.gpu.minor])
-    plan = plan_claim(
-        claim, node.settings, {node.gpu.device_name: node.gpu}, driver_edits(node.driver), tiers, nodes=nodes
+    facts = HostFacts(
+        gpus={node.gpu.device_name: node.gpu}, nodes=nodes, tiers=tiers, driver_edits=driver_edits(node.driver)
     )
+    plan = plan_claim(claim, node.settings, facts)
     assert plan.spec is not None
     assert plan.tiers == ((node.settings.node_name, node.gpu.device_name, SHARE, "nvml"),)
     store.write_claim_files(container_info.claim_info_dir(node.settings.plugin_data_dir, CLAIM_UID), plan.claim_files())

@@ -7,7 +7,8 @@ from typing import Any
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB, MiB
-from controller.core.model import ClaimView, SliceView, claim_view, slice_view
+from controller.core.claims import ClaimView, claim_view
+from controller.core.slices import SliceView, slice_view
 from controller.ledger.plan import ExistingGpu
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.publishing.slices import build_slices

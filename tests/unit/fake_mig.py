@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import pynvml
 
 from kubelet_plugin.core.model import GpuInfo, MigGpu, MigProfile, MigRecord
-from kubelet_plugin.prepare.mig import LiveInstance, MigError
+from kubelet_plugin.kinds.mig.nvml import LiveInstance, MigError
 
 H100_PROFILES = (
     MigProfile(name="1g.10gb", profile_id=19, compute_slices=1, memory_slices=1, memory_mib=9984,

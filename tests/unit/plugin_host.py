@@ -15,13 +15,13 @@ from api.kube_errors import api_error
 from api.kube_rest import KubeConnection, KubeRest, claim_path
 from api.names import DRIVER_NAME
 from api.quantity import MiB
+from kubelet_plugin.core.devicenodes import DeviceNodeSnapshot
 from kubelet_plugin.core.metrics import PluginMetrics
 from kubelet_plugin.core.model import ClaimRef, GpuInfo, PreparedDevice
 from kubelet_plugin.core.settings import Settings
-from kubelet_plugin.prepare import cdi
-from kubelet_plugin.prepare.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry
-from kubelet_plugin.prepare.devicenodes import DeviceNodeSnapshot
 from kubelet_plugin.prepare.preparer import Preparer
+from kubelet_plugin.state import cdi
+from kubelet_plugin.state.checkpoint import Checkpoint, CheckpointDevice, CheckpointStore, ClaimEntry
 from tests.unit.fake_apiserver import connection, refused_url
 
 NODE = "node-a"

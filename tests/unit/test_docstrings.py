@@ -4,10 +4,10 @@ docstrings still named the modules from before it).
 Read in every docstring and `#:` comment of the Python tree:
 
 - a repository path (`controller/status/plan.py`, `harness/mocknvml/`) must exist;
-- a dotted name from a top-level package (`controller.core.model`, `api.gpu.GPU_PLURAL`) must be a module, and
+- a dotted name from a top-level package (`controller.core.claims`, `api.gpu.GPU_PLURAL`) must be a module, and
   past the module a name it defines;
 - `python -m <module>` must name a module that can run;
-- a package-relative dotted name (`prepare.checkpoint`, `core.model.ClaimView`) and a module named in double
+- a package-relative dotted name (`prepare.checkpoint`, `core.claims.ClaimView`) and a module named in double
   backticks (``node_lock``) must be a module of the file's own package, of its top-level package, or a top-level
   package;
 - a dotted name `x.y` whose `x` is no module anywhere, nothing importable and no name the file uses is a module

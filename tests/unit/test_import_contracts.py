@@ -17,8 +17,8 @@ CONTRACTS = {
 }
 
 VIOLATIONS = {
-    "api-is-shared": ("api/names.py", "import controller.core.model"),
-    "components-independent": ("controller/core/model.py", "import kubelet_plugin.core.model"),
+    "api-is-shared": ("api/names.py", "import controller.core.claims"),
+    "components-independent": ("controller/core/claims.py", "import kubelet_plugin.core.model"),
     "plugin-without-kubernetes-client": ("kubelet_plugin/core/model.py", "import kopf"),
     "controller-without-kubernetes-client": ("controller/core/metrics.py", "import kubernetes.utils"),
     "product-without-tests": ("controller/core/metrics.py", "import harness.lock"),
@@ -26,6 +26,7 @@ VIOLATIONS = {
     "harness-below-tests": ("harness/lock.py", "import tests.unit.fake_apiserver"),
     "plugin-layers": ("kubelet_plugin/prepare/plan.py", "import kubelet_plugin.serving.handover"),
     "controller-layers": ("controller/status/plan.py", "import controller.loops"),
+    "kinds-independent": ("kubelet_plugin/kinds/mps/plan.py", "import kubelet_plugin.kinds.gpu.plan"),
     "pure-planning": ("kubelet_plugin/enforcement/tiers.py", "import subprocess"),
     "no-package-cycles": ("api/names.py", "import api.gpu"),
 }

@@ -28,7 +28,7 @@ def _kill_at(point: str) -> None:
 
 if _CONTROL:
     from kubelet_plugin.prepare.journal import ClaimJournal
-    from kubelet_plugin.prepare.store import ClaimStore
+    from kubelet_plugin.state.claim_files import ClaimStore
 
     _save, _remove = ClaimJournal.save, ClaimStore.remove
 

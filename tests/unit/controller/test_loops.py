@@ -10,9 +10,10 @@ from api.gpu import NODE_LABEL
 from api.kube_errors import api_error
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB
+from controller.core.claims import DeviceClassView
 from controller.core.kube import describe
-from controller.core.model import DeviceClassView, DeviceRecord, slice_view
 from controller.core.settings import FIELD_MANAGER, Settings
+from controller.core.slices import DeviceRecord, slice_view
 from controller.devices.catalogue import DeviceCatalogue
 from controller.devices.facts import AdmissionFacts
 from controller.ledger import manager as ledger_manager

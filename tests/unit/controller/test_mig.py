@@ -8,7 +8,8 @@ from typing import Any
 
 from api import mig
 from api.names import DRIVER_NAME, MIG_DEVICE_CLASS_NAME
-from controller.core.model import DeviceClassView, claim_view, current_devices, slice_view
+from controller.core.claims import DeviceClassView, claim_view
+from controller.core.slices import current_devices, slice_view
 from controller.ledger.plan import desired_ledger, family
 from controller.status.feasibility import plan_unsatisfiable
 from controller.status.plan import plan_status

@@ -16,8 +16,10 @@ from api.gpu_config import MAX_PARAMETERS_DEPTH, GpuConfigError, decode_gpu_conf
 from api.kube_errors import ApiError, api_error
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.admission.verdict import review_claim_spec
-from controller.core.model import MalformedObjectError, claim_view, slice_view
+from controller.core.claims import claim_view
+from controller.core.parsing import MalformedObjectError
 from controller.core.settings import Settings
+from controller.core.slices import slice_view
 from controller.loops import Controller
 from controller.status.events import REASON_SKIPPED_PARTS
 from tests.unit.controller_factories import FakeWriter, World, claim, memory_request, result, slices

@@ -10,8 +10,8 @@ import pytest
 from api.names import DRIVER_NAME
 from harness.gpu import container, mig_step, report
 from kubelet_plugin.core.model import GpuInfo, MigGpu, MigRecord
-from kubelet_plugin.prepare.plan import PreparedPartition
-from kubelet_plugin.publishing.slices import mig_devices
+from kubelet_plugin.kinds.mig.publish import mig_devices
+from kubelet_plugin.kinds.share import PreparedPartition
 from tests.unit.fake_mig import H100_MIG
 
 M = report.MARKER

@@ -24,7 +24,7 @@ print(json.dumps({"after_import": loaded()}), flush=True)
 from api.kube_config import load
 from api.kube_errors import ApiError
 from api.kube_rest import KubeConnection, KubeRest
-from kubelet_plugin.prepare.checkpoint import CheckpointStore
+from kubelet_plugin.state.checkpoint import CheckpointStore
 from kubelet_plugin.serving.grpc_server import PluginServer
 from kubelet_plugin.health.source import DeviceHealth
 from kubelet_plugin.core.metrics import PluginMetrics

@@ -5,8 +5,8 @@ from typing import Any
 
 from api.kube_errors import api_error
 from api.kube_rest import KubeRest
+from controller.core.claims import ClaimView
 from controller.core.kube import event_name, post_claim_event
-from controller.core.model import ClaimView
 
 #: kube-apiserver's answer to a create in a namespace being deleted (its NamespaceLifecycle admission plugin)
 TERMINATING = {

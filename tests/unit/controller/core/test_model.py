@@ -1,4 +1,5 @@
-"""Unit tests of the controller's views of slices and claims (controller/core/model.py).
+"""Unit tests of the controller's views of slices and claims (controller/core/slices.py,
+controller/core/claims.py, controller/core/parsing.py).
 
 The slices are built by the node plugin's own `build_slices`, so the controller reads what the plugin writes.
 The factories are in tests/unit/controller_factories.py.
@@ -6,7 +7,9 @@ The factories are in tests/unit/controller_factories.py.
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB, MiB
-from controller.core.model import claim_view, current_devices, device_class_view, quantity_bytes, slice_view
+from controller.core.claims import claim_view, device_class_view
+from controller.core.parsing import quantity_bytes
+from controller.core.slices import current_devices, slice_view
 from controller.devices.facts import admission_facts
 from kubelet_plugin.publishing.slices import build_slices
 from tests.unit.controller_factories import NODE, claim, gpu, memory_request, result, slices

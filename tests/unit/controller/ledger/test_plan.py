@@ -3,7 +3,8 @@
 from api.gpu import NODE_LABEL
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB
-from controller.core.model import ClaimView, DeviceKey, DeviceRecord, SliceView, claim_view, current_devices, slice_view
+from controller.core.claims import ClaimView, claim_view
+from controller.core.slices import DeviceKey, DeviceRecord, SliceView, current_devices, slice_view
 from controller.ledger.plan import (
     MANAGED_BY_LABEL,
     ExistingGpu,

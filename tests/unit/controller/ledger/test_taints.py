@@ -5,7 +5,7 @@ from typing import Any
 
 from api import mig
 from api.names import DRIVER_NAME
-from controller.core.model import DeviceKey, DeviceRecord, TaintRuleView, current_devices, slice_view, taint_rule_view
+from controller.core.slices import DeviceKey, DeviceRecord, TaintRuleView, current_devices, slice_view, taint_rule_view
 from controller.ledger.plan import desired_ledger, plan_ledger
 from kubelet_plugin.publishing.slices import build_slices
 from tests.unit.controller.ledger.test_plan import MANAGER, existing

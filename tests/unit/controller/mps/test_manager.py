@@ -9,8 +9,8 @@ from typing import Any
 
 from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION, NAMESPACE_TAINT_KEY
 from api.names import DRIVER_NAME
-from controller.core.model import slice_view
 from controller.core.settings import Settings
+from controller.core.slices import slice_view
 from controller.loops import Controller
 from kubelet_plugin.publishing.slices import build_slices
 from tests.unit.controller_factories import NODE, FakeWriter, World, claim, eventually, gpu, result

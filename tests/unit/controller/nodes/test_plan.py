@@ -6,8 +6,9 @@ import datetime
 from api.gpu import DEVICE_GONE_CONDITION, PLUGIN_REPORTING_CONDITION
 from api.heartbeat import HEARTBEAT_LABEL, lease_body, lease_name
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
-from controller.core.model import ClaimView, claim_view, current_devices, slice_view
+from controller.core.claims import ClaimView, claim_view
 from controller.core.settings import Settings
+from controller.core.slices import current_devices, slice_view
 from controller.ledger.plan import ExistingGpu
 from controller.loops import Controller
 from controller.nodes.plan import (

@@ -7,7 +7,8 @@ import pytest
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import MiB
-from controller.core.model import DeviceClassView, DeviceRecord, claim_view, current_devices, slice_view
+from controller.core.claims import DeviceClassView, claim_view
+from controller.core.slices import DeviceRecord, current_devices, slice_view
 from controller.status import feasibility
 from controller.status.feasibility import plan_unsatisfiable
 from controller.status.selectors import NotEvaluated, evaluate

@@ -1,7 +1,8 @@
 """Unit tests of what the controller writes into a claim's status.devices (controller/status/plan.py)."""
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
-from controller.core.model import ClaimView, DeviceRecord, SliceView, claim_view, current_devices, slice_view
+from controller.core.claims import ClaimView, claim_view
+from controller.core.slices import DeviceRecord, SliceView, current_devices, slice_view
 from controller.status.plan import apply_body, plan_status
 from tests.unit.controller_factories import NODE, claim, gpu, result, slices
 

@@ -3,9 +3,12 @@
 from pathlib import Path
 
 import pytest
+from pydantic import BaseModel
 
+from api.options import options
 from api.quantity import MiB
-from kubelet_plugin.core.settings import parse_settings
+from kubelet_plugin.core import settings as settings_module
+from kubelet_plugin.core.settings import Settings, parse_settings
 
 
 def test_environment_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,3 +175,13 @@ def test_mig_gpus_are_indices_uuids_or_all() -> None:
     assert parse_settings(["--node-name", "n", "--mig-gpus", " 1, GPU-ab ", "--mps-gpus", "0"]).mig_gpus == "1,GPU-ab"
     with pytest.raises(SystemExit):
         parse_settings(["--node-name", "n", "--mig-gpus", "gpu1"])
+
+
+def test_the_flags_follow_the_themes_of_the_settings_bases() -> None:
+    themes: list[type[BaseModel]] = [settings_module.NodeFields, settings_module.MpsFields, settings_module.MigFields]
+    themes += [settings_module.DriverEditsFields, settings_module.HealthFields, settings_module.ServiceFields]
+    declared = [name for theme in themes for name in theme.model_fields]
+    own = ["instance_id", "namespace", "heartbeat_interval_seconds", "handover_timeout_seconds"]
+    assert [o.field for o in options(Settings)] == declared + own, "--help lists the themes in order, then the pod's"
+    assert len(set(declared + own)) == len(declared + own), "a field belongs to one theme"
+    assert all(issubclass(Settings, theme) for theme in themes)

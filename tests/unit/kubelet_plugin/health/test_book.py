@@ -18,11 +18,11 @@ from kubelet_plugin.health.book import (
     HealthBook,
     plan_taints,
 )
-from kubelet_plugin.health.events import claims_on, message
+from kubelet_plugin.health.events import message
 from kubelet_plugin.health.source import ReportedHealth, with_reported_health
 from kubelet_plugin.health.xid_catalog import XIDS, classify_action, classify_xid
-from kubelet_plugin.prepare.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry
 from kubelet_plugin.publishing.slices import MAX_TAINTED_DEVICES_PER_SLICE, build_slices
+from kubelet_plugin.state.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry, read_claims_on
 from tests.unit.plugin_host import gpu_info
 
 NODE = "node-a"
@@ -273,20 +273,20 @@ def test_a_negative_window_is_refused() -> None:
 # --- Events: the claims on a GPU, from the checkpoint ----------------------------------------------------------
 
 
-def test_claims_on_a_gpu_come_from_the_checkpoint(tmp_path: Path) -> None:
+def test_read_claims_on_a_gpu_come_from_the_checkpoint(tmp_path: Path) -> None:
     def entry(name: str, device: str) -> ClaimEntry:
         dev = CheckpointDevice(request_names=["gpu"], pool_name=NODE, device_name=device, cdi_device_ids=["x"])
         return ClaimEntry(namespace="ns", name=name, state="PrepareCompleted", devices=[dev])
 
     path = tmp_path / "checkpoint.json"
-    assert claims_on(path, "gpu-1") == [], "no checkpoint: no claims"
+    assert read_claims_on(path, "gpu-1") == [], "no checkpoint: no claims"
     checkpoint = (
         Checkpoint.empty("boot").with_claim("uid-b", entry("b", "gpu-1")).with_claim("uid-a", entry("a", "gpu-1"))
     )
     path.write_text(checkpoint.with_claim("uid-c", entry("c", "gpu-0")).to_json())
-    assert claims_on(path, "gpu-1") == [("ns", "a", "uid-a"), ("ns", "b", "uid-b")]
+    assert read_claims_on(path, "gpu-1") == [("ns", "a", "uid-a"), ("ns", "b", "uid-b")]
     path.write_text("{not json")
-    assert claims_on(path, "gpu-1") == [], "unreadable: no claims, no exception"
+    assert read_claims_on(path, "gpu-1") == [], "unreadable: no claims, no exception"
 
 
 def test_event_messages() -> None:

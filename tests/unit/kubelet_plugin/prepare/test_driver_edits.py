@@ -21,13 +21,11 @@ import pytest
 from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin.__main__ import make_driver_edits
+from kubelet_plugin.core.devicenodes import DeviceNodeSnapshot
+from kubelet_plugin.core.errors import ErrorKind, PrepareError
 from kubelet_plugin.core.metrics import PluginMetrics
 from kubelet_plugin.core.settings import Settings, parse_settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
-from kubelet_plugin.prepare import cdi
-from kubelet_plugin.prepare.checkpoint import CheckpointStore
-from kubelet_plugin.prepare.container_info import VOID, library_problem
-from kubelet_plugin.prepare.devicenodes import DeviceNodeSnapshot
 from kubelet_plugin.prepare.driver_edits import (
     DriverEdits,
     DriverEditsError,
@@ -37,8 +35,10 @@ from kubelet_plugin.prepare.driver_edits import (
     install_hook,
     parse_driver_edits,
 )
-from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
-from kubelet_plugin.prepare.plan import ClaimPlan, plan_claim
+from kubelet_plugin.prepare.plan import ClaimPlan, HostFacts, plan_claim
+from kubelet_plugin.state import cdi
+from kubelet_plugin.state.checkpoint import CheckpointStore
+from kubelet_plugin.state.container_info import VOID, library_problem
 from tests.unit.fake_apiserver import connection, refused_url
 from tests.unit.plugin_host import (
     GPUS,
@@ -382,7 +382,8 @@ def plan_with(claim: dict[str, Any], settings: Settings, edits: cdi.ContainerEdi
     """`plan_claim` on the test node: its GPUs and device nodes, no nvml."""
     tiers = EnforcementDetector.without_nvml(settings, GPUS, "nvml was not detected").tiers()
     nodes = DeviceNodeSnapshot.of(settings.driver_root, NODES)
-    return plan_claim(claim, settings, {g.device_name: g for g in GPUS}, edits, tiers, nodes=nodes)
+    facts = HostFacts(gpus={g.device_name: g for g in GPUS}, nodes=nodes, tiers=tiers, driver_edits=edits)
+    return plan_claim(claim, settings, facts)
 
 
 def test_toolkit_claim_spec_carries_the_driver_and_void(tmp_path: Path, driver_root: Path) -> None:

@@ -10,27 +10,23 @@ import pytest
 
 from api.names import DRIVER_NAME
 from api.quantity import MiB
+from kubelet_plugin.core import devicenodes
+from kubelet_plugin.core.devicenodes import DeviceNodeSnapshot
+from kubelet_plugin.core.errors import ErrorKind, PrepareError
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.enforcement.tiers import GpuTiers, NodeFacts, NvmlLimits, gpu_tiers
-from kubelet_plugin.prepare import cdi, devicenodes, store
-from kubelet_plugin.prepare import container_info as info
-from kubelet_plugin.prepare import device_metadata as meta
-from kubelet_plugin.prepare.cdi import ContainerEdits, Device
-from kubelet_plugin.prepare.devicenodes import DeviceNodeSnapshot
-from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
-from kubelet_plugin.prepare.plan import (
-    HAMI_CACHE_IN_CONTAINER,
-    HAMI_LIBRARY_IN_CONTAINER,
-    LAST_WINS_ENV,
-    ClaimPlan,
-    hami_cache_dir,
-    hami_preload_file,
-    plan_claim,
-)
-from kubelet_plugin.prepare.spec_rebuild import entry_from_spec
-from kubelet_plugin.publishing.slices import usable_memory
+from kubelet_plugin.kinds.gpu.plan import HAMI_CACHE_IN_CONTAINER, HAMI_LIBRARY_IN_CONTAINER
+from kubelet_plugin.kinds.gpu.publish import usable_memory
+from kubelet_plugin.prepare.plan import LAST_WINS_ENV, ClaimPlan, HostFacts, plan_claim
+from kubelet_plugin.state import cdi
+from kubelet_plugin.state import claim_files as store
+from kubelet_plugin.state import container_info as info
+from kubelet_plugin.state import device_metadata as meta
+from kubelet_plugin.state.cdi import ContainerEdits, Device
+from kubelet_plugin.state.container_info import hami_cache_dir, hami_preload_file
+from kubelet_plugin.state.spec_rebuild import entry_from_spec
 from tests.unit.plugin_host import NODE, NODES, SHARE_A, SHARE_B, UUID0, UUID1, gpu_info
 from tests.unit.plugin_host import UID_A as UID
 from tests.unit.scheduler_claims import extended_resource_claim
@@ -62,9 +58,10 @@ def planned(
         tiers = EnforcementDetector.without_nvml(settings, list(gpus.values()), "nvml was not detected").tiers()
     if not isinstance(nodes, DeviceNodeSnapshot):
         nodes = DeviceNodeSnapshot.of(settings.driver_root, NODES if nodes is None else nodes)
-    return plan_claim(
-        allocated, settings, gpus, driver_edits, tiers, nodes=nodes, hami_core_installed=hami_core_installed
+    facts = HostFacts(
+        gpus=gpus, nodes=nodes, tiers=tiers, driver_edits=driver_edits, hami_core_installed=hami_core_installed
     )
+    return plan_claim(allocated, settings, facts)
 
 
 def without(name: str) -> dict[str, tuple[int, int]]:

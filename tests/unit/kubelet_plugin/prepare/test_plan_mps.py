@@ -1,6 +1,6 @@
 """Unit tests of the mps tier in a claim's plan: the client's environment, mounts and info, and the refusals
 (kubelet_plugin/prepare/plan.py), with the tiers read as the plugin reads them (status files of
-kubelet_plugin/mps/layout.py)."""
+kubelet_plugin/state/mps_files.py)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
+from kubelet_plugin.core.errors import ErrorKind, PrepareError
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.enforcement.tiers import GpuTiers
-from kubelet_plugin.mps import layout as mps
-from kubelet_plugin.prepare.errors import ErrorKind, PrepareError
-from kubelet_plugin.prepare.plan import MPS_MEMORY_ENV, MPS_PIPE_ENV, MPS_THREADS_ENV
+from kubelet_plugin.kinds.mps.plan import MPS_MEMORY_ENV, MPS_PIPE_ENV, MPS_THREADS_ENV
+from kubelet_plugin.state import mps_files as mps
 from tests.unit.kubelet_plugin.prepare.test_plan import (
     GPUS,
     claim,

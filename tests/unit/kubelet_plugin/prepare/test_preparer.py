@@ -17,10 +17,11 @@ from kubelet_plugin.core.model import ClaimRef
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.enforcement.tiers import GpuTiers, NvmlLimits
 from kubelet_plugin.health.source import DeviceHealth
-from kubelet_plugin.prepare import container_info, device_metadata, store
-from kubelet_plugin.prepare.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry
-from kubelet_plugin.prepare.plan import hami_cache_dir
-from kubelet_plugin.prepare.status import FIELD_MANAGER
+from kubelet_plugin.prepare.ready import FIELD_MANAGER
+from kubelet_plugin.state import claim_files as store
+from kubelet_plugin.state import container_info, device_metadata
+from kubelet_plugin.state.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry
+from kubelet_plugin.state.container_info import hami_cache_dir
 from tests.unit.fake_apiserver import connection, refused_url
 from tests.unit.plugin_host import (
     GPUS,

@@ -21,9 +21,9 @@ from api.names import DRIVER_NAME
 from kubelet_plugin.core.metrics import PluginMetrics
 from kubelet_plugin.core.model import ClaimRef
 from kubelet_plugin.core.settings import KUBELET_CALL_TIMEOUT_S, Settings
-from kubelet_plugin.prepare import store
-from kubelet_plugin.prepare.checkpoint import CheckpointStore
 from kubelet_plugin.prepare.preparer import Preparer
+from kubelet_plugin.state import claim_files as store
+from kubelet_plugin.state.checkpoint import CheckpointStore
 from tests.unit.fake_apiserver import FakeApiServer, connection, serve, throttled
 from tests.unit.plugin_host import NS, SHARE_B, UID_A, UID_B, host_root, host_settings, make_claim, make_preparer, ref
 

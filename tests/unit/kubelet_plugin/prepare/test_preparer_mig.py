@@ -13,10 +13,10 @@ import pytest
 from api.mig import PARTITION_CONDITION, partition_device_name
 from api.names import DRIVER_NAME
 from kubelet_plugin.core.metrics import PluginMetrics
-from kubelet_plugin.prepare import device_metadata
-from kubelet_plugin.prepare.checkpoint import Checkpoint, CheckpointStore
+from kubelet_plugin.kinds.mig.publish import mig_catalog, partition_entry
 from kubelet_plugin.prepare.preparer import Preparer
-from kubelet_plugin.publishing.slices import mig_catalog, partition_entry
+from kubelet_plugin.state import device_metadata
+from kubelet_plugin.state.checkpoint import Checkpoint, CheckpointStore
 from tests.unit.fake_apiserver import connection, refused_url
 from tests.unit.fake_mig import H100_MIG, FakeMig, profile
 from tests.unit.plugin_host import (
@@ -169,7 +169,7 @@ def test_with_driver_edits_the_container_is_told_void(tmp_path: Path, env: Env, 
 
     class Edits:
         def current(self) -> Any:
-            from kubelet_plugin.prepare import cdi
+            from kubelet_plugin.state import cdi
 
             return cdi.ContainerEdits(
                 mounts=[cdi.Mount(host_path="/d/libcuda.so.1.2", container_path="/usr/lib/libcuda.so.1.2")]

@@ -1,5 +1,5 @@
-"""Unit tests of MPS shares in the Preparer (kubelet_plugin/prepare/preparer.py with kubelet_plugin/prepare/mps_shares.py
-and kubelet_plugin/mps/): the ceiling (raised to the largest grant and percentage before a new share's files are
+"""Unit tests of MPS shares in the Preparer (kubelet_plugin/prepare/preparer.py with kubelet_plugin/kinds/mps/shares.py
+and kubelet_plugin/kinds/mps/): the ceiling (raised to the largest grant and percentage before a new share's files are
 written, refused when the daemon refuses it, lowered after an unprepare, set again on demand, read back and
 repaired), and the trust domains (a claim of another domain on the GPU is refused naming both; a GPU whose claims
 are gone serves the next domain after the supervisor's switch).
@@ -18,11 +18,11 @@ import pytest
 
 from api.names import DRIVER_NAME
 from kubelet_plugin.enforcement.probe import EnforcementDetector
-from kubelet_plugin.mps import layout as mps
-from kubelet_plugin.mps.control import Limits, MpsControl, MpsControlError
-from kubelet_plugin.mps.limits import MpsLimits, ceiling
-from kubelet_plugin.prepare import cdi
-from kubelet_plugin.prepare.mps_shares import MpsShares
+from kubelet_plugin.kinds.mps.control import Limits, MpsControl, MpsControlError
+from kubelet_plugin.kinds.mps.limits import MpsLimits, ceiling
+from kubelet_plugin.kinds.mps.shares import MpsShares
+from kubelet_plugin.state import cdi
+from kubelet_plugin.state import mps_files as mps
 from tests.unit.fake_apiserver import connection, refused_url
 from tests.unit.plugin_host import (
     GPUS,

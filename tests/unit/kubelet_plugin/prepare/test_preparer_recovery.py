@@ -14,8 +14,9 @@ import pytest
 from api.kube_errors import ApiError, api_error
 from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
-from kubelet_plugin.prepare import container_info, store
-from kubelet_plugin.prepare.checkpoint import SCHEMA_VERSION, Checkpoint, CheckpointStore, ClaimEntry
+from kubelet_plugin.state import claim_files as store
+from kubelet_plugin.state import container_info
+from kubelet_plugin.state.checkpoint import SCHEMA_VERSION, Checkpoint, CheckpointStore, ClaimEntry
 from tests.unit.plugin_host import (
     NS,
     SHARE_B,
@@ -149,7 +150,7 @@ def test_a_failed_checkpoint_save_fails_the_new_claims_and_removes_their_files(
 
 def test_one_durable_write_per_prepare(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checkpoint file and its directory are fsynced once per call, whatever the CDI dir is on (here a
-    persistent one); the spec and info files never (see `kubelet_plugin/prepare/store.py`: a reboot makes recovery re-write them)."""
+    persistent one); the spec and info files never (see `kubelet_plugin/state/claim_files.py`: a reboot makes recovery re-write them)."""
     env = make_env(tmp_path, monkeypatch, cdi_dir=tmp_path / "cdi")
     claim = env.api.add(make_claim(UID_A, "claim-a"))
     calls: list[int] = []

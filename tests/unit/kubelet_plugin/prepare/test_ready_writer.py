@@ -1,10 +1,10 @@
-"""The background writer of claims' Ready condition (kubelet_plugin/prepare/ready_writer.py)."""
+"""The background writer of claims' Ready condition (kubelet_plugin/prepare/ready.py)."""
 
 import threading
 from typing import Any
 
 from api.kube_errors import ApiTimeout, UndecodableResponse, api_error
-from kubelet_plugin.prepare.ready_writer import ReadyWriter
+from kubelet_plugin.prepare.ready import ReadyWriter
 
 
 def claim(uid: str = "u1") -> dict[str, Any]:

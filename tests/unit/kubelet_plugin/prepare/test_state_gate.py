@@ -4,8 +4,8 @@ import json
 import threading
 from pathlib import Path
 
-from kubelet_plugin.prepare.checkpoint import SCHEMA_VERSION, Checkpoint, CheckpointStore
 from kubelet_plugin.prepare.state_gate import newer_state, wait_until_readable
+from kubelet_plugin.state.checkpoint import SCHEMA_VERSION, Checkpoint, CheckpointStore
 
 BOOT = "5a1c7d3e-0000-4000-8000-00000000000a"
 NEWER = json.dumps({"version": SCHEMA_VERSION + 1, "claims": {"x": {"new": "shape"}}}).encode()

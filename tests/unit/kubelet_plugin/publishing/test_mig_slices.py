@@ -15,7 +15,8 @@ from api import published
 from api.names import DRIVER_NAME, MEMORY_CAPACITY, NUMA_NODE_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE
 from api.quantity import GiB, to_bytes
 from kubelet_plugin.core.model import MigGpu
-from kubelet_plugin.publishing.slices import build_slices, mig_devices
+from kubelet_plugin.kinds.mig.publish import mig_devices
+from kubelet_plugin.publishing.slices import build_slices
 from tests.unit.fake_mig import H100_MIG
 from tests.unit.kubelet_plugin.publishing.test_slices import NODE, NODE_UID, STEP, gpu
 

@@ -16,7 +16,8 @@ from api.names import (
 )
 from api.quantity import GiB, MiB, to_bytes
 from kubelet_plugin.core.model import GpuInfo
-from kubelet_plugin.publishing.slices import MAX_DEVICES_PER_SLICE, build_slices, device_entry, usable_memory
+from kubelet_plugin.kinds.gpu.publish import usable_memory
+from kubelet_plugin.publishing.slices import MAX_DEVICES_PER_SLICE, build_slices, device_entry
 
 NODE = "node-a"
 NODE_UID = "6f1e2d3c-4b5a-4978-8695-a4b3c2d1e0f9"

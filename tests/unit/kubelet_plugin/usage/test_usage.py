@@ -8,8 +8,9 @@ from prometheus_client import CollectorRegistry
 
 from api.kube_errors import api_error
 from kubelet_plugin.core.model import GpuInfo
-from kubelet_plugin.prepare import container_info, device_metadata, store
-from kubelet_plugin.prepare.container_info import ClaimName, DeviceInfo, RequestInfo
+from kubelet_plugin.state import claim_files as store
+from kubelet_plugin.state import container_info, device_metadata
+from kubelet_plugin.state.container_info import ClaimName, DeviceInfo, RequestInfo
 from kubelet_plugin.usage.attribution import (
     ClaimShare,
     CrossingTracker,

@@ -1,0 +1,112 @@
+"""Admission warnings of a claim spec's settings that refuse nothing but that nothing else would say (pure).
+
+Each function phrases one kind of warning, prefixed with the field path `kubectl` users write, for
+`controller/admission/verdict.py` to gather: a memory request the published GPUs' `requestPolicy` rounds up
+(`rounding_warning`, naming each grant), `computeLimitPercent` that no published GPU can apply
+(`compute_warnings`), a request of a ResourceClaim that pods name directly that takes a whole GPU they all share
+(`whole_gpu_warning`), and an opaque config of another driver that applies only to requests of our DeviceClasses
+(`foreign_config_warning`, over `request_owners`). Each returns a list, empty when there is nothing to say.
+"""
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+from api.gpu_config import GpuConfig
+from api.names import CONFIG_API_VERSION, CONFIG_KIND, MPS_DEVICE_CLASS_NAME
+from api.quantity import MiB, format_bytes, granted_in_range
+
+
+def _in_mib(value: int) -> str:
+    """`value` bytes in Mi when whole (`3072Mi`, the unit of the node plugin's memory step), else as it is."""
+    return f"{value // MiB}Mi" if value % MiB == 0 else format_bytes(value)
+
+
+def rounding_warning(
+    field: str, request: str, value: object, memory: int, ranges: Sequence[tuple[int, int]]
+) -> list[str]:
+    """A warning when the published GPUs' `requestPolicy.validRange` rounds `memory` up, naming each grant."""
+    rounded = sorted({(granted_in_range(memory, low, step), low, step) for low, step in ranges})
+    rounded = [(grant, low, step) for grant, low, step in rounded if grant != memory]
+    if not rounded:
+        return []
+    grants = ", and ".join(
+        f"a {_in_mib(grant)} grant where the GPU's memory requestPolicy.validRange has min "
+        f"{format_bytes(low)}, step {format_bytes(step)}"
+        for grant, low, step in rounded
+    )
+    asked = _in_mib(rounded[0][0])
+    return [
+        f"{field}: request {request!r} asks for {value} of GPU memory ({memory} bytes), which the GPUs' request "
+        f"policy does not grant as asked: the scheduler rounds it up to {grants}; the share's limit, environment "
+        f"and info files are the grant, so ask for {asked} to write what it gets"
+    ]
+
+
+def compute_warnings(merged: GpuConfig, path: str, request: str, offered: Mapping[str, bool | None]) -> list[str]:
+    """A warning when `merged` sets computeLimitPercent that no published GPU can apply to the request: only the
+    mps tier (an MPS GPU's active thread percentage) and the hami-core tier (CUDA_DEVICE_SM_LIMIT) apply it.
+    None for `enforcement` mps or hami-core (their own warnings say when no GPU offers them)."""
+    percent = merged.compute_limit_percent
+    if percent is None or merged.enforcement in ("mps", "hami-core"):
+        return []
+    if merged.enforcement == "nvml":
+        why = "enforcement 'nvml' does not apply it"
+    elif offered.get("mps") is False and offered.get("hami-core") is False:
+        why = "no published GPU can enforce it (none is an MPS GPU or offers hami-core)"
+    else:
+        return []
+    return [
+        f"{path}: request {request!r} sets computeLimitPercent {percent}, but {why}: the share gets the GPU's "
+        "compute unlimited; only the mps tier applies it, as the MPS active thread percentage (MPS GPUs, attribute "
+        f"mps: ask the DeviceClass {MPS_DEVICE_CLASS_NAME}), and the hami-core tier, as CUDA_DEVICE_SM_LIMIT"
+    ]
+
+
+def whole_gpu_warning(exact: Mapping[str, Any], path: str, request: str) -> list[str]:
+    """A warning for a request of a ResourceClaim (not a template) without capacity.requests.memory: it takes a
+    whole GPU, and every pod that references the claim shares that one GPU."""
+    if (exact.get("capacity") or {}).get("requests") or exact.get("adminAccess"):
+        return []
+    count = exact.get("count", 1)
+    if exact.get("allocationMode") == "All":
+        what = "every matching GPU of its node, each whole"
+    elif isinstance(count, int) and count > 1:
+        what = f"{count} whole GPUs"
+    else:
+        what = "a whole GPU"
+    return [
+        f"{path}: request {request!r} asks for no capacity.requests.memory, so it takes {what} (all of its memory: "
+        "no share can join it), and every pod that references this ResourceClaim shares what it takes; for a "
+        "share per pod, write a ResourceClaimTemplate whose request asks for capacity.requests.memory (e.g. "
+        "10Gi) and name it in the pod's resourceClaimTemplateName"
+    ]
+
+
+def request_owners(requests: Sequence[Mapping[str, Any]], classes: Collection[str]) -> dict[str, bool]:
+    """Whether each request name (and `request/alternative` of `firstAvailable`) asks only for `classes`."""
+    owners: dict[str, bool] = {}
+    for req in requests:
+        name = str(req.get("name", ""))
+        if req.get("exactly"):
+            owners[name] = req["exactly"].get("deviceClassName") in classes
+            continue
+        subs = req.get("firstAvailable") or []
+        for sub in subs:
+            owners[f"{name}/{sub.get('name', '')}"] = sub.get("deviceClassName") in classes
+        owners[name] = bool(subs) and all(sub.get("deviceClassName") in classes for sub in subs)
+    return owners
+
+
+def foreign_config_warning(config: Mapping[str, Any], path: str, driver: str, owners: Mapping[str, bool]) -> list[str]:
+    """A warning for an opaque config of another driver that applies only to requests of our DeviceClasses."""
+    other = (config.get("opaque") or {}).get("driver")
+    named = [str(n) for n in config.get("requests") or ()] or list(owners)
+    if not other or not named or not all(owners.get(n) for n in named):
+        return []
+    return [
+        f"{path}.opaque: a config for driver {other!r} on request(s) {', '.join(repr(n) for n in named)}, which "
+        f"only {driver} prepares: {driver} ignores other drivers' configs, so none of its settings take effect; "
+        f"to configure these requests write a GpuConfig (apiVersion {CONFIG_API_VERSION}, kind {CONFIG_KIND}) "
+        f"under opaque with driver: {driver} (GPU memory is asked as capacity.requests.memory, compute as "
+        "computeLimitPercent)"
+    ]
