@@ -9,6 +9,7 @@ import os
 import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -181,18 +182,25 @@ def node_names(minors: Iterable[int]) -> list[str]:
 
 def snapshot(driver_root: Path, minors: Iterable[int]) -> DeviceNodeSnapshot:
     """Stat the device nodes GPUs of `minors` need under ``<driver_root>/dev`` (one stat each, no errors)."""
+    dev = f"{driver_root}/dev"
     found: dict[str, HostDeviceNode | str] = {}
     for name in node_names(minors):
-        host_path = driver_root / "dev" / name
         try:
-            st = os.stat(host_path)
+            st = os.stat(f"{dev}/{name}")
         except OSError:
             continue
-        if not stat.S_ISCHR(st.st_mode):
-            found[name] = f"{host_path} exists but is not a character device; check the driver root"
-            continue
-        found[name] = HostDeviceNode(f"/dev/{name}", host_path, os.major(st.st_rdev), os.minor(st.st_rdev))
+        found[name] = _node(dev, name, st.st_mode, st.st_rdev)
     return DeviceNodeSnapshot(driver_root, found)
+
+
+@lru_cache(maxsize=1024)
+def _node(dev: str, name: str, mode: int, rdev: int) -> HostDeviceNode | str:
+    """The node `name` under the directory `dev` as one stat found it (the same stat, the same object: the path
+    objects are made once per node, not on every call)."""
+    host_path = Path(dev, name)
+    if not stat.S_ISCHR(mode):
+        return f"{host_path} exists but is not a character device; check the driver root"
+    return HostDeviceNode(f"/dev/{name}", host_path, os.major(rdev), os.minor(rdev))
 
 
 def _links_to(link: Path, target: Path) -> bool:

@@ -1,5 +1,6 @@
 """Node plugin settings: one pydantic field per option, each a flag and an environment variable (api/options.py)."""
 
+from functools import cached_property
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -99,9 +100,10 @@ class NodeFields(BaseModel):
             raise ValueError("memory step must be a whole number of MiB (e.g. 256Mi)")
         return value
 
-    @property
+    @cached_property
     def plugin_data_dir(self) -> Path:
-        """`<kubelet dir>/plugins/<driver>`: DRA socket, checkpoint, lock."""
+        """`<kubelet dir>/plugins/<driver>`: DRA socket, checkpoint, lock (computed once: every claim's paths
+        start here)."""
         return self.kubelet_dir / "plugins" / self.driver_name
 
     @property

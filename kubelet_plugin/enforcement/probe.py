@@ -18,8 +18,9 @@ from __future__ import annotations
 import ctypes
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Mapping
 from pathlib import Path
+from types import MappingProxyType
 
 import pynvml
 
@@ -131,6 +132,7 @@ class EnforcementDetector:
         self._cgroup = cgroup_problem
         self._edits = driver_edits_problem
         self._nvml = nvml
+        self._last_tiers: tuple[Hashable, Mapping[str, GpuTiers]] | None = None
 
     @classmethod
     def detect(cls, settings: Settings, gpus: list[GpuInfo], mountinfo: Path = MOUNTINFO) -> EnforcementDetector:
@@ -170,7 +172,15 @@ class EnforcementDetector:
             return NOT_MPS
         return MpsFacts(selected=True, problem=read_status(self._settings.mps_root, gpu.uuid)[1])
 
-    def tiers(self) -> dict[str, GpuTiers]:
-        """Device name -> the tiers that GPU offers now."""
+    def tiers(self) -> Mapping[str, GpuTiers]:
+        """Device name -> the tiers that GPU offers now (read-only: the same mapping while the facts read now are
+        those of the last call)."""
         node = self.node_facts()
-        return {g.device_name: gpu_tiers(node, self._nvml[g.uuid], self.mps_facts(g)) for g in self._gpus}
+        mps = [self.mps_facts(g) for g in self._gpus]
+        key = (node.hami_core_problem, tuple((m.selected, m.problem) for m in mps))
+        if self._last_tiers is None or self._last_tiers[0] != key:
+            tiers = {
+                g.device_name: gpu_tiers(node, self._nvml[g.uuid], m) for g, m in zip(self._gpus, mps, strict=True)
+            }
+            self._last_tiers = key, MappingProxyType(tiers)
+        return self._last_tiers[1]

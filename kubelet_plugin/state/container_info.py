@@ -21,6 +21,7 @@ On the host the files live under ``<plugin data dir>/claim-info/<claimUID>/<requ
 import json
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -193,6 +194,7 @@ def device_env(prefix: str, info: DeviceInfo, claim: ClaimName, request: str) ->
     return env
 
 
+@lru_cache(maxsize=8)
 def claim_info_root(plugin_data_dir: Path) -> Path:
     """``<plugin data dir>/claim-info``: one directory per prepared claim."""
     return plugin_data_dir / "claim-info"
@@ -230,12 +232,19 @@ def library_problem(edits: cdi.ContainerEdits) -> str | None:
 
 def hami_preload_file(settings: Settings) -> Path:
     """Host file mounted as the container's /etc/ld.so.preload in HAMi-core mode."""
-    return settings.plugin_data_dir / "hami" / "ld.so.preload"
+    return _hami_paths(settings.plugin_data_dir)[0]
 
 
 def hami_cache_root(settings: Settings) -> Path:
     """Host directory of the per-claim HAMi-core caches."""
-    return settings.plugin_data_dir / "hami" / "claims"
+    return _hami_paths(settings.plugin_data_dir)[1]
+
+
+@lru_cache(maxsize=8)
+def _hami_paths(plugin_data_dir: Path) -> tuple[Path, Path]:
+    """HAMi-core's preload file and cache root under `plugin_data_dir`."""
+    hami = plugin_data_dir / "hami"
+    return hami / "ld.so.preload", hami / "claims"
 
 
 def hami_cache_dir(settings: Settings, claim_uid: str) -> Path:
