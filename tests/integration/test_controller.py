@@ -1363,7 +1363,9 @@ def test_the_ledger_shows_the_slices_taints_and_a_device_taint_rule_until_it_is_
     )
 
     def summaries() -> dict[str, str | None]:
-        return {n[len(node) + 1 :]: g["status"].get("taintSummary") for n, g in _node_ledger(dyn, node).items()}
+        return {
+            n[len(node) + 1 :]: (g.get("status") or {}).get("taintSummary") for n, g in _node_ledger(dyn, node).items()
+        }
 
     _wait(controller, lambda: summaries() == {"gpu-0": "NoExecute=1", "gpu-1": "NoSchedule=1"} or None, 30, "taints")
     ledger = _node_ledger(dyn, node)

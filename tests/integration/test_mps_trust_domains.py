@@ -10,6 +10,7 @@ taint and is placed on another domain's GPU is refused there (`MpsTrustDomainCon
 that tolerates another domain's taint is refused at admission.
 """
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -205,3 +206,48 @@ def test_a_claim_placed_on_another_domains_gpu_is_refused_there_and_one_tolerati
     with pytest.raises(ApiException) as denied:
         client.ResourceV1Api(api_client).create_namespaced_resource_claim_template(b, sneaky)
     assert denied.value.status == 422 and f"{NAMESPACE_TAINT_KEY}={a}" in str(denied.value.body)
+
+
+def test_three_namespaces_racing_for_two_free_mps_gpus_settle_promptly_and_the_rest_are_told_why(
+    controller: kube.ControllerProcess, api_client: client.ApiClient, dyn: DynamicClient, namespaces: list[str]
+) -> None:
+    """6 + 6 + 2 pods of 10Gi from three namespaces created at once on two free MPS GPUs of 80Gi (8 shares each): the
+    pods of the namespaces that end up holding a GPU all run on it (there is room for each), the others wait and
+    are told which domains hold the GPUs, and no GPU ever has bound pods of two namespaces."""
+    node = mps_node(api_client, dyn, 2)
+    pods = [(ns, f"r{i}") for ns, count in zip(namespaces, (6, 6, 2), strict=True) for i in range(count)]
+    start = time.monotonic()
+    for ns, pod in pods:
+        start_pod(api_client, ns, pod, node)
+    mixed: list[str] = []
+
+    def bound_namespaces_by_gpu() -> dict[str, set[str]]:
+        out: dict[str, set[str]] = {}
+        for ns, pod in pods:
+            if bound(api_client, ns, pod):
+                out.setdefault(device_of(claim_of(dyn, ns, pod)), set()).add(ns)
+        mixed.extend(f"{d}: {sorted(n)}" for d, n in out.items() if len(n) > 1)
+        return out
+
+    def settled() -> bool:
+        holders = bound_namespaces_by_gpu()
+        held = {ns for names in holders.values() for ns in names}
+        return len(holders) == 2 and all(bound(api_client, ns, pod) for ns, pod in pods if ns in held)
+
+    wait(controller, settled, 60, "every pod of a namespace that holds a GPU bound")
+    settled_after = time.monotonic() - start
+    holders = bound_namespaces_by_gpu()
+    held = {ns for names in holders.values() for ns in names}
+    waiting = sorted(set(namespaces) - held)
+    assert waiting, f"three namespaces bound on two MPS GPUs: {holders}"
+    for ns in waiting:
+        told = wait(controller, lambda ns=ns: events(api_client, ns, "MpsTrustDomainWaiting"), 30, f"{ns} told")
+        assert all(f"namespace {holder}" in told[0] for holder in held), told[0]
+    told_after = time.monotonic() - start
+    assert not any(bound(api_client, ns, pod) for ns, pod in pods if ns in waiting)
+    assert not mixed, f"GPUs with bound pods of two namespaces: {mixed}"
+    conflicts = sum(len(events(api_client, ns, "MpsTrustDomainConflict")) for ns in namespaces)
+    print(
+        f"race: settled after {settled_after:.1f} s, the waiting namespaces told after {told_after:.1f} s, "
+        f"{conflicts} conflicts decided, GPUs held by {holders}"
+    )
