@@ -199,7 +199,9 @@ class Preparer:
                     self._fail(results, ref, own if isinstance(own, PrepareError) else refusal)
             for prepared in done:
                 self._metrics.requests.labels("prepare", "ok").inc()
-                self._ready.prepared(prepared.claim, prepared.tiers(), prepared.partitions_by_key())
+                self._ready.prepared(
+                    prepared.claim, prepared.tiers(), prepared.partitions_by_key(), admin_on_mps=prepared.admin_on_mps()
+                )
             return results
 
     def _save(

@@ -92,6 +92,10 @@ class PreparedClaim:
         """The tier of each (pool, device, shareID), for the claim's status."""
         return {(pool, device, share): tier for pool, device, share, tier in self.plan.tiers}
 
+    def admin_on_mps(self) -> frozenset[tuple[str, str, str | None]]:
+        """The (pool, device, shareID) of its adminAccess results on MPS GPUs, for the claim's status."""
+        return self.plan.admin_on_mps
+
     def partitions_by_key(self) -> dict[tuple[str, str, str | None], MigRecord]:
         """The MIG partition of each (pool, device, shareID) that is one, for the claim's status."""
         return {

@@ -12,6 +12,9 @@ For each MPS GPU of a claim, `admit`:
 
 `lower` brings a GPU's ceiling down to the remaining shares' after an unprepare, `refresh` sets it again on a
 daemon that came back, and `repair` reads it back and sets it again where a client changed it.
+
+An adminAccess share (monitoring) is no MPS client: the plan gives it no grant here, so it has no trust domain,
+asks for no daemon and counts towards no ceiling (`grants_in` leaves it out).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def grants_in(plugin_data_dir: Path, claim_uids: Iterable[str], uuid: str) -> li
             found += [
                 (d.memory_mib, d.active_thread_percentage)
                 for d in request.devices
-                if d.uuid == uuid and d.enforcement == "mps"
+                if d.uuid == uuid and d.enforcement == "mps" and not d.admin_access
             ]
     return found
 
