@@ -1,11 +1,13 @@
 """Fakes of the MPS side of a node for the preparer's unit tests: a GPU's control daemon as the control client
-sees it (`FakeDaemon`), the supervisor's status file (`write_status`), MPS claims, and a Preparer on an MPS GPU
-(`mps_env`)."""
+sees it (`FakeDaemon`), the supervisor's status file (`write_status`) and a supervisor that switches a GPU's
+daemon to the trust domain the plugin asks for once the test lets it (`FakeSupervisor`), MPS claims, and a
+Preparer on an MPS GPU (`mps_env`)."""
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +18,7 @@ from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.kinds.mps.control import MpsControl, MpsControlError
 from kubelet_plugin.kinds.mps.limits import MpsLimits
-from kubelet_plugin.kinds.mps.shares import MpsShares
+from kubelet_plugin.kinds.mps.shares import DomainSwitchPendingError, MpsShares
 from kubelet_plugin.state import mps_files as mps
 from tests.unit.fake_apiserver import connection, refused_url
 from tests.unit.plugin_host import GPUS, NS, UUID0, Env, make_claim, make_env, make_preparer
@@ -121,3 +123,62 @@ def mps_env(
         mps=shares(e.settings, MpsLimits(daemon)),
     )  # fmt: skip
     return e, daemon
+
+
+class FakeSupervisor:
+    """The MPS supervisor of GPU `uuid` as the node plugin sees it, on a thread of its own: when the tenant request
+    names a domain its daemon does not serve, it sets `asked` and says ``switching``; once `release` is set it
+    serves that domain (a fresh daemon, pid `pid`). Stops after `limit_s` (a bound, so a failing test ends)."""
+
+    def __init__(self, root: Path, release: threading.Event, *, uuid: str = UUID0, pid: int = 5151,
+                 limit_s: float = 20.0) -> None:  # fmt: skip
+        self.root, self.uuid, self.release, self.pid = root, uuid, release, pid
+        self.asked = threading.Event()
+        self.switches: list[str] = []
+        self._serving = mps.read_status(root, uuid)[0]
+        self._limit = limit_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        deadline = time.monotonic() + self._limit
+        while time.monotonic() < deadline and not self._stop.is_set():
+            tenant = mps.read_tenant(self.root, self.uuid)
+            serving = self._serving.trust_domain if self._serving is not None else None
+            if tenant is not None and tenant.domain != serving:
+                if not self.asked.is_set():
+                    write_status(self.root, domain=serving, state="switching", uuid=self.uuid)
+                    self.asked.set()
+                if self.release.wait(0.02):
+                    write_status(self.root, pid=self.pid, domain=tenant.domain, uuid=self.uuid)
+                    self._serving = mps.read_status(self.root, self.uuid)[0]
+                    self.switches.append(tenant.domain)
+                    self.asked.clear()
+                    self.release.clear()
+                continue
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+class WatchedShares(MpsShares):
+    """MpsShares that count the calls waiting in `wait_served` (each waits without the node lock)."""
+
+    def __init__(self, settings: Settings, limits: MpsLimits | None = None) -> None:
+        super().__init__(settings, limits)
+        self.waits = 0
+        self._changed = threading.Condition()
+
+    def wait_served(self, switches: Iterable[DomainSwitchPendingError]) -> dict[tuple[str, str], str | None]:
+        with self._changed:
+            self.waits += 1
+            self._changed.notify_all()
+        return super().wait_served(switches)
+
+    def wait_for(self, waits: int, timeout: float = 10.0) -> bool:
+        """Whether `waits` calls have started waiting within `timeout` seconds."""
+        with self._changed:
+            return self._changed.wait_for(lambda: self.waits >= waits, timeout)
