@@ -24,8 +24,9 @@ def serialize_lock_path(plugin_data_dir: Path) -> Path:
 
 #: The kubelet cancels NodePrepareResources / NodeUnprepareResources after 45 s.
 KUBELET_CALL_TIMEOUT_S = 45.0
-#: What a call may spend waiting on the API server plus waiting for the node lock; the rest of the
-#: kubelet's 45 s is left for the local work and the answer.
+#: What a call may spend waiting on the API server plus waiting for the node lock (and, for a claim whose MPS
+#: GPU switches trust domain, for the switch and the node lock again: that second lock wait gets at most what is
+#: left of this); the rest of the kubelet's 45 s is left for the local work and the answer.
 MAX_WAIT_S = 40.0
 
 
@@ -140,7 +141,8 @@ class MpsFields(BaseModel):
     mps_domain_switch_timeout_seconds: float = Field(
         15.0,
         gt=0,
-        description="seconds a prepare waits for the MPS supervisor to start a fresh daemon for a new trust domain",
+        description="seconds a prepare waits (without the node lock) for the MPS supervisor to start a fresh daemon "
+        "for a new trust domain",
     )
 
     @field_validator("mps_gpus")

@@ -119,26 +119,29 @@ class NodeLock:
         self._lock = threading.Lock()
 
     @contextmanager
-    def hold(self, *, bounded: bool = True) -> Iterator[None]:
+    def hold(self, *, bounded: bool = True, timeout: float | None = None) -> Iterator[None]:
         """Hold both locks for the block; raises NodeLockTimeoutError when they are not ours within the
-        timeout. Unbounded (`bounded=False`) at start, when no kubelet call is waiting."""
+        timeout (`timeout` if given, else the lock's own). Unbounded (`bounded=False`) at start, when no kubelet
+        call is waiting."""
         if not bounded:
             with self._lock, serialize_lock(self._path):
                 yield
             return
-        deadline = time.monotonic() + self._timeout
+        limit = self._timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         with ExitStack() as held:
-            if not self._lock.acquire(timeout=self._timeout):
-                raise self._timed_out("another call of this fracgpu plugin")
+            if not self._lock.acquire(timeout=limit):
+                raise self._timed_out("another call of this fracgpu plugin", limit)
             held.callback(self._lock.release)
             try:
                 held.enter_context(serialize_lock(self._path, timeout=max(0.0, deadline - time.monotonic())))
             except TimeoutError:
-                raise self._timed_out("another fracgpu plugin instance") from None
+                raise self._timed_out("another fracgpu plugin instance", limit) from None
             yield
 
-    def _timed_out(self, holder: str) -> NodeLockTimeoutError:
+    def _timed_out(self, holder: str, limit: float) -> NodeLockTimeoutError:
         self._on_timeout()
+        waited = f"for {limit:.3g} s" if limit > 0 else "when this call had no time left to wait for it"
         return NodeLockTimeoutError(
-            ErrorKind.LOCK_TIMEOUT, f"{holder} held the node lock for {self._timeout:g} s; the kubelet retries"
+            ErrorKind.LOCK_TIMEOUT, f"{holder} held the node lock {waited}; the kubelet retries"
         )

@@ -68,7 +68,11 @@ class ClaimPlan:
     mps_domain: TrustDomain | None = None
     """The claim's MPS trust domain when it has an MPS share (``api/mps_trust.py``), else None."""
     mps_grants: Mapping[str, tuple[tuple[int, int | None], ...]] | None = None
-    """Per MPS GPU (UUID): (grant MiB, active thread percentage) of each of this claim's shares on it."""
+    """Per MPS GPU (UUID): (grant MiB, active thread percentage) of each of this claim's MPS shares on it (an
+    adminAccess share is none: it is no MPS client)."""
+    admin_on_mps: frozenset[tuple[str, str, str | None]] = frozenset()
+    """(pool, device, shareID) of each adminAccess result on an MPS GPU: tier ``none``, no MPS client, so its
+    containers can monitor the GPU through NVML but not run CUDA work beside the GPU's MPS server."""
 
     def claim_files(self) -> list[info.InfoFile | meta.MetadataFile]:
         """Every file of the claim's directory that the spec mounts: the info and the metadata files."""
@@ -83,8 +87,9 @@ def plan_claim(claim: dict[str, Any], settings: Settings, node: HostFacts) -> Cl
     spec-level edits and every device says ``NVIDIA_VISIBLE_DEVICES=void``; missing or library-less edits are a
     PrepareError, never a spec without the driver. With ``none`` they are ignored. Each share's tier comes from the
     node's mode, the share's GpuConfig and what its GPU offers (``kinds/gpu/plan.with_tiers``); an
-    ``adminAccess`` result is a device of tier ``none`` granted the whole GPU. A result on a published MIG
-    partition is a device of tier ``mig`` (``kinds/mig/plan.py``); a MIG GPU itself is never prepared.
+    ``adminAccess`` result is a device of tier ``none`` granted the whole GPU (on an MPS GPU too: no MPS client, no
+    trust domain, no part in the GPU's ceiling). A result on a published MIG partition is a device of tier ``mig``
+    (``kinds/mig/plan.py``); a MIG GPU itself is never prepared.
     """
     uid: str = claim["metadata"]["uid"]
     allocation = claim["status"]["allocation"]["devices"]
@@ -120,7 +125,7 @@ def plan_claim(claim: dict[str, Any], settings: Settings, node: HostFacts) -> Cl
     mps_grants: dict[str, list[tuple[int, int | None]]] = defaultdict(list)
     for part in parts:
         for device in part.file.info.devices:
-            if device.enforcement == "mps":
+            if device.enforcement == "mps" and not device.admin_access:
                 mps_grants[device.uuid].append((device.memory_mib, device.active_thread_percentage))
     return ClaimPlan(
         spec=spec,
@@ -132,6 +137,11 @@ def plan_claim(claim: dict[str, Any], settings: Settings, node: HostFacts) -> Cl
         tiers=tuple((s.result["pool"], s.device, s.share_id, s.tier) for s in shares),
         mps_domain=mps_trust_domain(claim, settings) if mps_grants else None,
         mps_grants={uuid: tuple(grants) for uuid, grants in mps_grants.items()},
+        admin_on_mps=frozenset(
+            (s.result["pool"], s.device, s.share_id)
+            for s in shares
+            if s.admin and s.partition is None and node.tiers[s.gpu.device_name].required == "mps"
+        ),
     )
 
 

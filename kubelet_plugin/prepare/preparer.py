@@ -9,11 +9,27 @@ error, never an exception for the call. Prepare is idempotent (a repeat gives th
 the CDI spec, which a reboot may have wiped); unprepare of an unknown claim succeeds. All checkpoint and
 spec changes happen under one lock shared by every plugin instance on the node.
 
-Crash safety. Each call writes the checkpoint once, durably, and orders its steps so that a crash anywhere leaves a
-state ``recovery`` repairs:
+MPS trust-domain switches. A claim whose MPS GPU's daemon serves another trust domain (or none) is not prepared
+in one pass: under the node lock its transaction asks the MPS supervisor for a daemon of its domain and stops
+(``ClaimWaitingError``), and the call saves its checkpoint entry as waiting (``PrepareStarted`` with
+``mpsSwitchUntil``: no files, its domain holding the GPU, so that no other domain's claim is admitted there
+meanwhile; a claim prepared before keeps its own entry). The call then lets go of the lock and waits for the
+supervisor's status (``MpsShares.wait_served``), so that other prepares and unprepares go on, and takes the lock
+again to prepare the claim anew: only if its entry still has the devices it waited with (not unprepared, not
+dropped by another instance's recovery), with every admission check repeated against the checkpoint of that moment
+(another domain's claims, the daemon's status); a failure then gives the waiting entry back if it is still the one
+this call saved. The kubelet's retry of a waiting claim finds its entry: it asks for nothing new (the tenant
+request already names the domain), waits too while the daemon does not serve the domain yet, and prepares the
+claim under the lock (the second call to get there repeats an idempotent prepare). No call answers a claim
+prepared before its daemon serves its domain.
+
+Crash safety. Each call writes the checkpoint at most once, durably (twice when a claim waits for an MPS switch), and
+orders its steps so that a crash anywhere leaves a state ``recovery`` repairs:
 - prepare writes the claims' files and specs first (after making their MIG partitions), then saves the checkpoint
   with their ``PrepareCompleted`` entries; a spec without an entry is an orphan that recovery deletes, and the
-  kubelet's retry of the prepare writes it again. A save that fails undoes every claim's transaction.
+  kubelet's retry of the prepare writes it again. A save that fails undoes every claim's transaction. A waiting
+  entry has no files: recovery drops it (so does the waiting call, when the switch fails), and after its
+  ``mpsSwitchUntil`` (the switch timeout, the lock timeout and a margin) it holds its GPU no more.
 - unprepare destroys the claims' MIG partitions, saves the checkpoint without the claims, then deletes their files
   and lowers their MPS GPUs' ceilings; recovery deletes a spec without entry (an orphan), and the kubelet's retry of
   the now unknown claim succeeds.
@@ -21,22 +37,26 @@ A checkpoint of a newer schema is never touched: recovery posts a ``CheckpointTo
 and prepare/unprepare fail every claim with what to do, while the plugin keeps running.
 
 Deadlines: the kubelet gives a call 45 s. A prepare reads its claims concurrently, each within the API
-budget (`api_timeout_seconds`, retries included), waits at most `node_lock_timeout_seconds` for the lock,
-and writes the claims' Ready condition after answering.
+budget (`api_timeout_seconds`, retries included), waits at most `node_lock_timeout_seconds` for the lock, at most
+`mps_domain_switch_timeout_seconds` for an MPS switch and then for the lock again at most
+`node_lock_timeout_seconds` and no longer than what is left of ``MAX_WAIT_S`` (40 s) since the call began, and
+writes the claims' Ready condition after answering.
 """
 
 import logging
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from api.kube_rest import KubeConnection, KubeRest
 from kubelet_plugin.core.devicenodes import DeviceNodeSnapshot, snapshot
 from kubelet_plugin.core.errors import ErrorKind, PrepareError
 from kubelet_plugin.core.metrics import PluginMetrics
 from kubelet_plugin.core.model import ClaimRef, GpuInfo, MigGpu, PrepareResult
-from kubelet_plugin.core.settings import Settings
+from kubelet_plugin.core.settings import MAX_WAIT_S, Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.kinds.mig.nvml import MigManager, NvmlMig
 from kubelet_plugin.kinds.mig.partitions import Partitioner
@@ -47,9 +67,9 @@ from kubelet_plugin.prepare.reader import ClaimReader, show
 from kubelet_plugin.prepare.ready import ReadyReporter
 from kubelet_plugin.prepare.recovery import Recovery
 from kubelet_plugin.prepare.release import ClaimRelease, count_error
-from kubelet_plugin.prepare.transaction import CallFacts, ClaimSteps, PreparedClaim
+from kubelet_plugin.prepare.transaction import CallFacts, ClaimSteps, ClaimWaitingError, PreparedClaim
 from kubelet_plugin.state.cdi import ContainerEdits
-from kubelet_plugin.state.checkpoint import Checkpoint, CheckpointStore, NewerSchemaError
+from kubelet_plugin.state.checkpoint import Checkpoint, CheckpointStore, ClaimEntry, NewerSchemaError
 from kubelet_plugin.state.claim_files import ClaimStore
 
 log = logging.getLogger(__name__)
@@ -74,6 +94,86 @@ def measure(metrics: PluginMetrics, operation: str) -> Iterator[None]:
     finally:
         metrics.duration.labels(operation).observe(time.perf_counter() - start)
         gauge.dec()
+
+
+@dataclass
+class _Call:
+    """One prepare call: its claims as read (by UID, each claim or its error), the answers so far, the claims it
+    prepared."""
+
+    fetched: Mapping[str, dict[str, Any] | PrepareError]
+    metrics: PluginMetrics
+    results: dict[str, PrepareResult] = field(default_factory=dict)
+    done: list[PreparedClaim] = field(default_factory=list)
+
+    def fail(self, ref: ClaimRef, err: Exception) -> None:
+        """Record `err` as the answer for `ref`: counted, logged, an unexpected error wrapped."""
+        if not isinstance(err, PrepareError):
+            log.error("unexpected error preparing a claim", exc_info=err, extra={"claim": show(ref)})
+            err = PrepareError(ErrorKind.INTERNAL, f"cannot prepare claim {show(ref)}: {type(err).__name__}: {err}")
+        count_error(self.metrics, "prepare", err.kind)
+        log.warning("prepare failed", extra={"claim": show(ref), "error": str(err)})
+        self.results[ref.uid] = PrepareResult(error=str(err))
+
+    def refuse(self, claims: list[ClaimRef], refusal: PrepareError) -> None:
+        """Nothing was written: each claim's answer is `refusal`, unless it could not be read (that error)."""
+        for ref in claims:
+            own = self.fetched[ref.uid]
+            self.fail(ref, own if isinstance(own, PrepareError) else refusal)
+
+    def save(
+        self, journal: ClaimJournal, updated: Checkpoint, prepared: list[PreparedClaim], claims: list[ClaimRef]
+    ) -> bool:
+        """Save the checkpoint; when that fails, undo every `prepared` claim's transaction and fail those that
+        acquired anything or were to wait (a claim prepared before, unchanged, stays prepared). False if it
+        failed."""
+        try:
+            journal.save(updated)
+            return True
+        except OSError as err:  # the new specs are orphans now: remove them (or recovery does)
+            message = f"cannot save the checkpoint ({err}); nothing was prepared, the kubelet retries"
+            undone = {p.claim_uid for p in reversed(prepared) if p.transaction.undo()}
+            for ref in claims:
+                if ref.uid in undone or ref.uid not in self.results:
+                    self.fail(ref, PrepareError(ErrorKind.INTERNAL, message))
+            return False
+
+
+@dataclass(frozen=True)
+class _Waited:
+    """After the wait: the claims that waited for an MPS domain switch (by UID), and what each switch came to
+    (``MpsShares.wait_served``)."""
+
+    claims: Mapping[str, ClaimWaitingError]
+    switched: Mapping[tuple[str, str], str | None]
+
+    def check(self, ref: ClaimRef, entry: ClaimEntry | None) -> None:
+        """Raise PrepareError unless claim `ref` may be prepared now: its checkpoint entry `entry` still has the
+        devices it waited with (it was neither unprepared nor prepared again otherwise meanwhile), and its GPU's
+        daemon came to serve its domain."""
+        waited = self.claims[ref.uid]
+        switch = waited.switch
+        if entry is None or entry.devices != waited.entry.devices:
+            raise PrepareError(
+                ErrorKind.ENFORCEMENT_UNAVAILABLE,
+                f"while this prepare waited for GPU {switch.uuid}'s MPS daemon of {switch.domain.describe()}, "
+                + (
+                    f"claim {show(ref)} lost its checkpoint entry (it was unprepared, or the recovery of a "
+                    "starting plugin instance or the rebuild of a corrupt checkpoint dropped the entry that waited)"
+                    if entry is None
+                    else f"the checkpoint entry of claim {show(ref)} came to name other devices (it was unprepared "
+                    "and is being prepared again)"
+                )
+                + "; the kubelet retries",
+            )
+        problem = self.switched[switch.uuid, switch.domain.id]
+        if problem is not None:
+            raise PrepareError(ErrorKind.ENFORCEMENT_UNAVAILABLE, problem)
+
+    def saved(self, ref: ClaimRef, entry: ClaimEntry | None) -> bool:
+        """Whether `entry` is the waiting entry this call saved for claim `ref` (dropped when the claim fails; a
+        claim prepared before waited with its own entry, which stays)."""
+        return entry is not None and entry.state == "PrepareStarted" and entry == self.claims[ref.uid].entry
 
 
 class Preparer:
@@ -163,69 +263,77 @@ class Preparer:
                 return  # reported by load; prepare and unprepare refuse until the plugin is upgraded back
             checkpoint = self._recovery.recover(checkpoint)
             self._journal.save(checkpoint)
-            self._metrics.prepared_claims.set(len(checkpoint.claims))
+            self._metrics.prepared_claims.set(checkpoint.prepared_count())
 
     def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare each claim; see the module contract and its deadlines."""
         with measure(self._metrics, "prepare"):
-            fetched = self._reader.read_all(claims)  # outside the lock: API round trips must not serialise calls
-            results: dict[str, PrepareResult] = {}
-            done: list[PreparedClaim] = []
-            try:
-                with self.node_lock.hold():
-                    checkpoint = self._journal.load()
-                    updated, facts = checkpoint, self._facts()
-                    for ref in claims:
-                        claim, before = fetched[ref.uid], checkpoint.claims.get(ref.uid)
-                        try:
-                            if isinstance(claim, PrepareError):
-                                raise claim
-                            prepared = self._steps.prepare(claim, before, facts, updated)
-                        except Exception as err:  # one claim's failure must not abort the batch
-                            self._fail(results, ref, err)
-                            continue
-                        if prepared.entry != before:
-                            updated = updated.with_claim(ref.uid, prepared.entry)
-                        results[ref.uid] = PrepareResult(devices=prepared.devices)
-                        done.append(prepared)
-                    if updated is not checkpoint and not self._save(updated, done, results, claims):
-                        updated = checkpoint
-                        done = [p for p in done if results[p.claim_uid].error is None]
-                    self._metrics.prepared_claims.set(len(updated.claims))
-            except (NodeLockTimeoutError, NewerSchemaError) as err:  # nothing was written
-                refusal = err if isinstance(err, PrepareError) else PrepareError(ErrorKind.CHECKPOINT_TOO_NEW, str(err))
-                for ref in claims:  # a claim that could not be read keeps that error
-                    own = fetched[ref.uid]
-                    self._fail(results, ref, own if isinstance(own, PrepareError) else refusal)
-            for prepared in done:
+            began = time.monotonic()
+            # outside the lock: API round trips must not serialise calls
+            call = _Call(self._reader.read_all(claims), self._metrics)
+            waiting = self._round(call, claims)
+            if waiting:  # MPS domain switches: asked for under the lock, waited for without it
+                switched = self._mps.wait_served(w.switch for w in waiting.values())
+                left = max(0.0, MAX_WAIT_S - (time.monotonic() - began))
+                again = [ref for ref in claims if ref.uid in waiting]
+                timeout = min(left, self._settings.node_lock_timeout_seconds)
+                self._round(call, again, waited=_Waited(waiting, switched), lock_timeout=timeout)
+            for prepared in call.done:
                 self._metrics.requests.labels("prepare", "ok").inc()
-                self._ready.prepared(prepared.claim, prepared.tiers(), prepared.partitions_by_key())
-            return results
+                self._ready.prepared(
+                    prepared.claim, prepared.tiers(), prepared.partitions_by_key(), admin_on_mps=prepared.admin_on_mps()
+                )
+            return call.results
 
-    def _save(
-        self, updated: Checkpoint, done: list[PreparedClaim], results: dict[str, PrepareResult], claims: list[ClaimRef]
-    ) -> bool:
-        """Save the checkpoint; when that fails, undo every claim's transaction and fail those that acquired
-        anything (a claim prepared before, unchanged, stays prepared). False if it failed."""
+    def _round(
+        self,
+        call: _Call,
+        claims: list[ClaimRef],
+        *,
+        waited: _Waited | None = None,
+        lock_timeout: float | None = None,
+    ) -> dict[str, ClaimWaitingError]:
+        """One pass over `claims` under the node lock, with one checkpoint save. The first pass returns the claims
+        that wait for an MPS domain switch, their waiting entries saved. The pass after the wait (`waited`)
+        prepares each of them anew when its entry still has the devices it waited with and its switch was made,
+        and otherwise fails it and drops its waiting entry if that is still the one it saved."""
+        waiting: dict[str, ClaimWaitingError] = {}
+        prepared_now: list[PreparedClaim] = []
         try:
-            self._journal.save(updated)
-            return True
-        except OSError as err:  # the new specs are orphans now: remove them (or recovery does)
-            message = f"cannot save the checkpoint ({err}); nothing was prepared, the kubelet retries"
-            undone = {p.claim_uid for p in reversed(done) if p.transaction.undo()}
-            for ref in claims:
-                if ref.uid in undone:
-                    self._fail(results, ref, PrepareError(ErrorKind.INTERNAL, message))
-            return False
-
-    def _fail(self, results: dict[str, PrepareResult], ref: ClaimRef, err: Exception) -> None:
-        """Record `err` as the answer for `ref`: counted, logged, an unexpected error wrapped."""
-        if not isinstance(err, PrepareError):
-            log.error("unexpected error preparing a claim", exc_info=err, extra={"claim": show(ref)})
-            err = PrepareError(ErrorKind.INTERNAL, f"cannot prepare claim {show(ref)}: {type(err).__name__}: {err}")
-        count_error(self._metrics, "prepare", err.kind)
-        log.warning("prepare failed", extra={"claim": show(ref), "error": str(err)})
-        results[ref.uid] = PrepareResult(error=str(err))
+            with self.node_lock.hold(timeout=lock_timeout):
+                checkpoint = self._journal.load()
+                updated, facts = checkpoint, self._facts()
+                for ref in claims:
+                    claim, before = call.fetched[ref.uid], checkpoint.claims.get(ref.uid)
+                    try:
+                        if isinstance(claim, PrepareError):
+                            raise claim
+                        if waited is not None:
+                            waited.check(ref, before)
+                        prepared = self._steps.prepare(claim, before, facts, updated)
+                    except Exception as err:  # one claim's failure must not abort the batch
+                        if isinstance(err, ClaimWaitingError) and waited is None:
+                            waiting[ref.uid] = err
+                            updated = updated if err.entry == before else updated.with_claim(ref.uid, err.entry)
+                            continue
+                        if waited is not None and waited.saved(ref, before):
+                            updated = updated.without_claim(ref.uid)  # its waiting entry, given back
+                        call.fail(ref, err)
+                        continue
+                    if prepared.entry != before:
+                        updated = updated.with_claim(ref.uid, prepared.entry)
+                    call.results[ref.uid] = PrepareResult(devices=prepared.devices)
+                    prepared_now.append(prepared)
+                if updated is not checkpoint and not call.save(self._journal, updated, prepared_now, claims):
+                    updated, waiting = checkpoint, {}
+                    prepared_now = [p for p in prepared_now if not call.results[p.claim_uid].error]
+                self._metrics.prepared_claims.set(updated.prepared_count())
+        except (NodeLockTimeoutError, NewerSchemaError) as err:  # nothing was written
+            call.refuse(
+                claims, err if isinstance(err, PrepareError) else PrepareError(ErrorKind.CHECKPOINT_TOO_NEW, str(err))
+            )
+        call.done += prepared_now
+        return waiting
 
     def wait_ready_writes(self, timeout: float | None = None) -> bool:
         """Wait until the Ready conditions of prepared claims are written (or given up); False on timeout."""

@@ -19,7 +19,7 @@ has just read. Each failed try is logged and counted.
 import datetime
 import logging
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -38,6 +38,8 @@ FIELD_MANAGER = "fracgpu-kubelet-plugin"
 Tiers = Mapping[tuple[str, str, str | None], str]
 #: (pool, device, shareID or None) -> the MIG partition made for that device.
 Partitions = Mapping[tuple[str, str, str | None], MigRecord]
+#: (pool, device, shareID or None) of each adminAccess result on an MPS GPU.
+AdminOnMps = Collection[tuple[str, str, str | None]]
 
 
 def _key(entry: Mapping[str, Any]) -> tuple[str, str, str | None]:
@@ -102,6 +104,18 @@ def _enforcement_message(tier: str) -> str:
     return "GPU memory not enforced: the grant is advisory (scheduler accounting, env and info files)"
 
 
+ADMIN_MESSAGE = (
+    "admin access (monitoring): the whole GPU's memory is visible to this claim, none of it reserved for it, and no "
+    "tier limits it"
+)
+ADMIN_ON_MPS = (
+    "the GPU is an MPS GPU and this claim is no MPS client of it (no trust domain, pipe directory or MPS limits); "
+    "the GPU is in EXCLUSIVE_PROCESS compute mode, where its MPS server holds the one CUDA context, so the claim's "
+    "containers monitor it through NVML (nvidia-smi, DCGM) but cannot create a CUDA context while that server runs "
+    "(and one made while none runs would keep the GPU's MPS clients out until it ended)"
+)
+
+
 def _compute_percent(claim: dict[str, Any], result: Mapping[str, Any], driver: str) -> int | None:
     """The computeLimitPercent of one allocated request's merged GpuConfig (None: unset or unreadable)."""
     entries = allocation_entries(claim["status"]["allocation"]["devices"].get("config"), driver)
@@ -134,10 +148,12 @@ def apply_ready(
     tiers: Tiers | None = None,
     *,
     partitions: Partitions | None = None,
+    admin_on_mps: AdminOnMps = (),
 ) -> None:
-    """Set Ready=True, MemoryEnforcement (from `tiers`, default none) and, for a MIG partition (`partitions`),
-    MigPartition (message: its MIG UUID) on each of `driver`'s status.devices entries of `claim` (server-side
-    apply)."""
+    """Set Ready=True, MemoryEnforcement (from `tiers`, default none; an adminAccess result's message says what
+    admin access gives, on an MPS GPU (`admin_on_mps`) also what it does not) and, for a MIG partition
+    (`partitions`), MigPartition (message: its MIG UUID) on each of `driver`'s status.devices entries of `claim`
+    (server-side apply)."""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     generation = claim["metadata"].get("generation", 0)
     entries = []
@@ -150,6 +166,8 @@ def apply_ready(
         tier = (tiers or {}).get(_key(result), "none")
         status, reason = _enforcement_status(tier)
         message = _enforcement_message(tier)
+        if result.get("adminAccess") is True:
+            message = f"{ADMIN_MESSAGE}; {ADMIN_ON_MPS}" if _key(result) in admin_on_mps else ADMIN_MESSAGE
         if tier == "mps":
             message = f"{_mps_limits(claim, result, driver)}; {message}"
         elif tier in {"none", "nvml"} and (percent := _compute_percent(claim, result, driver)) is not None:
@@ -281,21 +299,29 @@ class ReadyReporter:
 
     def __init__(self, rest: KubeRest, driver: str, node: str, on_failure: Callable[[], None]) -> None:
         self._driver = driver
-        self._applied: dict[str, tuple[Tiers, Partitions]] = {}  # claim UID -> tier and MIG partition per share
+        # claim UID -> tier and MIG partition per share, adminAccess results on MPS GPUs
+        self._applied: dict[str, tuple[Tiers, Partitions, AdminOnMps]] = {}
         self._writer = ReadyWriter(
             lambda claim: self._apply(rest, claim, node),
             on_failure,
         )
 
     def _apply(self, rest: KubeRest, claim: dict[str, Any], node: str) -> None:
-        tiers, partitions = self._applied.get(claim["metadata"]["uid"], ({}, {}))
-        apply_ready(rest, claim, self._driver, node, tiers, partitions=partitions)
+        tiers, partitions, admin_on_mps = self._applied.get(claim["metadata"]["uid"], ({}, {}, ()))
+        apply_ready(rest, claim, self._driver, node, tiers, partitions=partitions, admin_on_mps=admin_on_mps)
 
-    def prepared(self, claim: dict[str, Any], tiers: Tiers, partitions: Partitions | None = None) -> None:
-        """`claim` (as just read) was prepared with `tiers` (and MIG `partitions`): write its conditions unless
-        they are there."""
+    def prepared(
+        self,
+        claim: dict[str, Any],
+        tiers: Tiers,
+        partitions: Partitions | None = None,
+        *,
+        admin_on_mps: AdminOnMps = (),
+    ) -> None:
+        """`claim` (as just read) was prepared with `tiers` (and MIG `partitions`; `admin_on_mps`: its adminAccess
+        results on MPS GPUs): write its conditions unless they are there."""
         uid = claim["metadata"]["uid"]
-        self._applied[uid] = (tiers, partitions or {})
+        self._applied[uid] = (tiers, partitions or {}, admin_on_mps)
         if tiers and not is_ready(claim, self._driver, tiers, partitions):
             self._writer.submit(claim)
 

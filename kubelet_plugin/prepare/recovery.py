@@ -2,11 +2,13 @@
 
 Invariant after ``Recovery.recover()``: every checkpoint entry is ``PrepareCompleted``, and the set of claims with
 devices in the checkpoint equals the set of this driver's spec files (no temp files either). Half-prepared entries
-(``PrepareStarted``, written by plugins before the one-save order) are dropped with their files; files no entry
+(``PrepareStarted``: written by plugins before the one-save order, or a claim that waited for its MPS GPU's domain
+switch when the plugin stopped; the kubelet's retry prepares it again) are dropped with their files; files no entry
 owns are orphans and removed; the MIG kind destroys instances no entry owns (``kinds/mig/partitions.py``); a
 completed entry whose spec is missing (reboot, power loss, deleted) or whose MIG partition is gone gets them
 written again from the API claim, and a claim that is gone or was replaced is dropped. When the spec cannot be
-restored (API server unreachable or failing, device changed, claim no longer allocated) the entry is kept and
+restored (API server unreachable or failing, device changed, claim no longer allocated, its MPS GPU's daemon not
+serving its trust domain: the supervisor is asked for one) the entry is kept and
 logged: the kubelet's next prepare of the claim re-writes it (or returns the reason), and so does the next
 recovery once the API server answers. A checkpoint of a newer schema is left alone (``journal`` reports it).
 

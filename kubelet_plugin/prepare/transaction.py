@@ -6,7 +6,9 @@
 claim's files (``state/claim_files.py``: a new claim's files are an acquisition, removed on undo); the
 ``/dev/char`` links. A step that fails undoes every acquisition of the claim in reverse order and raises its
 PrepareError; the caller (``preparer``) keeps the ``ClaimTransaction`` of a claim it prepared so that a failed
-checkpoint save undoes it too. Callers hold the node lock.
+checkpoint save undoes it too. A claim whose MPS GPU's daemon was asked to switch to its trust domain raises
+``ClaimWaitingError`` (a PrepareError) after undoing its acquisitions, carrying the entry that holds the GPU for its
+domain meanwhile; a caller that does not wait answers with that error. Callers hold the node lock.
 
 May import: ``prepare/plan.py``, ``kinds``, ``enforcement``, ``state``, ``core``, ``api``.
 """
@@ -23,7 +25,7 @@ from kubelet_plugin.core.model import GpuInfo, MigRecord, PreparedDevice
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.enforcement.tiers import GpuTiers
 from kubelet_plugin.kinds.mig.partitions import Partitioner
-from kubelet_plugin.kinds.mps.shares import MpsShares
+from kubelet_plugin.kinds.mps.shares import DomainSwitchPendingError, MpsShares
 from kubelet_plugin.prepare.plan import ClaimPlan, HostFacts, plan_claim
 from kubelet_plugin.state import cdi
 from kubelet_plugin.state.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry
@@ -69,6 +71,16 @@ class CallFacts:
     driver_edits: Callable[[], cdi.ContainerEdits | None]
 
 
+class ClaimWaitingError(PrepareError):
+    """The claim waits for its MPS GPU's daemon to serve its trust domain (`switch`); `entry`: its checkpoint entry
+    meanwhile, which holds the GPU for its domain: a claim prepared before keeps its entry (its files and containers
+    stay), a new one's is ``PrepareStarted`` with no files until the switch's `until`."""
+
+    def __init__(self, switch: DomainSwitchPendingError, entry: ClaimEntry) -> None:
+        super().__init__(switch.kind, str(switch))
+        self.switch, self.entry = switch, entry
+
+
 @dataclass(frozen=True)
 class PreparedClaim:
     """A claim prepared: the API object, its plan, its completed checkpoint entry and the transaction that wrote
@@ -91,6 +103,10 @@ class PreparedClaim:
     def tiers(self) -> dict[tuple[str, str, str | None], str]:
         """The tier of each (pool, device, shareID), for the claim's status."""
         return {(pool, device, share): tier for pool, device, share, tier in self.plan.tiers}
+
+    def admin_on_mps(self) -> frozenset[tuple[str, str, str | None]]:
+        """The (pool, device, shareID) of its adminAccess results on MPS GPUs, for the claim's status."""
+        return self.plan.admin_on_mps
 
     def partitions_by_key(self) -> dict[tuple[str, str, str | None], MigRecord]:
         """The MIG partition of each (pool, device, shareID) that is one, for the claim's status."""
@@ -141,17 +157,26 @@ class ClaimSteps:
                 hami_core_installed=self._settings.hami_core_library.is_file(),  # as the publisher says
             )
             plan = plan_claim(claim, self._settings, host)
-            for uuid, grants in (plan.mps_grants or {}).items():
-                assert plan.mps_domain is not None
-                self._mps.admit(uuid, plan.mps_domain, list(grants), uid, checkpoint)
+            records = {name: p.record for name, p in partitions.items()}
+            try:
+                for uuid, grants in (plan.mps_grants or {}).items():
+                    assert plan.mps_domain is not None
+                    self._mps.admit(uuid, plan.mps_domain, list(grants), uid, checkpoint)
+            except DomainSwitchPendingError as switch:
+                holding = prepared if prepared is not None and prepared.state == "PrepareCompleted" else None
+                entry = holding or self._entry(claim, plan, records).waiting_until(switch.until)
+                raise ClaimWaitingError(switch, entry) from None
             self._write(uid, plan, new=prepared is None or prepared.state != "PrepareCompleted", txn=txn)
         except Exception:
             txn.undo()
             raise
         if plan.spec is not None:
             ensure_char_links(self._settings.dev_char_dir, list(plan.nodes))
-        records = {name: p.record for name, p in partitions.items()}
-        entry = ClaimEntry(
+        return PreparedClaim(claim, plan, self._entry(claim, plan, records), records, txn)
+
+    def _entry(self, claim: dict[str, Any], plan: ClaimPlan, records: Mapping[str, MigRecord]) -> ClaimEntry:
+        """The claim's checkpoint entry once prepared as `plan` says, with its MIG partitions `records`."""
+        return ClaimEntry(
             namespace=claim["metadata"]["namespace"],
             name=claim["metadata"]["name"],
             state="PrepareCompleted",
@@ -161,7 +186,6 @@ class ClaimSteps:
             ],
             mps_trust_domain=plan.mps_domain.id if plan.mps_domain is not None else None,
         )
-        return PreparedClaim(claim, plan, entry, records, txn)
 
     def _check_devices(self, prepared: ClaimEntry | None) -> None:
         for device in prepared.devices if prepared else []:

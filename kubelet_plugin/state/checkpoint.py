@@ -2,9 +2,10 @@
 
 The kubelet does not re-prepare claims after a plugin restart and sends only namespace/name/UID on
 Unprepare, so the plugin persists what it prepared. A claim is recorded as
-``PrepareCompleted`` once its CDI spec is written (``PrepareStarted``, which plugins before that order wrote
-first, is still read; recovery drops such entries). The node boot ID tells whether CDI specs (on tmpfs under
-/var/run/cdi) died with a reboot and must be rewritten.
+``PrepareCompleted`` once its CDI spec is written. ``PrepareStarted`` is a claim without files: one that plugins
+before that order wrote first, or (with ``mpsSwitchUntil``) one waiting for its MPS GPU's daemon to serve its trust
+domain, which holds that GPU for its domain until then; recovery drops such entries. The node boot ID tells whether
+CDI specs (on tmpfs under /var/run/cdi) died with a reboot and must be rewritten.
 
 Schema: ``version`` is the schema version (``SCHEMA_VERSION``). Anything a reader must understand bumps it,
 with a migration from the previous version in ``MIGRATIONS``; an older file is migrated on load and written
@@ -101,14 +102,30 @@ class ClaimEntry(_Model):
         alias="mpsTrustDomain",
         description="the trust domain (api/mps_trust.py id) of a claim with MPS shares; left out without one",
     )
+    mps_switch_until: float | None = Field(
+        default=None,
+        alias="mpsSwitchUntil",
+        description="a PrepareStarted claim waiting for its MPS GPU's daemon to serve its trust domain: until when "
+        "(seconds since the epoch) it holds the GPU for that domain; left out otherwise",
+    )
 
     @model_serializer(mode="wrap")
-    def _without_absent_domain(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _without_absent_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        for key in ("mpsTrustDomain", "mps_trust_domain"):
+        for key in ("mpsTrustDomain", "mps_trust_domain", "mpsSwitchUntil", "mps_switch_until"):
             if key in data and data[key] is None:
                 del data[key]
         return data
+
+    def waiting_until(self, until: float) -> ClaimEntry:
+        """This claim (as it would be prepared) waiting for its MPS GPU's domain switch until `until` (seconds since
+        the epoch): ``PrepareStarted``, with no files."""
+        return self.model_copy(update={"state": "PrepareStarted", "mps_switch_until": until})
+
+    def holds_domain(self, now: float) -> bool:
+        """Whether the entry's `mps_trust_domain` holds its GPUs at `now`: a prepared claim's always, a waiting
+        claim's until its `mps_switch_until` (after that its prepare has given up or is gone)."""
+        return self.mps_trust_domain is not None and (self.mps_switch_until is None or now <= self.mps_switch_until)
 
 
 class Checkpoint(_Model):
@@ -133,6 +150,10 @@ class Checkpoint(_Model):
     def mig_records(self) -> list[tuple[str, MigRecord]]:
         """(claim UID, partition) of every MIG partition the checkpoint's claims own."""
         return [(uid, d.mig) for uid, e in self.claims.items() for d in e.devices if d.mig is not None]
+
+    def prepared_count(self) -> int:
+        """How many claims are prepared (``PrepareCompleted``)."""
+        return sum(entry.state == "PrepareCompleted" for entry in self.claims.values())
 
     def claims_on(self, uuid: str) -> list[str]:
         """UIDs of the claims with a device on GPU `uuid`."""

@@ -4,28 +4,35 @@ written, refused when the daemon refuses it, lowered after an unprepare, set aga
 repaired), and the trust domains (a claim of another domain on the GPU is refused naming both; a GPU whose claims
 are gone serves the next domain after the supervisor's switch).
 
-The daemon is `FakeDaemon`, the control client's commands interpreted as the mock driver's daemon answers them
-(tests/integration/test_mps_supervisor.py runs the same control client against that daemon)."""
+The daemon is `FakeDaemon` (``mps_host``), the control client's commands interpreted as the mock driver's daemon
+answers them (tests/integration/test_mps_supervisor.py runs the same control client against that daemon)."""
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from api.names import DRIVER_NAME
 from kubelet_plugin.enforcement.probe import EnforcementDetector
-from kubelet_plugin.kinds.mps.control import Limits, MpsControl, MpsControlError
+from kubelet_plugin.kinds.mps.control import Limits
 from kubelet_plugin.kinds.mps.limits import MpsLimits, ceiling
-from kubelet_plugin.kinds.mps.shares import MpsShares
+from kubelet_plugin.kinds.mps.shares import MpsShares, grants_in
 from kubelet_plugin.state import cdi
 from kubelet_plugin.state import mps_files as mps
+from kubelet_plugin.state.claim_files import info_file_paths
+from kubelet_plugin.state.container_info import RequestInfo
 from tests.unit.fake_apiserver import connection, refused_url
+from tests.unit.kubelet_plugin.prepare.mps_host import FakeDaemon, domain_of, mps_claim, mps_env, write_status
 from tests.unit.plugin_host import (
     GPUS,
+    NODE,
+    NS,
     SHARE_A,
     SHARE_B,
     UID_A,
@@ -39,98 +46,9 @@ from tests.unit.plugin_host import (
 )
 
 
-class FakeDaemon(MpsControl):
-    """One GPU daemon's defaults and servers, set and read through the control client's commands as the mock
-    driver's daemon answers them: a set prints nothing, or ``Error: ...``; `down` answers like no daemon."""
-
-    def __init__(self, mps_root: Path) -> None:
-        super().__init__(Path("/nonexistent/nvidia-cuda-mps-control"), mps_root)
-        self.defaults = ["0", "100.0"]
-        self.servers_: dict[int, list[str]] = {}
-        self.commands: list[str] = []
-        self.down = False
-        self.refuse = False
-
-    @property
-    def ceiling(self) -> tuple[str, str]:
-        return self.defaults[0], self.defaults[1]
-
-    def run(self, uuid: str, commands: list[str]) -> list[str]:
-        if self.down:
-            raise MpsControlError(
-                f"{self.binary} answered {commands[0]!r} with status 1: Cannot find MPS control daemon"
-            )
-        self.commands += commands
-        out = []
-        for command in commands:
-            words = command.split()
-            if self.refuse and words[0].startswith("set"):
-                out.append(f"Error: the daemon refused {words[0]}")
-            elif words[0] == "get_server_list":
-                out += [str(pid) for pid in self.servers_]
-            elif words[0] == "set_default_device_pinned_mem_limit":
-                self.defaults[0] = words[2]
-            elif words[0] == "set_default_active_thread_percentage":
-                self.defaults[1] = f"{float(words[1]):.1f}"
-            elif words[0] == "set_device_pinned_mem_limit":
-                self.servers_[int(words[1])][0] = words[3]
-            elif words[0] == "set_active_thread_percentage":
-                self.servers_[int(words[1])][1] = f"{float(words[2]):.1f}"
-            elif words[0] == "get_default_device_pinned_mem_limit":
-                out.append(self.defaults[0])
-            elif words[0] == "get_default_active_thread_percentage":
-                out.append(self.defaults[1])
-            elif words[0] == "get_device_pinned_mem_limit":
-                out.append(self.servers_[int(words[1])][0])
-            elif words[0] == "get_active_thread_percentage":
-                out.append(self.servers_[int(words[1])][1])
-        if any(line.startswith("Error") for line in out):
-            raise MpsControlError(f"the MPS control daemon of GPU {uuid} refused {commands!r}: {out}")
-        return out
-
-    def start_server(self, pid: int) -> None:
-        """A server starts with the defaults of now (as NVIDIA documents)."""
-        self.servers_[pid] = list(self.defaults)
-
-
-def mps_claim(
-    uid: str, name: str, share: str, memory: str, percent: int | None, *, namespace: str | None = None
-) -> dict[str, object]:
-    claim = make_claim(uid, name, share=share, memory=memory)
-    if namespace is not None:
-        claim["metadata"]["namespace"] = namespace
-    if percent is not None:
-        parameters = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig", "computeLimitPercent": percent}
-        claim["status"]["allocation"]["devices"]["config"] = [
-            {"source": "FromClaim", "opaque": {"driver": DRIVER_NAME, "parameters": parameters}}
-        ]
-    return claim
-
-
-def write_status(root: Path, *, pid: int | None = None, domain: str | None = None, state: mps.DaemonState = "running",
-                 trust_domains: bool = True) -> None:  # fmt: skip
-    status = mps.DaemonStatus(uuid=UUID0, state=state, pid=pid, updated=time.time() + 3600, refresh_seconds=5,
-                              trust_domains=trust_domains, trust_domain=domain)  # fmt: skip
-    path = mps.status_path(root, UUID0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(status.to_json())
-
-
-def domain_of(claim: dict[str, object]) -> str:
-    return f"namespace/{claim['metadata']['namespace']}"  # type: ignore[index]
-
-
 @pytest.fixture
 def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Env, FakeDaemon]]:
-    e = make_env(tmp_path, monkeypatch, mps_gpus="0", mps_root=tmp_path / "mps", mps_domain_switch_timeout_seconds=2)
-    write_status(e.settings.mps_root, domain=domain_of(make_claim(UID_A, "a")))
-    daemon = FakeDaemon(e.settings.mps_root)
-    detector = EnforcementDetector.without_nvml(e.settings, GPUS, "no nvml")
-    e.preparer = make_preparer(
-        connection(refused_url()), e.settings, e.store, e.metrics, nodes=e.nodes, enforcement=detector,
-        mps=MpsShares(e.settings, MpsLimits(daemon)),
-    )  # fmt: skip
-    yield e, daemon
+    yield mps_env(tmp_path, monkeypatch)
 
 
 def test_the_ceiling_follows_the_largest_grant_and_percentage_on_the_gpu(env: tuple[Env, FakeDaemon]) -> None:
@@ -243,7 +161,7 @@ def test_a_switch_the_supervisor_does_not_make_refuses_the_share(env: tuple[Env,
     other = e.api.add(mps_claim(UID_B, "b", SHARE_B, "10Gi", 30, namespace="team-b"))
     error = e.preparer.prepare([ref(other)])[UID_B].error
     assert "did not start a daemon for namespace team-b within 2 s" in error, error
-    assert "its daemon serves namespace" in error
+    assert "(its status file names namespace team-a)" in error, error
 
 
 def test_a_supervisor_from_before_trust_domains_refuses_mps_shares(env: tuple[Env, FakeDaemon]) -> None:
@@ -279,3 +197,105 @@ def test_the_claims_status_says_the_tier_the_grant_and_the_thread_percentage(env
     (condition,) = [c for c in entry["conditions"] if c["type"] == "MemoryEnforcement"]
     assert (condition["status"], condition["reason"]) == ("True", "Mps")
     assert condition["message"].startswith("MPS limits: memory 10Gi, active threads 30 %; GPU memory and compute")
+
+
+# --- adminAccess on an MPS GPU: a monitor, not a tenant ------------------------------------------------------------
+
+
+def admin_result(share: str) -> dict[str, object]:
+    return {"request": "monitor", "driver": DRIVER_NAME, "pool": NODE, "device": "gpu-0", "shareID": share,
+            "consumedCapacity": {"memory": "0"}, "adminAccess": True}  # fmt: skip
+
+
+def admin_claim(uid: str, name: str, namespace: str) -> dict[str, object]:
+    claim = make_claim(uid, name)
+    claim["metadata"]["namespace"] = namespace
+    claim["status"]["allocation"]["devices"]["results"] = [admin_result("c3e4d5f6-2222-4333-8444-555566667777")]
+    return claim
+
+
+def env_of(device: dict[str, Any]) -> dict[str, str]:
+    return dict(entry.partition("=")[::2] for entry in device["containerEdits"]["env"])
+
+
+def test_an_admin_access_claim_on_an_mps_gpu_of_another_domain_monitors_it_and_is_no_tenant(
+    env: tuple[Env, FakeDaemon],
+) -> None:
+    """GPU 0's daemon serves team-a, which holds a share there; a monitoring claim (adminAccess, memory 0) of
+    another namespace is prepared, not refused: no trust domain, no daemon asked for, no pipe directory, /dev/shm
+    or MPS variables, the ceiling untouched; the GPU's device nodes, and the truth in its variables, its file and its
+    MemoryEnforcement condition."""
+    e, daemon = env
+    assert e.preparer.prepare([ref(e.api.add(mps_claim(UID_A, "a", SHARE_A, "10Gi", 30)))])[UID_A].error == ""
+    commands = list(daemon.commands)
+    monitor = e.api.add(admin_claim(UID_B, "monitor", "monitoring"))
+    assert e.preparer.prepare([ref(monitor)])[UID_B].error == ""
+    assert e.checkpoint().claims[UID_B].mps_trust_domain is None
+    assert mps.read_tenant(e.settings.mps_root, UUID0) is None, "no daemon asked for"
+    assert daemon.commands == commands and daemon.ceiling == ("10240M", "30.0"), "the ceiling untouched"
+    (device,) = json.loads(e.spec_file(UID_B).read_text())["devices"]
+    variables = env_of(device)
+    assert not [
+        k for k in variables if k.startswith("CUDA_MPS_") or k in {"CUDA_VISIBLE_DEVICES", "FRACGPU_ENFORCEMENT"}
+    ]
+    assert not [m for m in device["containerEdits"]["mounts"] if m["hostPath"].startswith(str(e.settings.mps_root))]
+    assert {n["path"] for n in device["containerEdits"]["deviceNodes"]} == {
+        "/dev/nvidia0", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"}  # fmt: skip
+    own = {k.rsplit("_", 1)[-1]: v for k, v in variables.items() if k.endswith(("_ADMIN_ACCESS", "_ENFORCEMENT"))}
+    assert own == {"ACCESS": "true", "ENFORCEMENT": "none"}
+    (info_file,) = info_file_paths(e.settings.plugin_data_dir, UID_B)
+    (written,) = json.loads(info_file.read_text())["devices"]
+    assert (written["adminAccess"], written["enforcement"]) == (True, "none")
+    assert e.preparer.wait_ready_writes(10)
+    (patch,) = [p for p in e.api.status_patches if p["name"] == "monitor"]
+    (entry,) = patch["body"]["status"]["devices"]
+    (condition,) = [c for c in entry["conditions"] if c["type"] == "MemoryEnforcement"]
+    assert (condition["status"], condition["reason"]) == ("False", "None")
+    assert condition["message"].startswith("admin access (monitoring): the whole GPU's memory is visible")
+    assert "monitor it through NVML" in condition["message"] and "cannot create a CUDA context" in condition["message"]
+    assert e.preparer.unprepare([ref(monitor)]) == {UID_B: ""}
+    assert daemon.ceiling == ("10240M", "30.0"), "nor lowered when it goes"
+
+
+def test_an_admin_access_claim_holds_no_domain_so_the_next_tenant_of_any_domain_is_admitted(
+    env: tuple[Env, FakeDaemon],
+) -> None:
+    e, _ = env
+    assert e.preparer.prepare([ref(e.api.add(admin_claim(UID_A, "monitor", "monitoring")))])[UID_A].error == ""
+    write_status(e.settings.mps_root, domain="namespace/team-b")  # as if the supervisor switched at once
+    tenant = e.api.add(mps_claim(UID_B, "b", SHARE_B, "10Gi", 30, namespace="team-b"))
+    assert e.preparer.prepare([ref(tenant)])[UID_B].error == ""
+    assert e.checkpoint().claims[UID_B].mps_trust_domain == "namespace/team-b"
+
+
+def test_a_claim_with_an_admin_share_and_a_tenant_share_has_the_tenants_domain_and_ceiling(
+    env: tuple[Env, FakeDaemon],
+) -> None:
+    """One request monitors GPU 0 (adminAccess), the other is a 10Gi MPS share there: the claim's domain is its
+    namespace's, the ceiling the share's grant (not the whole GPU the admin share sees), and only the share's device
+    is an MPS client."""
+    e, daemon = env
+    claim = mps_claim(UID_A, "mixed", SHARE_A, "10Gi", 30)
+    claim["status"]["allocation"]["devices"]["results"].append(admin_result(SHARE_B))
+    assert e.preparer.prepare([ref(e.api.add(claim))])[UID_A].error == ""
+    assert e.checkpoint().claims[UID_A].mps_trust_domain == domain_of(claim)
+    assert daemon.ceiling == ("10240M", "30.0")
+    devices = json.loads(e.spec_file(UID_A).read_text())["devices"]
+    by_share = {share: env_of(d) for d in devices for share in (SHARE_A, SHARE_B) if d["name"].endswith(share)}
+    assert "CUDA_MPS_PIPE_DIRECTORY" in by_share[SHARE_A], "the share is a client"
+    assert "CUDA_MPS_PIPE_DIRECTORY" not in by_share[SHARE_B], "the admin device is not"
+
+
+def test_the_mps_ceiling_leaves_admin_access_devices_out(tmp_path: Path) -> None:
+    """`grants_in` reads the request files: a device written as adminAccess is left out even if a file says mps."""
+    uid = UID_A
+    base = {"uuid": UUID0, "shareID": SHARE_A, "device": "gpu-0", "pciBusID": "0000:01:00.0", "minor": 0,
+            "cdiDevice": "x", "envPrefix": "FRACGPU_DEV_X_", "enforcement": "mps"}  # fmt: skip
+    request = RequestInfo.model_validate({
+        "claim": {"namespace": NS, "name": "a", "uid": uid}, "request": "gpu", "enforcement": "mps",
+        "devices": [{**base, "memoryMiB": 4096}, {**base, "shareID": SHARE_B, "memoryMiB": 81408, "adminAccess": True}],
+    })  # fmt: skip
+    path = tmp_path / "claim-info" / uid / "gpu.json"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(request.to_json())
+    assert grants_in(tmp_path, [uid], UUID0) == [(4096, None)]

@@ -1,5 +1,6 @@
 """Unit tests of the claim status the node plugin writes (kubelet_plugin/prepare/ready.py): the
-MemoryEnforcement condition says when computeLimitPercent is not enforced on the share's tier."""
+MemoryEnforcement condition says when computeLimitPercent is not enforced on the share's tier, and what admin access
+gives (and, on an MPS GPU, does not)."""
 
 from typing import Any, cast
 
@@ -61,3 +62,20 @@ def test_compute_limit_percent_on_a_tier_that_ignores_it_is_said_not_enforced(ti
 )
 def test_no_note_where_the_tier_applies_it_or_none_is_set(tier: str, parameters: dict[str, Any] | None) -> None:
     assert "computeLimitPercent" not in enforcement_message(claim(parameters), tier)
+
+
+@pytest.mark.parametrize("on_mps", [False, True])
+def test_an_admin_access_result_is_said_to_be_admin_access_and_on_an_mps_gpu_monitoring_only(on_mps: bool) -> None:
+    body = claim(None)
+    body["status"]["allocation"]["devices"]["results"][0] |= {"adminAccess": True, "consumedCapacity": {"memory": "0"}}
+    rest = RecordingRest()
+    key = ("n", "gpu-0", "s1")
+    apply_ready(cast(KubeRest, rest), body, DRIVER_NAME, "n", {key: "none"}, admin_on_mps={key} if on_mps else ())
+    (entry,) = rest.applied[0]["status"]["devices"]
+    (condition,) = [c for c in entry["conditions"] if c["type"] == "MemoryEnforcement"]
+    assert (condition["status"], condition["reason"]) == ("False", "None")
+    assert condition["message"].startswith(
+        "admin access (monitoring): the whole GPU's memory is visible to this claim, none of it reserved for it"
+    ), condition["message"]
+    assert ("EXCLUSIVE_PROCESS" in condition["message"]) is on_mps
+    assert ("cannot create a CUDA context while that server runs" in condition["message"]) is on_mps
