@@ -12,7 +12,9 @@ domain is:
 
 A domain is written as an id (``namespace/ns-a``, ``label/team=ml``, ``cluster``: in claim status data, the
 checkpoint, the MPS daemons' status files and the ``GPU`` ledger) and, except ``cluster``, as a device taint and
-the toleration that matches it, which keep other domains' claims off an MPS GPU at scheduling. Pure.
+the toleration that matches it, which keep other domains' claims off an MPS GPU at scheduling. `tolerates` matches
+a toleration to a taint as Kubernetes does, so that a domain can tell a toleration of its own taint, written in any
+form, from one that reaches another domain's (`TrustDomain.tolerates_own`, `TrustDomain.tolerates_others`). Pure.
 """
 
 from __future__ import annotations
@@ -29,6 +31,11 @@ NAMESPACE_TAINT_KEY = f"{DRIVER_NAME}/mps-namespace"
 """Taint of an MPS GPU held by a namespace's domain; its value is the namespace."""
 LABEL_TAINT_KEY = f"{DRIVER_NAME}/mps-domain"
 """Taint of an MPS GPU held by a labelled domain; its value is the label's value."""
+TAINT_KEYS = (NAMESPACE_TAINT_KEY, LABEL_TAINT_KEY)
+"""The keys of the trust-domain taints (both may be in use under ``namespaceLabel``: an unlabelled namespace is a
+domain of its own)."""
+TAINT_EFFECT = "NoSchedule"
+"""The effect of every trust-domain taint: it keeps new claims off a GPU, never evicts."""
 ADMITTED_CONDITION = "MpsTrustDomainAdmitted"
 """The binding condition of an MPS GPU: True once the controller has found the claim's domain alone there."""
 CONFLICT_CONDITION = "MpsTrustDomainConflict"
@@ -81,7 +88,28 @@ class TrustDomain:
         taint = self.taint()
         if taint is None:
             return None
-        return {"key": taint[0], "operator": "Equal", "value": taint[1], "effect": "NoSchedule"}
+        return {"key": taint[0], "operator": "Equal", "value": taint[1], "effect": TAINT_EFFECT}
+
+    def tolerates_own(self, toleration: Mapping[str, object]) -> bool:
+        """Whether `toleration` tolerates this domain's taint, in any form (False for ``cluster``: it has none)."""
+        taint = self.taint()
+        return taint is not None and tolerates(toleration, taint[0], taint[1], TAINT_EFFECT)
+
+    def tolerates_others(self, toleration: Mapping[str, object]) -> bool:
+        """Whether `toleration` tolerates the taint of some other trust domain than this one: a taint of a key of
+        `TAINT_KEYS`, effect NoSchedule, whose key or value differs from this domain's own. Always False for
+        ``cluster``, whose claims make no taint. Taint values are never empty (a namespace name, a label value)."""
+        own = self.taint()
+        if own is None or _field(toleration, "effect") not in ("", TAINT_EFFECT):
+            return False
+        key = _field(toleration, "key")
+        if key and key not in TAINT_KEYS:
+            return False
+        operator = _field(toleration, "operator") or "Equal"
+        if operator == "Exists":
+            return True  # every value of its key, or of every key
+        value = _field(toleration, "value")
+        return operator == "Equal" and bool(value) and any((k, value) != own for k in ((key,) if key else TAINT_KEYS))
 
     @classmethod
     def parse(cls, text: str) -> TrustDomain:
@@ -98,6 +126,23 @@ class TrustDomain:
         raise TrustDomainError(
             f"{text!r} is not an MPS trust domain: expected namespace/<namespace>, label/<key>=<value> or cluster"
         )
+
+
+def tolerates(toleration: Mapping[str, object], key: str, value: str, effect: str) -> bool:
+    """Whether a device toleration (a ResourceClaim request's ``tolerations`` entry) tolerates the taint
+    `key`=`value` with `effect`, as Kubernetes matches them (``DeviceToleration.ToleratesTaint``): an empty effect
+    matches every effect, an empty key every key; operator ``Exists`` matches every value, ``Equal`` (the default,
+    also when empty) only its own; any other operator nothing. ``tolerationSeconds`` plays no part."""
+    if _field(toleration, "effect") not in ("", effect) or _field(toleration, "key") not in ("", key):
+        return False
+    operator = _field(toleration, "operator") or "Equal"
+    return operator == "Exists" or (operator == "Equal" and _field(toleration, "value") == value)
+
+
+def _field(toleration: Mapping[str, object], name: str) -> str:
+    """A toleration's string field; absent, null or not a string counts as empty."""
+    value = toleration.get(name)
+    return value if isinstance(value, str) else ""
 
 
 def trust_domain(scope: TrustScope, label: str, namespace: str, labels: Mapping[str, str] | None) -> TrustDomain:

@@ -22,6 +22,7 @@ from api.kube_retry import REFLECTOR_FIRST_S
 from api.mps_trust import TrustDomain, trust_domain
 from api.names import API_GROUP
 from controller.admission.certificate import SharedCertificate
+from controller.admission.mps_tolerations import foreign_tolerations, tolerations_patch
 from controller.admission.verdict import Review, is_extended_resource_claim, review_claim_spec
 from controller.admission.webhook import WebhookServer, refuse
 from controller.admission.webhook_config import CLAIMS, MUTATED_CLAIMS, TEMPLATES, Registration
@@ -32,7 +33,6 @@ from controller.core.slices import SliceView, TaintRuleView, slice_view, taint_r
 from controller.leadership.gate import Leadership
 from controller.ledger.plan import ExistingGpu
 from controller.loops import Controller
-from controller.mps.plan import foreign_tolerations, tolerations_patch
 
 log = logging.getLogger(__name__)
 RESOURCE_GROUP = "resource.k8s.io"
@@ -100,7 +100,7 @@ def operator_settings(
                 settings.webhook_config_name,
                 fail=settings.webhook_failure_policy == "Fail",
                 check_seconds=settings.webhook_check_seconds,
-                mutated=(MUTATED_CLAIMS,) if settings.mps else (),
+                mps_classes=settings.device_classes if settings.mps else (),
             ),
             shared=shared,
             shared_check_seconds=settings.webhook_cert_check_seconds,
@@ -116,12 +116,9 @@ def _review(
     domain (with --mps). `standalone`: a ResourceClaim pods name directly (`review_claim_spec`)."""
     s = controller.settings
     facts = controller.admission
+    refused: list[str] = []
     if s.mps and namespace and isinstance(spec, Mapping):
-        refused, warned = foreign_tolerations(spec, _domain(controller, namespace))
-        if refused:
-            return Review(problems=tuple(refused), warnings=tuple(warned))
-    else:
-        warned = []
+        refused = foreign_tolerations(spec, _domain(controller, namespace), s.device_classes, prefix)
     review = review_claim_spec(
         spec,
         prefix,
@@ -137,7 +134,7 @@ def _review(
         shared_classes=s.device_classes,
         standalone=standalone,
     )
-    return Review(problems=review.problems, warnings=(*review.warnings, *warned)) if warned else review
+    return Review(problems=(*refused, *review.problems), warnings=review.warnings) if refused else review
 
 
 def _domain(controller: Controller, namespace: str) -> TrustDomain:

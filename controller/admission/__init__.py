@@ -1,4 +1,5 @@
-"""Admission: the verdict on each claim and template (``verdict``, pure), the webhook server (``webhook``), its
+"""Admission: the verdict on each claim and template (``verdict``, pure), the MPS trust-domain tolerations a claim is
+given and refused (``mps_tolerations``, pure), the webhook server (``webhook``), its
 certificate shared by every replica (``certificate``) and its registration in the chart-made configuration
 (``webhook_config``).
 

@@ -65,10 +65,11 @@ class WebhookServer(kopf.WebhookServer):
     With `service=(namespace, name)` the registered client config is a Service reference (port
     `service_port`) instead of a URL, as a webhook inside the cluster is reached. With `registration`, each
     client config it yields is also patched into the webhook configuration (and kept there while it serves:
-    `Registration.keep`), and removed when it stops, unless
-    `shared` is set: then its certificate is the one every replica shares (controller/admission/certificate.py), kept
-    current by `shared.keep` while it serves, and the configuration stays registered when one replica stops
-    (the others serve the same CA bundle behind the same Service).
+    `Registration.keep`), and removed when it stops, unless its certificate is one every replica serves: `shared`
+    (controller/admission/certificate.py, kept current by `shared.keep` while it serves) or the files `certfile` and
+    `pkeyfile` (`--webhook-cert-dir`: the Secret the chart's value `certSecretName` names, mounted in every replica).
+    Then the configuration stays registered when one replica stops: the others serve the same CA bundle behind the
+    same Service, and a webhook that fails closed (`webhook_config`) stays closed while none does.
     """
 
     def __init__(
@@ -186,5 +187,10 @@ class WebhookServer(kopf.WebhookServer):
                 if task is not None:
                     task.cancel()
                     await asyncio.wait([task])
-            if self.registration is not None and self.registration.registered and self.shared is None:
+            if self.registration is not None and self.registration.registered and not self._common_certificate:
                 await self.registration.unregister()
+
+    @property
+    def _common_certificate(self) -> bool:
+        """Whether every replica serves this certificate (shared through the Secret, or given as files)."""
+        return self.shared is not None or bool(self.certfile)

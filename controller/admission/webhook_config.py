@@ -6,18 +6,31 @@ kopf's own configuration manager (which always tries to create first) stays off.
 merge-patches the webhooks of its handlers, with the CA bundle of the certificate its server serves, into
 the configuration the chart made. Its only rights on webhook configurations: `get` and `patch` of that one name.
 
+Failure policies. The webhooks of claims and templates follow `--webhook-failure-policy` (`Ignore` by default: a
+controller outage blocks no claim, and the node plugin still refuses a bad GpuConfig at prepare). With MPS GPUs
+(`--mps`), the claims with a request of one of the driver's DeviceClasses (those a trust domain's toleration is
+given to, `controller/admission/mps_tolerations.py`) are mutated and reviewed by webhooks of their own that fail
+closed (`Fail`), selected by a `matchCondition` on their requests' classes: a claim created without its domain's
+toleration could never join its own domain's MPS GPUs once they carry its taint (tolerations are immutable), and
+one created unreviewed could carry a toleration of another domain's taint or of every taint. So while no replica
+answers, creating such a claim fails with the webhook's error, to be retried; every other claim, template and
+object is admitted as the configured policy says.
+
 Every replica keeps them there: it re-reads the configuration every `check_seconds` and patches its webhooks
 back in when any is missing (emptied by a replica of an older release at its exit during `helm upgrade`, or by
 hand). It does not patch over webhooks that are present but differ: during a certificate rotation or a rollout
-two replicas may rightly serve different CA bundles or handlers for a while. A process without a shared
-certificate (one replica) empties them again at a clean exit.
+two replicas may rightly serve different CA bundles or handlers for a while. A process whose certificate is its
+own (self-signed at its start, neither shared through the Secret nor read from files) empties them again at a clean
+exit (`controller/admission/webhook.py`).
 """
 
 import asyncio
 import copy
+import json
 import logging
 import urllib.parse
-from dataclasses import dataclass
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import kopf
@@ -30,6 +43,7 @@ CONFIGS = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations
 MUTATING_CONFIGS = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
 MERGE = "application/merge-patch+json"
 Kind = Literal["validating", "mutating"]
+Scope = Literal["all", "classes", "others"]
 
 
 @dataclass(frozen=True)
@@ -42,13 +56,59 @@ class Validated:
     plural: str
     operations: tuple[Literal["CREATE", "UPDATE", "DELETE", "CONNECT"], ...] = ("CREATE",)
     kind: Kind = "validating"
+    name: str = ""
+    """The webhook's name before ``.<configuration>``; empty: `id`."""
+    scope: Scope = "all"
+    """The claims it is called for: all; ``classes``: those with a request or `firstAvailable` alternative of one
+    of `classes` (a matchCondition), always with failurePolicy Fail; ``others``: all but those."""
+    classes: tuple[str, ...] = ()
 
 
 CLAIMS = Validated("resourceclaims", "resource.k8s.io", "v1", "resourceclaims")
 TEMPLATES = Validated("resourceclaimtemplates", "resource.k8s.io", "v1", "resourceclaimtemplates")
 VALIDATED = (CLAIMS, TEMPLATES)
 MUTATED_CLAIMS = Validated("mutate-resourceclaims", "resource.k8s.io", "v1", "resourceclaims", kind="mutating")
-"""Claims get their MPS trust domain's toleration at creation (`controller.mps.plan.tolerations_patch`)."""
+"""Claims get their MPS trust domain's toleration at creation (`controller.admission.mps_tolerations`)."""
+MPS_CLAIMS = "mps-resourceclaims"
+"""The name of the webhook that reviews, with MPS GPUs, the claims of the driver's DeviceClasses."""
+
+
+def registered(mps_classes: Collection[str] = ()) -> tuple[Validated, ...]:
+    """The webhooks the controller registers: `VALIDATED`; with MPS GPUs (`mps_classes`: the DeviceClasses whose
+    requests are given a trust domain's toleration, never empty then), the claims of those classes reviewed by a
+    webhook of their own and mutated by `MUTATED_CLAIMS`, both failing closed, and the other claims as before."""
+    if not mps_classes:
+        return VALIDATED
+    classes = tuple(sorted(mps_classes))
+    return (
+        replace(CLAIMS, scope="others", classes=classes),
+        replace(CLAIMS, name=MPS_CLAIMS, scope="classes", classes=classes),
+        TEMPLATES,
+        replace(MUTATED_CLAIMS, scope="classes", classes=classes),
+    )
+
+
+def names_classes(classes: Sequence[str]) -> str:
+    """A CEL expression over a ResourceClaim `object` (a webhook's matchCondition): whether one of its requests, or
+    one of their `firstAvailable` alternatives, names one of `classes`. Every field it reads is guarded by
+    ``has()``, so it is never an error (which a `Fail` webhook would answer with a refusal)."""
+    listed = "[" + ", ".join(json.dumps(c) for c in classes) + "]"
+    return (
+        "has(object.spec) && has(object.spec.devices) && has(object.spec.devices.requests) && "
+        "object.spec.devices.requests.exists(r, "
+        f"(has(r.exactly) && has(r.exactly.deviceClassName) && r.exactly.deviceClassName in {listed}) || "
+        "(has(r.firstAvailable) && r.firstAvailable.exists(s, "
+        f"has(s.deviceClassName) && s.deviceClassName in {listed})))"
+    )
+
+
+def match_conditions(v: Validated) -> list[dict[str, str]]:
+    """The matchConditions of `v`'s webhook (none for scope ``all``)."""
+    if v.scope == "all":
+        return []
+    if v.scope == "classes":
+        return [{"name": "requests-a-driver-class", "expression": names_classes(v.classes)}]
+    return [{"name": "requests-no-driver-class", "expression": f"!({names_classes(v.classes)})"}]
 
 
 def config_path(name: str, kind: Kind = "validating") -> str:
@@ -63,8 +123,9 @@ def webhooks(
     fail: bool,
     validated: tuple[Validated, ...] = VALIDATED,
 ) -> list[dict[str, Any]]:
-    """The `webhooks` of the configuration: one per validated resource, named `<id>.<config_name>`, calling
-    `client_config` with the handler id appended to its URL or service path (as kopf lays them out)."""
+    """The `webhooks` of the configuration: one per validated resource, named `<name or id>.<config_name>`,
+    calling `client_config` with the handler id appended to its URL or service path (as kopf lays them out).
+    failurePolicy: Fail for scope ``classes``; else Fail when `fail` for a validating webhook, Ignore otherwise."""
     out = []
     for v in validated:
         target: dict[str, Any] = copy.deepcopy(dict(client_config))
@@ -73,12 +134,11 @@ def webhooks(
             target["url"] = f"{target['url'].rstrip('/')}/{segment}"
         if "service" in target:
             target["service"]["path"] = f"{target['service'].get('path', '')}/{segment}"
+        closed = v.scope == "classes" or (fail and v.kind == "validating")
         hook: dict[str, Any] = {
-            "name": f"{v.id}.{config_name}",
+            "name": f"{v.name or v.id}.{config_name}",
             "sideEffects": "None",
-            # a mutation only adds what keeps a claim off other domains' GPUs, which the scheduler's binding
-            # conditions and the node plugin enforce anyway: a controller outage never blocks claims there
-            "failurePolicy": "Fail" if fail and v.kind == "validating" else "Ignore",
+            "failurePolicy": "Fail" if closed else "Ignore",
             "matchPolicy": "Equivalent",  # also the requests of older served versions (converted to v1)
             "rules": [
                 {
@@ -93,6 +153,8 @@ def webhooks(
             "timeoutSeconds": 30,
             "admissionReviewVersions": ["v1", "v1beta1"],
         }
+        if conditions := match_conditions(v):
+            hook["matchConditions"] = conditions
         if v.kind == "mutating":
             hook["reinvocationPolicy"] = "Never"
         out.append(hook)
@@ -100,7 +162,8 @@ def webhooks(
 
 
 class Registration:
-    """Patches the webhooks into the chart-made configuration `name`, and out again."""
+    """Patches the webhooks into the chart-made configuration `name`, and out again: `registered(mps_classes)`,
+    with failure policy Fail where `fail` says so (`webhooks`)."""
 
     def __init__(
         self,
@@ -110,12 +173,12 @@ class Registration:
         fail: bool,
         retry: tuple[float, float] = (2.0, 60.0),
         check_seconds: float = 10.0,
-        mutated: tuple[Validated, ...] = (),
+        mps_classes: Collection[str] = (),
     ) -> None:
         self.rest = rest
         self.name = name
         self.fail = fail
-        self.resources = (*VALIDATED, *mutated)
+        self.resources = registered(mps_classes)
         self.retry = retry  # first and longest wait between attempts, seconds
         self.check_seconds = check_seconds  # between reads of the configuration once registered
         self.registered = False

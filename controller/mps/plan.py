@@ -142,65 +142,6 @@ def rule_differs(desired: Mapping[str, Any], existing: Mapping[str, Any]) -> boo
     return bool(have.get("deviceSelector") != want["deviceSelector"] or taint != want["taint"])
 
 
-def tolerations_patch(spec: Mapping[str, Any], classes: frozenset[str], domain: TrustDomain) -> list[dict[str, Any]]:
-    """JSON-patch operations that give each request of a claim `spec` for one of `classes` (and each such
-    subrequest of a prioritized list) the toleration of `domain` (none for ``cluster``, or already there)."""
-    toleration = domain.toleration()
-    if toleration is None:
-        return []
-    ops: list[dict[str, Any]] = []
-    for i, request in enumerate((spec.get("devices") or {}).get("requests") or []):
-        targets: list[tuple[str, Mapping[str, Any]]] = []
-        if isinstance(request.get("exactly"), Mapping):
-            targets.append((f"/spec/devices/requests/{i}/exactly", request["exactly"]))
-        for j, sub in enumerate(request.get("firstAvailable") or []):
-            if isinstance(sub, Mapping):
-                targets.append((f"/spec/devices/requests/{i}/firstAvailable/{j}", sub))
-        for path, target in targets:
-            if target.get("deviceClassName") not in classes:
-                continue
-            existing = target.get("tolerations")
-            if existing is None:
-                ops.append({"op": "add", "path": f"{path}/tolerations", "value": [toleration]})
-            elif toleration not in existing:
-                ops.append({"op": "add", "path": f"{path}/tolerations/-", "value": toleration})
-    return ops
-
-
-def foreign_tolerations(spec: Mapping[str, Any], domain: TrustDomain) -> tuple[list[str], list[str]]:
-    """Tolerations in a claim `spec` that reach MPS GPUs of other trust domains than `domain`: (refusals: one of the
-    MPS trust-domain taint keys other than the domain's own; warnings: a toleration of every taint, `operator:
-    Exists` without a key, which the controller's binding conditions still keep off other domains' GPUs)."""
-    own = domain.toleration()
-    refused: list[str] = []
-    warned: list[str] = []
-    for i, request in enumerate((spec.get("devices") or {}).get("requests") or []):
-        places = [(f"spec.devices.requests[{i}].exactly", request.get("exactly"))]
-        places += [
-            (f"spec.devices.requests[{i}].firstAvailable[{j}]", sub)
-            for j, sub in enumerate(request.get("firstAvailable") or [])
-        ]
-        for where, target in places:
-            for k, toleration in enumerate((target or {}).get("tolerations") or []):
-                if not isinstance(toleration, Mapping) or toleration == own:
-                    continue
-                key, operator = toleration.get("key"), toleration.get("operator", "Equal")
-                at = f"{where}.tolerations[{k}]"
-                if key in TAINT_KEYS:
-                    refused.append(
-                        f"{at} tolerates the MPS trust-domain taint {key}={toleration.get('value', '*')}, but this "
-                        f"claim belongs to {domain.describe()}: a claim reaches only its own domain's MPS GPUs "
-                        "(admission adds that toleration itself; remove this one)"
-                    )
-                elif not key and operator == "Exists":
-                    warned.append(
-                        f"{at} tolerates every taint, so the scheduler may place the claim on an MPS GPU of another "
-                        "trust domain, where the controller refuses it (MpsTrustDomainConflict) and the scheduler "
-                        "tries again: name the taints it must tolerate instead"
-                    )
-    return refused, warned
-
-
 @dataclass(frozen=True)
 class Room:
     """One published GPU as a pending claim sees it: its free memory and, for an MPS GPU, the domain it serves."""

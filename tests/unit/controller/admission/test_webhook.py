@@ -302,3 +302,25 @@ def test_a_replica_on_the_shared_certificate_leaves_the_configuration_registered
     assert answer == {"echo": "u4"}
     assert base64.b64decode(config["caBundle"]) == shared.current.bundle
     assert fake.patches and all(body["webhooks"] for _, body in fake.patches), "emptied at the end"
+
+
+def test_a_replica_on_a_certificate_from_files_leaves_the_configuration_registered_when_it_stops(
+    tmp_path: Path,
+) -> None:
+    # --webhook-cert-dir: the chart mounts one Secret (certSecretName) in every replica, which serve the same CA
+    # bundle; emptying the webhooks at one replica's exit in a rollout would open the ones that fail closed
+    cert, key = self_signed_certificate(["127.0.0.1"])
+    (tmp_path / "tls.crt").write_bytes(cert)
+    (tmp_path / "tls.key").write_bytes(key)
+    fake = FakeConfigurations("hooks")
+    server = WebhookServer(
+        addr="127.0.0.1",
+        port=_free_port(),
+        host="127.0.0.1",
+        certfile=tmp_path / "tls.crt",
+        pkeyfile=tmp_path / "tls.key",
+        registration=Registration(fake, "hooks", fail=False),  # type: ignore[arg-type]
+    )
+    config, answer = _serve_once(server, {"uid": "u5"})
+    assert answer == {"echo": "u5"} and base64.b64decode(config["caBundle"]) == cert
+    assert fake.patches and all(body["webhooks"] for _, body in fake.patches), "emptied at the end"

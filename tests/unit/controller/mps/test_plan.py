@@ -1,20 +1,19 @@
 """Unit tests of the MPS trust-domain plan (controller/mps/plan.py): which share an MPS GPU admits, its taint rule,
-and the tolerations admission adds or refuses."""
+and why a pending claim waits (the tolerations admission gives or refuses:
+tests/unit/controller/admission/test_mps_tolerations.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from api.mps_trust import LABEL_TAINT_KEY, NAMESPACE_TAINT_KEY, TrustDomain
+from api.mps_trust import NAMESPACE_TAINT_KEY, TrustDomain
 from controller.mps.plan import (
     MpsShare,
     ShareState,
     desired_taint_rules,
-    foreign_tolerations,
     plan_device,
     rule_differs,
     rule_name,
-    tolerations_patch,
 )
 
 DRIVER = "gpu.fracgpu.dev"
@@ -68,46 +67,6 @@ def test_each_gpu_with_a_domain_gets_a_taint_rule_that_its_domain_tolerates() ->
     assert not rule_differs(rule, existing), "the server's timeAdded is no difference"
     existing["spec"]["taint"]["value"] = "team-b"
     assert rule_differs(rule, existing)
-
-
-def claim_spec(*requests: dict[str, Any]) -> dict[str, Any]:
-    return {"devices": {"requests": list(requests)}}
-
-
-def test_admission_gives_each_request_of_our_classes_its_domains_toleration() -> None:
-    classes = frozenset({DRIVER, f"mps.{DRIVER}"})
-    spec = claim_spec(
-        {"name": "gpu", "exactly": {"deviceClassName": DRIVER}},
-        {"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}},
-        {"name": "alt", "firstAvailable": [{"name": "mps", "deviceClassName": f"mps.{DRIVER}",
-                                             "tolerations": [{"key": "x", "operator": "Exists"}]},
-                                            {"name": "other", "deviceClassName": "other.example.com"}]},
-    )  # fmt: skip
-    own = {"key": NAMESPACE_TAINT_KEY, "operator": "Equal", "value": "team-a", "effect": "NoSchedule"}
-    assert tolerations_patch(spec, classes, A) == [
-        {"op": "add", "path": "/spec/devices/requests/0/exactly/tolerations", "value": [own]},
-        {"op": "add", "path": "/spec/devices/requests/2/firstAvailable/0/tolerations/-", "value": own},
-    ]
-    assert tolerations_patch(spec, classes, TrustDomain("cluster")) == []
-    labelled = TrustDomain("label", "ml", "team").toleration()
-    assert labelled is not None and labelled["key"] == LABEL_TAINT_KEY
-    already = claim_spec({"name": "gpu", "exactly": {"deviceClassName": DRIVER, "tolerations": [own]}})
-    assert tolerations_patch(already, classes, A) == []
-
-
-def test_a_toleration_of_another_domains_taint_is_refused_and_one_of_every_taint_warned() -> None:
-    other = {"key": NAMESPACE_TAINT_KEY, "operator": "Equal", "value": "team-b", "effect": "NoSchedule"}
-    spec = claim_spec(
-        {"name": "gpu", "exactly": {"deviceClassName": DRIVER, "tolerations": [other, {"operator": "Exists"}]}}
-    )
-    refused, warned = foreign_tolerations(spec, A)
-    assert refused == [
-        "spec.devices.requests[0].exactly.tolerations[0] tolerates the MPS trust-domain taint "
-        "gpu.fracgpu.dev/mps-namespace=team-b, but this claim belongs to namespace team-a: a claim reaches only its "
-        "own domain's MPS GPUs (admission adds that toleration itself; remove this one)"
-    ]
-    assert len(warned) == 1 and "tolerates every taint" in warned[0]
-    assert foreign_tolerations(claim_spec({"name": "g", "exactly": {"tolerations": [A.toleration()]}}), A) == ([], [])
 
 
 def test_a_pending_claim_is_told_when_only_other_domains_mps_gpus_have_room() -> None:
