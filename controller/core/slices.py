@@ -18,8 +18,8 @@ from controller.core.parsing import quantity_bytes, shape_errors
 DeviceKey = tuple[str, str]
 """(pool, device)."""
 MPS_DOMAIN_ANNOTATION = f"{DRIVER_NAME}/mps-trust-domain"
-"""The annotation of the DeviceTaintRule of an MPS GPU that records the trust domain the GPU serves (its id,
-`api.mps_trust.TrustDomain.id`); the controller is the rule's one writer (`controller/mps`)."""
+"""The annotation of the DeviceTaintRule of an MPS GPU that records the trust domain the GPU serves (the id of an
+`api.mps_trust.TrustDomain`); the controller is the rule's one writer (`controller/mps`)."""
 
 
 class DeviceTaint(BaseModel):
