@@ -15,15 +15,15 @@ With scope ``cluster`` every claim is of one domain: no rule, every waiting tena
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION, TrustDomain, trust_domain
 from api.quantity import to_bytes
-from controller.core.claims import ClaimView, Share
+from controller.core.claims import ClaimView, GpuRequest, Share
 from controller.core.context import ClaimKey, Context
-from controller.core.slices import DeviceKey, TaintRuleView
+from controller.core.slices import DeviceKey, DeviceRecord, TaintRuleView
 from controller.devices.catalogue import DeviceCatalogue
 from controller.devices.claim_index import ClaimIndex
 from controller.mps.plan import (
@@ -182,25 +182,34 @@ class MpsDomains:
                 )
         return out
 
-    def waiting(self, claim: ClaimView) -> list[tuple[str, str]]:
+    def waiting(
+        self, claim: ClaimView, selected: Callable[[GpuRequest, DeviceRecord], bool] = lambda *_: True
+    ) -> list[tuple[str, str]]:
         """(request, message) for each request of a pending `claim` that waits only because the GPUs with room
         for it are MPS GPUs of other trust domains (free memory as the ledger has it; domains as the GPUs' rules
-        record them)."""
+        record them). `selected`: whether the request's selectors leave it a device (of its DeviceClass: the MPS
+        class only MPS GPUs); only those count."""
         if not self.enabled or claim.allocated or not claim.memory_requests:
             return []
-        rooms = []
-        for key in self._catalogue.devices():
+        known = []
+        for key, device in self._catalogue.devices().items():
             name = self._catalogue.object_name(key)
             existing = self._context.gpu(name) if name else None
             free = (existing.status or {}).get("freeMemory") if existing is not None else None
             if free is not None:
                 mps = self.is_mps(key)
-                rooms.append(Room(key[0], key[1], to_bytes(free), mps, self.serving(key) if mps else None))
+                known.append((device, Room(key[0], key[1], to_bytes(free), mps, self.serving(key) if mps else None)))
         domain = self.domain_of(claim)
         out = []
         for alternatives in claim.memory_requests:
             smallest = min(alternatives, key=lambda m: m.memory or 0)  # memory_requests: every memory is set
-            if (message := waiting_message(domain, smallest.memory or 0, rooms)) is not None:
+            memory = smallest.memory or 0
+            rooms = [(d, r) for d, r in known if r.free >= memory]
+            usable = (d for d, r in rooms if not r.mps or r.owner in (None, domain))
+            if any(selected(smallest, d) for d in usable):  # the cheap answer first: most claims have room
+                continue
+            held = [r for d, r in rooms if r.mps and r.owner not in (None, domain) and selected(smallest, d)]
+            if (message := waiting_message(domain, memory, held)) is not None:
                 out.append((smallest.request, message))
         return out
 

@@ -333,7 +333,8 @@ class Room:
 
 def waiting_message(domain: TrustDomain, memory: int, rooms: Iterable[Room]) -> str | None:
     """Why a pending claim of `domain` asking for `memory` bytes waits, when only MPS GPUs of other trust domains
-    have that much free (pure); None when some GPU it may use has room, or none has."""
+    have that much free among `rooms`, the GPUs it may use (pure); None when some GPU it may use has room, or none
+    has."""
     listed = list(rooms)
     usable = [r for r in listed if r.free >= memory and (not r.mps or r.owner in (None, domain))]
     held = [r for r in listed if r.free >= memory and r.mps and r.owner not in (None, domain)]
@@ -343,5 +344,6 @@ def waiting_message(domain: TrustDomain, memory: int, rooms: Iterable[Room]) -> 
     return (
         f"this claim of {domain.describe()} waits: the GPUs with room for it are MPS GPUs that serve other trust "
         f"domains ({where}), and claims of two trust domains never share an MPS daemon. It is placed once a GPU it "
-        "may use has room (a free MPS GPU, one of its own domain, or any other GPU)"
+        "may use has room: an MPS GPU that is free or serves its domain, or, where its request allows one, a GPU "
+        "that is no MPS GPU"
     )

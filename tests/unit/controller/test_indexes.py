@@ -174,11 +174,15 @@ MPS_RULE = f"{DRIVER_NAME}-mps-{NODE}-gpu-0"
 
 
 async def one_mps_gpu_held_by_team_a(controller: Controller, world: KopfWorld, writer: FakeWriter) -> None:
-    """An MPS GPU, gpu-0 alone, admitted to a claim of team-a; its rule and GPU object in kopf's indexes."""
+    """MPS GPU gpu-0, admitted to a claim of team-a, and gpu-1, no MPS GPU, free; the rule and GPU objects and the
+    MPS DeviceClass (as the chart makes it) in kopf's indexes."""
     bodies = build_slices(
-        NODE, "uid-" + NODE, DRIVER_NAME, [gpu_info(0)], step=256 << 20, reserve=0, generation=1,
+        NODE, "uid-" + NODE, DRIVER_NAME, [gpu_info(0), gpu_info(1)], step=256 << 20, reserve=0, generation=1,
         enforcement={"gpu-0": "mps"}, mps_binding=True,
     )  # fmt: skip
+    mps_only = f'"mps" in device.attributes["{DRIVER_NAME}"] && device.attributes["{DRIVER_NAME}"].mps'
+    selectors = [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}, {"cel": {"expression": mps_only}}]
+    await world.event(None, {"kind": "DeviceClass", "metadata": {"name": MPS_CLASS}, "spec": {"selectors": selectors}})
     for body in bodies:
         await world.event(None, {**body, "kind": "ResourceSlice"})
     share = result("gpu", "gpu-0", "10Gi", "s-a")
@@ -206,9 +210,12 @@ def test_a_pending_claim_of_the_mps_class_is_seen_and_told_which_domain_holds_th
         assert await controller.status.reconcile(("team-c", "c"))
         ((name, reason, message),) = [e for e in writer.events if e[1] == "MpsTrustDomainWaiting"]
         assert (name, reason) == ("c", "MpsTrustDomainWaiting")
-        assert (
-            "this claim of namespace team-c waits" in message and "gpu-0 of node node-a (namespace team-a)" in message
-        )
+        assert "this claim of namespace team-c waits" in message
+        assert "(gpu-0 of node node-a (namespace team-a))" in message, "gpu-1 has room but is no MPS GPU"
+        anywhere = _claim(name="d", namespace="team-c", requests=[memory_request("gpu", "10Gi")])
+        await world.event("ADDED", anywhere)
+        assert await controller.status.reconcile(("team-c", "d"))
+        assert [e[0] for e in writer.events if e[1] == "MpsTrustDomainWaiting"] == ["c"], "d may use gpu-1"
 
     run(test, mps=True, extra_device_classes=MPS_CLASS)
 
