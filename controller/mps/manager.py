@@ -68,6 +68,7 @@ class MpsDomains:
         self.enabled = context.settings.mps
         self.rules = MpsTaintRules(context, self._mps_devices, self.verdict)
         """The loop that keeps each MPS GPU's DeviceTaintRule."""
+        self._rule_names: tuple[object, dict[str, DeviceKey]] = (None, {})  # (devices, rule name -> MPS GPU)
 
     def start(self) -> None:
         if self.enabled:
@@ -92,7 +93,10 @@ class MpsDomains:
         deleted one. Returns the claims on its MPS GPU, whose waiting shares its verdict may now decide."""
         if not self.enabled:
             return frozenset()
-        device = next((d for d in self._mps_devices() if rule_name(self._context.driver, *d) == name), None)
+        devices = self._catalogue.devices()
+        if self._rule_names[0] is not devices:  # the published devices changed (the catalogue's mapping is new)
+            self._rule_names = (devices, {rule_name(self._context.driver, *d): d for d in self._mps_devices()})
+        device = self._rule_names[1].get(name)
         if device is None:
             return frozenset()
         if deleted:
