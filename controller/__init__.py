@@ -9,8 +9,9 @@ none imports ``kubelet_plugin``:
 - ``loops``: the entry: one context, the managers started and stopped together, kopf's events fanned out;
 - ``admission`` | ``status`` | ``ledger`` (independent of each other): the webhook and its verdicts; claim status
   entries, their Events and unsatisfiable requests; the GPU ledger;
-- ``nodes``: deleted nodes and the node plugins' heartbeats;
-- ``devices``: the published devices and the admission facts;
+- ``nodes`` | ``mps``: deleted nodes and the node plugins' heartbeats; the MPS GPUs' trust domains (their
+  DeviceTaintRules and the binding conditions);
+- ``devices``: the published devices, the admission facts and the one claim -> devices index;
 - ``core``: settings, the shared context, views of the API objects, the API writer, metrics, the work queue, RBAC.
 
 May import: ``api`` (never ``kubelet_plugin``). Imported by: nothing (the ``fracgpu-controller`` entry point).

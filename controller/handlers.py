@@ -29,7 +29,7 @@ from controller.admission.webhook_config import CLAIMS, MUTATED_CLAIMS, TEMPLATE
 from controller.core import kube, metrics
 from controller.core.claims import ClaimView, DeviceClassView, claim_view, device_class_view
 from controller.core.settings import COMPONENT, Settings
-from controller.core.slices import SliceView, TaintRuleView, slice_view, taint_rule_view
+from controller.core.slices import MPS_DOMAIN_ANNOTATION, SliceView, TaintRuleView, slice_view, taint_rule_view
 from controller.leadership.gate import Leadership
 from controller.ledger.plan import ExistingGpu
 from controller.loops import Controller
@@ -40,7 +40,8 @@ RESOURCE_VERSION = "v1"
 INDEX_IDS = ("fracgpu_slices", "fracgpu_claims", "fracgpu_gpus", "fracgpu_classes", "fracgpu_nodes")
 """The ids of the indexes, in the order `Controller.bind` takes them (kopf passes each as a keyword argument)."""
 TAINT_RULES_INDEX = "fracgpu_taint_rules"
-"""DeviceTaintRule name -> its view, for the rules that may select our devices (the ledger's `status.taints`)."""
+"""DeviceTaintRule name -> its view, for the rules that may select our devices (the ledger's `status.taints`; each
+MPS GPU's rule, the trust domain it records: controller/mps, which has no other copy of the rules)."""
 NAMESPACES_INDEX = "fracgpu_namespaces"
 """Namespace name -> labels: only with MPS trust scope namespaceLabel (the only reader of namespace labels)."""
 
@@ -266,8 +267,10 @@ def register(
             controller.classes_changed()
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "devicetaintrules", registry=registry, id="taint_rule_event")
-    async def taint_rule_event(name: str, **_: Any) -> None:
-        controller.taint_rule_changed(name)
+    async def taint_rule_event(*, type: str, name: str, body: kopf.Body, **_: Any) -> None:
+        # a deleted MPS GPU's rule: the domain it recorded, for the Event when it is created again
+        recorded = body.metadata.annotations.get(MPS_DOMAIN_ANNOTATION) if type == "DELETED" else None
+        controller.taint_rule_changed(name, deleted=type == "DELETED", recorded=recorded)
 
     @kopf.on.event(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="gpu_event")
     async def gpu_event(name: str, **_: Any) -> None:

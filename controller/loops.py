@@ -2,10 +2,13 @@
 shared by one manager per concern, started and stopped together, with kopf's events fanned out to them.
 
 - `devices.DeviceCatalogue`: the published devices and the admission facts;
+- `devices.ClaimIndex`: the one claim -> devices index (and back), updated here once per claim event and read by
+  the ledger and the MPS trust domains;
 - `status.StatusManager`: the claim-status writers and the Events about claims;
 - `ledger.LedgerManager` over `ledger.LedgerMarks`: the `GPU` ledger;
 - `nodes.NodeReporting`: the node plugins' heartbeats;
-- `mps.MpsDomains`: the MPS GPUs' trust domains (decisions the status writers write, DeviceTaintRules).
+- `mps.MpsDomains`: the MPS GPUs' trust domains (the verdicts the status writers write, from each GPU's
+  DeviceTaintRule, which it keeps).
 
 kopf's handlers (controller/handlers.py) only call the `*_changed`/`*_event` methods here; every decision is made
 by a manager from the indexes, never from what this process did before, so a restart converges to the same state.
@@ -18,7 +21,9 @@ import asyncio
 from controller.core import metrics, runtime
 from controller.core.context import ClaimKey, Context, Index, Indexes, Tasks, Writer
 from controller.core.settings import Settings
+from controller.core.slices import DeviceKey
 from controller.devices.catalogue import DeviceCatalogue
+from controller.devices.claim_index import ClaimIndex
 from controller.devices.facts import AdmissionFacts
 from controller.ledger.manager import LedgerManager, LedgerMarks
 from controller.mps.manager import MpsDomains
@@ -33,11 +38,17 @@ class Controller:
         self.settings = settings
         self.context = Context(settings, writer)
         self.catalogue = DeviceCatalogue(self.context)
+        self.claim_index = ClaimIndex(self.context)
         marks = LedgerMarks(self.catalogue)
         self.nodes = NodeReporting(self.context, self.catalogue, on_changed=marks.nodes)
-        self.mps = MpsDomains(self.context, self.catalogue)
+        self.mps = MpsDomains(self.context, self.catalogue, self.claim_index)
         self.ledger = LedgerManager(
-            self.context, self.catalogue, marks, reporting=self.nodes.reporting, trust_domain=self.mps.owner_id
+            self.context,
+            self.catalogue,
+            marks,
+            claims=self.claim_index,
+            reporting=self.nodes.reporting,
+            trust_domain=self.mps.serving_id,
         )
         self.status = StatusManager(self.context, self.catalogue, self.mps)
         self._tasks = Tasks()  # the resync and the event loop's lag probe
@@ -64,8 +75,9 @@ class Controller:
             Indexes(slices, claims, gpus, classes if classes is not None else {}, nodes, namespaces, taint_rules)
         )
         self.catalogue.reset()
+        self.claim_index.reset()
         self.ledger.reset()
-        self.mps.reset()
+        self.mps.resync()
 
     async def start(self) -> None:
         """Start every manager. A start after `stop` (leadership regained, controller/leadership/gate.py) is a
@@ -75,6 +87,7 @@ class Controller:
         if self._stopped:
             self.context.open()
             self._stopped = False
+        self.claim_index.rebuild()
         self.status.start()
         self.ledger.start()
         self.nodes.start()
@@ -93,6 +106,7 @@ class Controller:
     async def _resync_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.resync_seconds)
+            self.claim_index.rebuild()
             self.status.enqueue_all()
             self.ledger.marks.all()
             self.mps.resync()
@@ -105,10 +119,9 @@ class Controller:
         A claim can leave the index without being deleted (deallocated, and asking for another DeviceClass
         of our driver): if it was known, its shares must leave the ledger.
         """
-        if deleted or (not indexed and self.ledger.knows(key)):
+        if deleted or (not indexed and self.claim_index.knows(key)):
             self.context.ready.set()
-            self.ledger.claim_gone(key)
-            self.mps.claim_changed(key)
+            self._moved(self.claim_index.remove(key))
             self.status.events.forget(uid, posted=deleted)
         elif indexed:
             self.claim_changed(key)
@@ -116,15 +129,19 @@ class Controller:
     def claim_changed(self, key: ClaimKey) -> None:
         """A claim of ours was added or modified (its index entry is already updated)."""
         self.context.ready.set()
-        self.ledger.claim_changed(key)
-        self.mps.claim_changed(key)
+        self._moved(self.claim_index.update(key))
         self.status.enqueue(key)
+
+    def _moved(self, devices: frozenset[DeviceKey]) -> None:
+        """The claims on `devices` changed (the claim index is updated): their GPU objects and MPS rules."""
+        self.ledger.marks.devices(devices)
+        self.mps.claims_moved(devices)
 
     def slices_changed(self) -> None:
         """A slice of our driver changed: when the published devices differ, every claim and GPU is re-checked."""
         self.context.ready.set()
         if self.catalogue.refresh():
-            self.mps.devices_changed()
+            self.mps.resync()
             self.status.enqueue_all()
             self.ledger.marks.all()
 
@@ -142,10 +159,14 @@ class Controller:
             if view.node == name:
                 self.status.enqueue(view.key)
 
-    def taint_rule_changed(self, name: str) -> None:
-        """The DeviceTaintRule `name` was added, changed or deleted: the GPUs it selects show its taint or not."""
+    def taint_rule_changed(self, name: str, *, deleted: bool = False, recorded: str | None = None) -> None:
+        """The DeviceTaintRule `name` was added, changed or `deleted` (`recorded`: the MPS trust domain its
+        annotation held then): the GPUs it selects show its taint or not; an MPS GPU's rule is kept as its verdict
+        wants it, and the claims waiting on that GPU are decided again."""
         self.context.ready.set()
         self.ledger.rule_changed(name)
+        for key in self.mps.rule_changed(name, deleted=deleted, recorded=recorded):
+            self.status.enqueue(key)
 
     def gpus_changed(self, name: str) -> None:
         """The GPU object `name` changed (possibly by someone else, or the echo of our own write): re-check it."""

@@ -38,13 +38,24 @@ class Writer(Protocol):
         """The node plugins' heartbeat Leases of our driver in `namespace` (api/heartbeat.py). Raises on API errors."""
         ...
 
-    def list_taint_rules(self) -> list[dict[str, Any]]:
-        """The DeviceTaintRules of MPS trust domains (`controller.mps.plan.RULE_LABEL`). Raises on API errors."""
+    def create_taint_rule(self, body: dict[str, Any]) -> str:
+        """Create a DeviceTaintRule; its uid. Raises ApiAlreadyExists when one of that name exists."""
         ...
 
-    def apply_taint_rule(self, body: dict[str, Any]) -> None: ...
+    def read_taint_rule(self, name: str) -> dict[str, Any] | None:
+        """The DeviceTaintRule `name` as the API server has it now (None: there is none). Raises on API errors."""
+        ...
+
+    def apply_taint_rule(self, body: dict[str, Any]) -> None:
+        """Server-side apply a DeviceTaintRule (forced: our fields are written back whoever changed them)."""
+        ...
+
     def delete_taint_rule(self, name: str) -> None:
         """Delete a DeviceTaintRule; already gone is fine."""
+        ...
+
+    def post_taint_rule_event(self, name: str, uid: str, reason: str, message: str) -> bool:
+        """Post a Warning Event about the DeviceTaintRule `name`; never raises. True when posted."""
         ...
 
 

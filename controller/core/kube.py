@@ -1,7 +1,8 @@
 """The controller's writes to the API server (blocking calls; run them in threads).
 
-Reads come from kopf's watches and indexes; everything written goes through here: server-side apply of
-claim status and GPU objects, GPU deletion, and Events on claims. Plain JSON through `api.kube_rest`
+Reads come from kopf's watches and indexes (but for a DeviceTaintRule read back by name after a create met
+AlreadyExists); everything written goes through here: server-side apply of claim status and GPU objects, GPU
+deletion, the MPS GPUs' DeviceTaintRules, and Events on claims and on those rules. Plain JSON through `api.kube_rest`
 (the generated per-method client layer costs tens of MiB of memory).
 """
 
@@ -21,7 +22,6 @@ from api.heartbeat import HEARTBEAT_LABEL, leases_path
 from api.kube_config import KubeConfig
 from api.kube_errors import ApiError, ApiNotFound
 from api.kube_rest import KubeConnection, KubeRest, claim_path
-from api.mps_trust import RULE_LABEL
 from api.mps_trust import TAINT_RULES_PATH as TAINT_RULES
 from api.names import API_GROUP
 from controller.core.claims import ClaimView
@@ -117,6 +117,14 @@ def post_claim_event(
     return post_event(rest, body)
 
 
+def post_taint_rule_event(rest: KubeRest, name: str, uid: str, *, reason: str, message: str) -> bool:
+    """Post a Warning core/v1 Event about the DeviceTaintRule `name` (cluster-scoped: in namespace `default`, where
+    `kubectl describe devicetaintrule` finds it); never raises. True when posted (see `api.events.post_event`)."""
+    involved = involved_object("resource.k8s.io/v1", "DeviceTaintRule", name, uid=uid or None)
+    body = event_body(involved, reason, message, component=COMPONENT, instance=_INSTANCE)
+    return post_event(rest, body)
+
+
 class BoundedRest(KubeRest):
     """`KubeRest` decoding answers with `api.bounded_json`: the answer to a claim status apply is the whole
     claim, which may be nested as deep as the API server stores (json.loads raises RecursionError)."""
@@ -150,9 +158,17 @@ class KubeWriter:
         items: list[dict[str, Any]] = self.rest.get(leases_path(namespace), labelSelector=selector)["items"]
         return items
 
-    def list_taint_rules(self) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = self.rest.get(TAINT_RULES, labelSelector=f"{RULE_LABEL}=true")["items"]
-        return items
+    def create_taint_rule(self, body: dict[str, Any]) -> str:
+        made = self.rest.create(TAINT_RULES, body)
+        return str((made.get("metadata") or {}).get("uid") or "")
+
+    def read_taint_rule(self, name: str) -> dict[str, Any] | None:
+        # a list by name: the ClusterRole lets the controller list and watch DeviceTaintRules, not get them
+        items: list[dict[str, Any]] = self.rest.get(TAINT_RULES, fieldSelector=f"metadata.name={name}")["items"]
+        return items[0] if items else None
+
+    def post_taint_rule_event(self, name: str, uid: str, reason: str, message: str) -> bool:
+        return post_taint_rule_event(self.rest, name, uid, reason=reason, message=message)
 
     def apply_taint_rule(self, body: dict[str, Any]) -> None:
         self.rest.apply_unread(f"{TAINT_RULES}/{body['metadata']['name']}", body, FIELD_MANAGER)

@@ -45,7 +45,8 @@ def cluster_role_rules(
         {"apiGroups": [API_GROUP], "resources": [f"{GPU_PLURAL}/status"], "verbs": ["patch"]},
         # Events on claims
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
-        # DeviceTaintRules: the taints they put on our devices (the ledger's status.taints)
+        # DeviceTaintRules: the taints they put on our devices (the ledger's status.taints); with mps, each MPS GPU's
+        # rule, its trust domain (read back by name as a list: no get)
         {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"], "verbs": ["list", "watch"]},
         # Nodes: which exist (claims on a deleted one get AllocatedDeviceGone)
         {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},

@@ -118,8 +118,9 @@ class Settings(OptionSettings):
     mps_trust_label: str = Field("", description="the namespace label of --mps-trust-scope=namespaceLabel")
     extra_device_classes: str = Field(
         "",
-        description="further DeviceClasses of the driver, comma-separated (the chart's enforced and MPS classes): with "
-        "--mps their requests get MPS trust-domain tolerations too",
+        description="further DeviceClasses of the driver, comma-separated (the chart's enforced and MPS classes): their "
+        "pending claims are watched as those of --device-class are, and with --mps their requests get MPS "
+        "trust-domain tolerations too",
     )
 
     @property
@@ -172,8 +173,10 @@ class Settings(OptionSettings):
 
     @property
     def claim_classes(self) -> tuple[str, ...]:
-        """Our DeviceClasses claims name: shares of GPUs and MIG partitions."""
-        return (self.device_class, self.mig_device_class)
+        """Every DeviceClass of ours a claim may name: shares of GPUs (`device_class`), MIG partitions, and the
+        further classes (--extra-device-classes: the chart's enforced and MPS classes), each once."""
+        extra = sorted(self.device_classes - {self.device_class, self.mig_device_class})
+        return (self.device_class, self.mig_device_class, *extra)
 
     @property
     def replica(self) -> str:

@@ -12,11 +12,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from api import mig
-from api.names import MEMORY_CAPACITY
+from api.names import DRIVER_NAME, MEMORY_CAPACITY
 from controller.core.parsing import quantity_bytes, shape_errors
 
 DeviceKey = tuple[str, str]
 """(pool, device)."""
+MPS_DOMAIN_ANNOTATION = f"{DRIVER_NAME}/mps-trust-domain"
+"""The annotation of the DeviceTaintRule of an MPS GPU that records the trust domain the GPU serves (the id of an
+`api.mps_trust.TrustDomain`); the controller is the rule's one writer (`controller/mps`)."""
 
 
 class DeviceTaint(BaseModel):
@@ -33,15 +36,23 @@ class DeviceTaint(BaseModel):
 
 class TaintRuleView(BaseModel):
     """A DeviceTaintRule that may match devices of our driver: its selector (`deviceSelector` of
-    resource.k8s.io/v1, exact driver, pool and device names; an unset field matches any) and its one taint."""
+    resource.k8s.io/v1, exact driver, pool and device names; an unset field matches any), its one taint, and what
+    says whether it is the rule of an MPS GPU and which trust domain that rule records."""
 
     model_config = ConfigDict(frozen=True)
 
     name: str
+    uid: str = ""
     driver: str | None = None
     pool: str | None = None
     device: str | None = None
+    has_selector: bool = True
+    """False only for a rule read back by name that has no `deviceSelector` (it selects no device)."""
     taint: DeviceTaint
+    labels: dict[str, str] = {}
+    mps_domain: str | None = None
+    """Its annotation `MPS_DOMAIN_ANNOTATION` (None: absent), as written: whether it is a domain id is the MPS
+    plan's question."""
 
     def matches(self, driver: str, pool: str, device: str) -> bool:
         """Whether the rule's selector selects the device `device` of `pool` of `driver`."""
@@ -216,16 +227,30 @@ def _taint(taint: Mapping[str, Any], source: str) -> DeviceTaint:
 
 
 @shape_errors("DeviceTaintRule")
-def taint_rule_view(body: Mapping[str, Any], driver: str) -> TaintRuleView | None:
+def taint_rule_view(body: Mapping[str, Any], driver: str, *, any_selector: bool = False) -> TaintRuleView | None:
     """The view of a DeviceTaintRule that can select devices of `driver`; None for a rule that selects none of
-    them (no `deviceSelector`, or another driver's). Raises only MalformedObjectError."""
+    them (no `deviceSelector`, or another driver's), unless `any_selector` (a rule read back by name, whatever it
+    selects now). Raises only MalformedObjectError."""
     spec = body.get("spec") or {}
     selector = spec.get("deviceSelector")
-    if selector is None or (selector.get("driver") is not None and selector["driver"] != driver):
+    if not any_selector and (selector is None or (selector.get("driver") is not None and selector["driver"] != driver)):
         return None
-    name = str(body["metadata"]["name"])
-    optional = {k: str(selector[k]) if selector.get(k) is not None else None for k in ("driver", "pool", "device")}
-    return TaintRuleView(name=name, **optional, taint=_taint(spec["taint"], f"DeviceTaintRule/{name}"))
+    meta = body["metadata"]
+    name = str(meta["name"])
+    optional = {
+        k: str(selector[k]) if selector is not None and selector.get(k) is not None else None
+        for k in ("driver", "pool", "device")
+    }
+    annotation = (meta.get("annotations") or {}).get(MPS_DOMAIN_ANNOTATION)
+    return TaintRuleView(
+        name=name,
+        uid=str(meta.get("uid") or ""),
+        **optional,
+        has_selector=selector is not None,
+        taint=_taint(spec["taint"], f"DeviceTaintRule/{name}"),
+        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        mps_domain=str(annotation) if annotation is not None else None,
+    )
 
 
 def current_devices(slices: Iterable[SliceView]) -> dict[DeviceKey, DeviceRecord]:

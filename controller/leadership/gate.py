@@ -60,8 +60,12 @@ class GatedWriter:
     def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:
         return self.writer.list_heartbeats(namespace)  # a read: not gated
 
-    def list_taint_rules(self) -> list[dict[str, Any]]:
-        return self.writer.list_taint_rules()  # a read: not gated
+    def create_taint_rule(self, body: dict[str, Any]) -> str:
+        self._check()
+        return self.writer.create_taint_rule(body)
+
+    def read_taint_rule(self, name: str) -> dict[str, Any] | None:
+        return self.writer.read_taint_rule(name)  # a read: not gated
 
     def apply_taint_rule(self, body: dict[str, Any]) -> None:
         self._check()
@@ -70,6 +74,11 @@ class GatedWriter:
     def delete_taint_rule(self, name: str) -> None:
         self._check()
         self.writer.delete_taint_rule(name)
+
+    def post_taint_rule_event(self, name: str, uid: str, reason: str, message: str) -> bool:
+        if not self._leading():
+            return False
+        return self.writer.post_taint_rule_event(name, uid, reason, message)
 
     def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
         if not self._leading():

@@ -1,13 +1,14 @@
 """The ledger's manager: which GPU objects need recomputing, the ledger loop, and its writes.
 
-A claim event marks the GPUs its shares were and are on (`claim_changed`, through the inverse index claim ->
-devices), a GPU event marks that GPU, the echo of our own write included (`gpu_changed`); a pass, at most every
-`--ledger-delay` while marks arrive, recomputes only the marked GPUs with `desired_gpu` and writes those whose
-content differs (`plan_ledger`: an echo compares equal and costs one GPU's recompute), at most `--ledger-workers`
-at a time. A change of the published devices, a start and the periodic resync mark every GPU (`mark_all`): that
-pass recomputes the whole ledger with `desired_ledger` and deletes objects of our driver whose device is gone. A
-DeviceTaintRule event marks the GPUs its selector matched before and matches now (`rule_changed`). A pass whose
-writes failed keeps its GPUs marked for the next one.
+The entry marks the GPUs a claim's shares were and are on at each claim event (from the shared claim index,
+`controller/devices/claim_index.py`), a GPU event marks that GPU, the echo of our own write included
+(`LedgerMarks.name`); a pass, at most every `--ledger-delay` while marks arrive, recomputes only the marked GPUs
+with `desired_gpu` (their claims read from the claim index) and writes those whose content differs (`plan_ledger`:
+an echo compares equal and costs one GPU's recompute), at most `--ledger-workers` at a time. A change of the
+published devices, a start and the periodic resync mark every GPU (`LedgerMarks.all`): that pass recomputes the
+whole ledger with `desired_ledger` and deletes objects of our driver whose device is gone. A DeviceTaintRule event
+marks the GPUs its selector matched before and matches now (`rule_changed`). A pass whose writes failed keeps its
+GPUs marked for the next one.
 """
 
 import asyncio
@@ -19,11 +20,12 @@ from typing import Any
 from api.gpu import GPU_CRD_NAME
 from api.kube_errors import ApiError, ApiNotFound
 from controller.core import metrics, runtime
-from controller.core.context import ClaimKey, Context, Tasks
+from controller.core.context import Context, Tasks
 from controller.core.kube import describe
 from controller.core.settings import FIELD_MANAGER
 from controller.core.slices import DeviceKey, TaintRuleView
 from controller.devices.catalogue import DeviceCatalogue
+from controller.devices.claim_index import ClaimIndex
 from controller.ledger.plan import (
     ExistingGpu,
     GpuObject,
@@ -87,34 +89,33 @@ class LedgerMarks:
 
 
 class LedgerManager:
-    """The inverse index of claims on devices, and the ledger loop over the marks."""
+    """The ledger loop over the marks, reading each GPU's claims from the shared claim index."""
 
     def __init__(
         self,
         context: Context,
         catalogue: DeviceCatalogue,
         marks: LedgerMarks,
+        *,
+        claims: ClaimIndex,
         reporting: Callable[[], Reporting],
         trust_domain: Callable[[DeviceKey], str | None] = lambda _: None,
     ) -> None:
-        """`reporting`: each node's `PluginReporting` condition for one pass (`NodeReporting.reporting`);
-        `trust_domain`: the trust domain an MPS GPU serves (`MpsDomains.owner_id`)."""
+        """`claims`: the claim index the entry keeps; `reporting`: each node's `PluginReporting` condition for one
+        pass (`NodeReporting.reporting`); `trust_domain`: the trust domain an MPS GPU serves
+        (`MpsDomains.serving_id`)."""
         self._context = context
         self._catalogue = catalogue
         self.marks = marks
+        self._claims = claims
         self._reporting = reporting
         self._trust_domain = trust_domain
-        # claims that were in the index at their last event -> the devices their shares were on then
-        self._seen: dict[ClaimKey, frozenset[DeviceKey]] = {}
-        self._on_device: dict[DeviceKey, set[ClaimKey]] = {}  # the inverse of _seen
         self._rules: dict[str, TaintRuleView] = {}  # DeviceTaintRules at their last event
         self._compact_due = False  # a full pass succeeded: compact the heap once a pass has nothing to write
         self._tasks = Tasks()
 
     def reset(self) -> None:
-        """New indexes bound: forget the inverse index, recompute everything."""
-        self._seen.clear()
-        self._on_device.clear()
+        """New indexes bound: recompute everything."""
         self._rules.clear()
         self.marks.all()
 
@@ -129,29 +130,6 @@ class LedgerManager:
         self.marks.devices(
             k for k, d in self._catalogue.devices().items() if any(r.matches(driver, d.pool, d.device) for r in rules)
         )
-
-    def knows(self, key: ClaimKey) -> bool:
-        """Whether the claim was in the index at its last event."""
-        return key in self._seen
-
-    def claim_changed(self, key: ClaimKey) -> None:
-        """A claim of ours changed (its index entry is updated): mark the GPUs its shares were and are on."""
-        view = self._context.claim(key)
-        now = frozenset(s.device_key for s in view.shares) if view is not None else frozenset()
-        before = self._seen.get(key, frozenset())
-        self._seen[key] = now
-        for device in before - now:
-            self._on_device.get(device, set()).discard(key)
-        for device in now:
-            self._on_device.setdefault(device, set()).add(key)
-        self.marks.devices(before | now)
-
-    def claim_gone(self, key: ClaimKey) -> None:
-        """A claim left the index: the GPUs its shares were on drop them."""
-        before = self._seen.pop(key, frozenset())
-        for device in before:
-            self._on_device.get(device, set()).discard(key)
-        self.marks.devices(before)
 
     # ----- the loop -----------------------------------------------------------------------------------
 
@@ -198,10 +176,6 @@ class LedgerManager:
         reporting = self._reporting()
         driver = self._context.driver
         if names is None:
-            self._on_device = {}
-            for view in self._context.claims():  # the inverse index rebuilt from the claims index: self-healing
-                for share in view.shares:
-                    self._on_device.setdefault(share.device_key, set()).add(view.key)
             by_node = {n: c for n in self._catalogue.nodes() if (c := reporting(n)) is not None}
             return desired_ledger(
                 devices,
@@ -219,7 +193,7 @@ class LedgerManager:
             if key is None or key not in devices:
                 continue
             keys = family(key, devices)  # the GPU and, for a MIG GPU, its partitions
-            claim_keys = {c for k in keys for c in self._on_device.get(k, ())}
+            claim_keys = {c for k in keys for c in self._claims.claims_on(k)}
             views = [v for c in claim_keys if (v := self._context.claim(c)) is not None]
             device = devices[key]
             partitions = {k: devices[k] for k in keys[1:]}

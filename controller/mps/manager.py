@@ -1,91 +1,119 @@
-"""The MPS trust-domain manager: which claims sit on each MPS GPU, what is decided for the ones the scheduler waits
-on (`entries`, read by the status writers), and each MPS GPU's DeviceTaintRule (kept by
-`controller/mps/taint_rules.py`, a loop of its own, which this manager tells what changed).
+"""The MPS trust-domain manager: the verdict of each MPS GPU, what the status writers write for the shares the
+scheduler waits on (`entries`), and why a pending claim waits (`waiting`); each GPU's DeviceTaintRule is kept by
+`controller/mps/taint_rules.py`, a loop of its own, which this manager tells what changed.
 
-Decisions are made here, one at a time on the event loop, and remembered until the claim's status shows them: a
-claim decided but not yet written is never decided again from a stale index, so two claims of two domains are
-never both admitted to one GPU. A restarted (or newly elected) controller reads the decisions back from the
-claims' conditions; one that was never written is made again. Inactive (no entries, no rules) without ``--mps``.
+The domain an MPS GPU serves is a fact in the API with one writer: its DeviceTaintRule's annotation
+(`controller/mps/plan.py` `recorded_domain`), read from kopf's index of DeviceTaintRules. A verdict is derived from
+that rule and the claims on the GPU (the shared claim index, `controller/devices/claim_index.py`) with their
+written conditions, nothing else: a waiting share is admitted only when the rule records its domain, refused when it
+records another, and waits while the GPU has no rule (the loop creates it). So every status writer, a restarted
+controller and a newly elected one derive the same decisions from the API alone, and this manager remembers none.
+With scope ``cluster`` every claim is of one domain: no rule, every waiting tenant is admitted. An admin-access share
+(monitoring) is no tenant: it has no domain, takes no part in a verdict, and is admitted. Inactive without ``--mps``.
 """
 
 from __future__ import annotations
 
 import datetime
-import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION, TrustDomain, trust_domain
 from api.quantity import to_bytes
-from controller.core.claims import ClaimView, Share
+from controller.core.claims import ClaimView, GpuRequest, Share
 from controller.core.context import ClaimKey, Context
-from controller.core.slices import DeviceKey
+from controller.core.slices import DeviceKey, DeviceRecord, TaintRuleView
 from controller.devices.catalogue import DeviceCatalogue
+from controller.devices.claim_index import ClaimIndex
 from controller.mps.plan import (
     DeviceVerdict,
     MpsShare,
     Room,
     ShareState,
+    admin_message,
     admitted_message,
-    conflict_message,
     plan_device,
+    recorded_domain,
+    rule_name,
     waiting_message,
 )
 from controller.mps.taint_rules import MpsTaintRules
 
-log = logging.getLogger(__name__)
 CONFLICT_REASON = "MpsTrustDomainConflict"
 WAITING_REASON = "MpsTrustDomainWaiting"
-ShareKey = tuple[str, str, str | None]
-"""(claim uid, device, share ID)."""
+_FROM_INDEX: Any = object()
 
 
 @dataclass(frozen=True)
 class MpsEntry:
     """What the status plan adds to the entry of one share on an MPS GPU."""
 
-    domain: str
-    """The claim's trust domain id (``data.mpsTrustDomain``)."""
+    domain: str | None
+    """The claim's trust domain id (``data.mpsTrustDomain``); None for admin access (no domain)."""
     condition: dict[str, Any] | None = None
-    """The binding condition decided (admitted or conflict), None when the share waits on nothing."""
+    """The binding condition decided (admitted or conflict), None when the share waits on nothing (or still
+    waits for the GPU's rule)."""
     refused: str | None = None
     """The conflict's message when this share is refused (an Event is posted about it)."""
 
 
 class MpsDomains:
-    """MPS trust domains at scheduling, over the context's claim index and the device catalogue."""
+    """MPS trust domains at scheduling, over the context's indexes, the claim index and the device catalogue."""
 
-    def __init__(self, context: Context, catalogue: DeviceCatalogue) -> None:
+    def __init__(self, context: Context, catalogue: DeviceCatalogue, claims: ClaimIndex) -> None:
         self._context = context
         self._catalogue = catalogue
+        self._claims = claims
         self.enabled = context.settings.mps
-        self._on: dict[DeviceKey, set[ClaimKey]] = {}
-        self._of: dict[ClaimKey, tuple[str, set[DeviceKey]]] = {}  # claim -> (its uid, its MPS GPUs)
-        self._decided: dict[ShareKey, ShareState] = {}
-        self._taint_rules = MpsTaintRules(context, lambda: self._on, self._held_verdict)
-
-    # ----- lifecycle ---------------------------------------------------------------------------------
+        self.rules = MpsTaintRules(context, self._mps_devices, self.verdict)
+        """The loop that keeps each MPS GPU's DeviceTaintRule."""
+        self._rule_names: tuple[object, dict[str, DeviceKey]] = (None, {})  # (devices, rule name -> MPS GPU)
 
     def start(self) -> None:
         if self.enabled:
-            self._taint_rules.start()
+            self.rules.start()
 
     async def stop(self) -> None:
-        await self._taint_rules.stop()
-
-    def reset(self) -> None:
-        """New indexes bound: forget what was indexed (rebuilt from the claims as they are seen)."""
-        self._on, self._of, self._decided = {}, {}, {}
+        await self.rules.stop()
 
     def resync(self) -> None:
-        self._taint_rules.resync()
+        """Look at every MPS GPU's rule (start of leadership, resync, the published devices changed)."""
+        self.rules.resync()
 
-    # ----- what the indexes say ------------------------------------------------------------------------
+    # ----- events ------------------------------------------------------------------------------------------
+
+    def claims_moved(self, devices: frozenset[DeviceKey]) -> None:
+        """A claim on `devices` changed (the claim index is updated): their rules may need a change."""
+        if self.enabled:
+            self.rules.mark(d for d in devices if self.is_mps(d))
+
+    def rule_changed(self, name: str, *, deleted: bool, recorded: str | None) -> frozenset[ClaimKey]:
+        """The DeviceTaintRule `name` changed (its index entry is updated); `recorded`: the domain annotation of a
+        deleted one. Returns the claims on its MPS GPU, whose waiting shares its verdict may now decide."""
+        if not self.enabled:
+            return frozenset()
+        devices = self._catalogue.devices()
+        if self._rule_names[0] is not devices:  # the published devices changed (the catalogue's mapping is new)
+            self._rule_names = (devices, {rule_name(self._context.driver, *d): d for d in self._mps_devices()})
+        device = self._rule_names[1].get(name)
+        if device is None:
+            return frozenset()
+        if deleted:
+            self.rules.deleted(name, device, recorded)
+        else:
+            self.rules.mark([device])
+        return self._claims.claims_on(device)
+
+    # ----- what the indexes say ------------------------------------------------------------------------------
 
     def is_mps(self, key: DeviceKey) -> bool:
         device = self._catalogue.devices().get(key)
         return bool(device is not None and device.attributes.get(self._context.driver, {}).get("mps"))
+
+    def _mps_devices(self) -> list[DeviceKey]:
+        """The published MPS GPUs (none without ``--mps``: nothing to keep)."""
+        return [k for k in self._catalogue.devices() if self.is_mps(k)] if self.enabled else []
 
     def domain_of(self, claim: ClaimView) -> TrustDomain:
         settings = self._context.settings
@@ -94,83 +122,43 @@ class MpsDomains:
         )
         return trust_domain(settings.mps_trust_scope, settings.mps_trust_label, claim.namespace, labels)
 
-    def claim_changed(self, key: ClaimKey) -> None:
-        """A claim was added, changed or removed (None in the index): re-index its MPS GPUs, mark them."""
-        if not self.enabled:
-            return
-        claim = self._context.claim(key)
-        now = (
-            {s.device_key for s in claim.shares if self.is_mps(s.device_key)}
-            if claim is not None and claim.allocated
-            else set()
-        )
-        uid, before = self._of.pop(key, ("", set()))
-        for device in before - now:
-            self._on.get(device, set()).discard(key)
-        for device in now:
-            self._on.setdefault(device, set()).add(key)
-        if now and claim is not None:
-            self._of[key] = (claim.uid, now)
-        gone = {uid} if uid and (claim is None or claim.uid != uid or not now) else set()
-        if gone:  # deallocated, deleted or replaced: its decisions go with it
-            self._decided = {k: v for k, v in self._decided.items() if k[0] not in gone}
-        self._taint_rules.mark(before | now)
+    def recorded(self, device: DeviceKey, rule: TaintRuleView | None) -> TrustDomain | None:
+        """The domain `rule` records for `device` (`recorded_domain`). One left by a controller of another scope
+        records a domain no claim belongs to now: it is stale, and deleted."""
+        return recorded_domain(rule, self._context.driver, *device)
 
-    def devices_changed(self) -> None:
-        """The published devices changed (a GPU may have become an MPS GPU): re-index every claim."""
-        if self.enabled:
-            for key in self._context.claim_keys():
-                self.claim_changed(key)
-            self.resync()
-
-    # ----- decisions -----------------------------------------------------------------------------------
-
-    def _shares(self, device: DeviceKey) -> list[MpsShare]:
-        out = []
-        for key in sorted(self._on.get(device, ())):
+    def verdict(self, device: DeviceKey, rule: TaintRuleView | None = _FROM_INDEX) -> DeviceVerdict:
+        """The verdict of one MPS GPU over its rule (default: as kopf's index shows it)."""
+        if rule is _FROM_INDEX:
+            rule = self._context.taint_rule(rule_name(self._context.driver, *device))
+        shares = []
+        for key in sorted(self._claims.claims_on(device)):
             claim = self._context.claim(key)
             if claim is None:
                 continue
             domain = self.domain_of(claim)
-            for share in claim.shares:
-                if share.device_key == device:
-                    out.append(self._share(claim, share, domain))
-        return out
+            shares += [_tenant(claim, s, domain) for s in claim.shares if s.device_key == device and not s.admin_access]
+        return plan_device(device[0], device[1], shares, self.recorded(device, rule))
 
-    def _share(self, claim: ClaimView, share: Share, domain: TrustDomain) -> MpsShare:
-        state: ShareState
-        if not share.mps_binding:
-            state = "holding"
-        else:
-            condition = claim.status_mps.get(share.entry_key)
-            written: ShareState | None = None
-            if condition is not None and condition.get("status") == "True":
-                written = "admitted" if condition.get("type") == ADMITTED_CONDITION else "refused"
-            state = written or self._decided.get((claim.uid, share.device, share.share_id), "waiting")
-        return MpsShare(
-            claim=claim.uid, namespace=claim.namespace, name=claim.name, pool=share.pool, device=share.device,
-            share_id=share.share_id, domain=domain, state=state, allocated_at=claim.allocated_at,
-        )  # fmt: skip
+    def serving(self, device: DeviceKey) -> TrustDomain | None:
+        """The domain an MPS GPU serves: the one its rule records (scope ``cluster``: ``cluster`` while tenants
+        hold or wait for it); None for a GPU that serves none, or that is not an MPS GPU."""
+        if not self.enabled or not self.is_mps(device):
+            return None
+        if self._context.settings.mps_trust_scope != "cluster":
+            return self.recorded(device, self._context.taint_rule(rule_name(self._context.driver, *device)))
+        return self.verdict(device).serves if self._claims.claims_on(device) else None
 
-    def decide(self, device: DeviceKey) -> DeviceVerdict:
-        """The verdict of one MPS GPU; its admissions and refusals are remembered until written."""
-        verdict = plan_device(device[0], device[1], self._shares(device))
-        for share in verdict.admit:
-            self._decided[share.key] = "admitted"
-        for share, _ in verdict.refuse:
-            self._decided[share.key] = "refused"
-        if verdict.mixed:
-            log.error(
-                "an MPS GPU holds claims of several trust domains (allocated without binding conditions): the node "
-                "plugin refuses those of the other domains at prepare",
-                extra={"device": "/".join(device), "serves": verdict.owner.id if verdict.owner else None,
-                       "also": [d.id for d in verdict.mixed]},
-            )  # fmt: skip
-        return verdict
+    def serving_id(self, device: DeviceKey) -> str | None:
+        """`serving` as its id (for the ledger's `mpsTrustDomain`)."""
+        domain = self.serving(device)
+        return domain.id if domain is not None else None
+
+    # ----- what the status writers write ---------------------------------------------------------------------
 
     def entries(self, claim: ClaimView, now: datetime.datetime) -> dict[tuple[str, str, str], MpsEntry]:
-        """Entry key -> what the status plan adds, for each share of `claim` on an MPS GPU (deciding the ones the
-        scheduler waits on)."""
+        """Entry key -> what the status plan adds, for each share of `claim` on an MPS GPU. A condition written
+        stands; a waiting share gets what its GPU's verdict decides (nothing while the GPU has no rule)."""
         if not self.enabled or not claim.allocated:
             return {}
         out: dict[tuple[str, str, str], MpsEntry] = {}
@@ -179,72 +167,97 @@ class MpsDomains:
         for share in claim.shares:
             if not self.is_mps(share.device_key):
                 continue
-            if not share.mps_binding:
-                out[share.entry_key] = MpsEntry(domain.id)
-                continue
-            if share.device_key not in verdicts:
-                verdicts[share.device_key] = self.decide(share.device_key)
-            owner = verdicts[share.device_key].owner
             existing = claim.status_mps.get(share.entry_key)
-            state = self._decided.get((claim.uid, share.device, share.share_id))
-            if state is None or owner is None:  # decided and written before (by this leader or another): kept
-                out[share.entry_key] = MpsEntry(domain.id, existing)
-                continue
-            kind = CONFLICT_CONDITION if state == "refused" else ADMITTED_CONDITION
-            refused = (
-                conflict_message(self._share(claim, share, domain), owner, share.pool, share.device)
-                if state == "refused"
-                else None
-            )
-            if existing is not None and existing.get("type") == kind:
-                out[share.entry_key] = MpsEntry(domain.id, existing, refused)
-                continue
-            message = refused or admitted_message(owner, share.pool, share.device)
-            out[share.entry_key] = MpsEntry(domain.id, _condition(kind, message, now), refused)
+            written = existing if existing is not None and existing.get("status") == "True" else None
+            if share.admin_access:
+                message = admin_message(share.pool, share.device)
+                admitted = written or _condition(ADMITTED_CONDITION, message, now, "AdminAccess")
+                out[share.entry_key] = MpsEntry(None, admitted if share.mps_binding else None)
+            elif not share.mps_binding:
+                out[share.entry_key] = MpsEntry(domain.id)
+            elif written is not None:
+                refused = str(written.get("message", "")) if written.get("type") == CONFLICT_CONDITION else None
+                out[share.entry_key] = MpsEntry(domain.id, written, refused)
+            else:
+                if share.device_key not in verdicts:
+                    verdicts[share.device_key] = self.verdict(share.device_key)
+                out[share.entry_key] = _decided(
+                    verdicts[share.device_key], claim=claim, share=share, domain=domain, existing=existing, now=now
+                )
         return out
 
-    def waiting(self, claim: ClaimView) -> list[tuple[str, str]]:
+    def waiting(
+        self, claim: ClaimView, selected: Callable[[GpuRequest, DeviceRecord], bool] = lambda *_: True
+    ) -> list[tuple[str, str]]:
         """(request, message) for each request of a pending `claim` that waits only because the GPUs with room
-        for it are MPS GPUs of other trust domains (free memory as the ledger has it)."""
+        for it are MPS GPUs of other trust domains (free memory as the ledger has it; domains as the GPUs' rules
+        record them). `selected`: whether the request's selectors leave it a device (of its DeviceClass: the MPS
+        class only MPS GPUs); only those count."""
         if not self.enabled or claim.allocated or not claim.memory_requests:
             return []
-        rooms = []
-        for key in self._catalogue.devices():
+        known = []
+        for key, device in self._catalogue.devices().items():
             name = self._catalogue.object_name(key)
             existing = self._context.gpu(name) if name else None
             free = (existing.status or {}).get("freeMemory") if existing is not None else None
             if free is not None:
                 mps = self.is_mps(key)
-                rooms.append(Room(key[0], key[1], to_bytes(free), mps, self.owner(key) if mps else None))
+                known.append((device, Room(key[0], key[1], to_bytes(free), mps, self.serving(key) if mps else None)))
         domain = self.domain_of(claim)
         out = []
         for alternatives in claim.memory_requests:
             smallest = min(alternatives, key=lambda m: m.memory or 0)  # memory_requests: every memory is set
-            if (message := waiting_message(domain, smallest.memory or 0, rooms)) is not None:
+            memory = smallest.memory or 0
+            rooms = [(d, r) for d, r in known if r.free >= memory]
+            usable = (d for d, r in rooms if not r.mps or r.owner in (None, domain))
+            if any(selected(smallest, d) for d in usable):  # the cheap answer first: most claims have room
+                continue
+            held = [r for d, r in rooms if r.mps and r.owner not in (None, domain) and selected(smallest, d)]
+            if (message := waiting_message(domain, memory, held)) is not None:
                 out.append((smallest.request, message))
         return out
 
-    def owner(self, device: DeviceKey) -> TrustDomain | None:
-        """The trust domain an MPS GPU serves (None: no claim, or not an MPS GPU)."""
-        if not self.enabled or not self._on.get(device):
-            return None
-        return plan_device(device[0], device[1], self._shares(device)).owner
 
-    def owner_id(self, device: DeviceKey) -> str | None:
-        """`owner` as its id (for the ledger)."""
-        owner = self.owner(device)
-        return owner.id if owner is not None else None
-
-    def _held_verdict(self, device: DeviceKey) -> DeviceVerdict | None:
-        """The verdict of an MPS GPU that holds claims (for its DeviceTaintRule); None when it holds none."""
-        return plan_device(device[0], device[1], self._shares(device)) if self._on.get(device) else None
+def _tenant(claim: ClaimView, share: Share, domain: TrustDomain) -> MpsShare:
+    state: ShareState = "holding"
+    if share.mps_binding:
+        condition = claim.status_mps.get(share.entry_key)
+        state = "waiting"
+        if condition is not None and condition.get("status") == "True":
+            state = "admitted" if condition.get("type") == ADMITTED_CONDITION else "refused"
+    return MpsShare(
+        claim=claim.uid, namespace=claim.namespace, name=claim.name, pool=share.pool, device=share.device,
+        share_id=share.share_id, domain=domain, state=state, allocated_at=claim.allocated_at,
+    )  # fmt: skip
 
 
-def _condition(kind: str, message: str, now: datetime.datetime) -> dict[str, Any]:
+def _decided(
+    verdict: DeviceVerdict,
+    *,
+    claim: ClaimView,
+    share: Share,
+    domain: TrustDomain,
+    existing: dict[str, Any] | None,
+    now: datetime.datetime,
+) -> MpsEntry:
+    """The entry of a waiting tenant share: the verdict's decision as a condition, or none while the GPU waits
+    for its rule."""
+    key = (claim.uid, share.device, share.share_id)
+    decision = verdict.decision(key)
+    if decision is None or verdict.owner is None:
+        return MpsEntry(domain.id, existing)
+    if decision == "admitted":
+        message = admitted_message(verdict.owner, share.pool, share.device)
+        return MpsEntry(domain.id, _condition(ADMITTED_CONDITION, message, now))
+    refused = next(m for s, m in verdict.refuse if s.key == key)
+    return MpsEntry(domain.id, _condition(CONFLICT_CONDITION, refused, now), refused)
+
+
+def _condition(kind: str, message: str, now: datetime.datetime, reason: str | None = None) -> dict[str, Any]:
     return {
         "type": kind,
         "status": "True",
-        "reason": "Admitted" if kind == ADMITTED_CONDITION else "OtherTrustDomain",
+        "reason": reason or ("Admitted" if kind == ADMITTED_CONDITION else "OtherTrustDomain"),
         "message": message[:32768],
         "lastTransitionTime": now.strftime("%Y-%m-%dT%H:%M:%SZ"),
     }

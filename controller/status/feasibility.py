@@ -126,6 +126,14 @@ class _Checks:
         )
 
 
+def selected_by(
+    device_class: DeviceClassView | Mapping[str, DeviceClassView] | None, driver: str
+) -> Callable[[GpuRequest, DeviceRecord], bool]:
+    """Whether an alternative's selectors (its DeviceClass's, then its own) leave a device to it: one that cannot
+    be evaluated rules nothing out. Each outcome is evaluated once per returned function."""
+    return _Checks(device_class, driver).passes
+
+
 def _none_fits(m: GpuRequest, devices: Sequence[DeviceRecord], checks: _Checks) -> str | None:
     """Why no device can serve the alternative; None when one may."""
     labelled = checks.labelled(m)

@@ -1,7 +1,9 @@
 """The claim-status manager: claims wait in a `WorkQueue` for `--workers` concurrent writers; each plans the claim's
 `status.devices` entries (`plan_status`, with `plan_node_gone` for a deleted node, and what MPS GPUs add from
 `controller.mps`: the trust domain and the binding condition decided) from the indexes, applies them when they
-differ, and posts the Events the claim needs (`ClaimEvents`, and `MpsTrustDomainConflict` for a refused share).
+differ, and posts the Events the claim needs (`ClaimEvents`, and `MpsTrustDomainConflict` for a refused share,
+`MpsTrustDomainWaiting` for a pending claim that only other trust domains' MPS GPUs have room for, among the GPUs
+its selectors leave it: `controller.status.feasibility.selected_by`).
 
 A failed write or Event post is retried with the queue's backoff, up to `MAX_ATTEMPTS` times; a write the API server
 could not take now (`ApiTransient`: throttled, unavailable, no answer) is delayed, not dropped: retried without
@@ -24,6 +26,7 @@ from controller.devices.catalogue import DeviceCatalogue
 from controller.mps.manager import CONFLICT_REASON, WAITING_REASON, MpsDomains, refusals
 from controller.nodes.plan import plan_node_gone
 from controller.status.events import ClaimEvents
+from controller.status.feasibility import selected_by
 from controller.status.plan import apply_body, plan_status
 
 log = logging.getLogger(__name__)
@@ -140,7 +143,9 @@ class StatusManager:
             ((CONFLICT_REASON, pool, device, share), CONFLICT_REASON, message)
             for (pool, device, share), message in refusals(mps)
         ]
-        notices += [((WAITING_REASON, r, m), WAITING_REASON, m) for r, m in self._mps.waiting(claim)]
+        if self._mps.enabled and not claim.allocated:
+            selected = selected_by(self._context.claim_classes(), driver)
+            notices += [((WAITING_REASON, r, m), WAITING_REASON, m) for r, m in self._mps.waiting(claim, selected)]
         for about, reason, message in notices:
             posted = await self._context.run(post, claim, about, reason, message) and posted
         return posted

@@ -44,7 +44,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -154,7 +154,7 @@ def summarise_edits(edits: cdi.ContainerEdits) -> list[str]:
     ]
 
 
-def detect_tiers(settings: Settings, gpus: list[GpuInfo]) -> dict[str, GpuTiers]:
+def detect_tiers(settings: Settings, gpus: list[GpuInfo]) -> Mapping[str, GpuTiers]:
     """The tiers each GPU offers, by our detection; NVML is probed even where the cgroup rules nvml out (the
     plugin skips it there), so the report says what the driver could do."""
     cgroup, edits = static_facts(settings)

@@ -14,7 +14,7 @@ The partition is destroyed whatever happened, and must be gone afterwards.
 
 import re
 import uuid as uuids
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +138,7 @@ def run(
     *,
     edits: cdi.ContainerEdits,
     nodes: DeviceNodeSnapshot,
-    tiers: dict[str, GpuTiers],
+    tiers: Mapping[str, GpuTiers],
     runtime: container.Runtime,
     rootfs: Path,
     script: Callable[[], str],

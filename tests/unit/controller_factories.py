@@ -2,18 +2,21 @@
 allocation results, an in-memory `Writer`, kopf-shaped indexes, and `eventually`."""
 
 import asyncio
+import json
 from collections.abc import Callable
 from typing import Any
 
+from api.kube_errors import api_error
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB, MiB
 from controller.core.claims import ClaimView, claim_view
-from controller.core.slices import SliceView, slice_view
+from controller.core.slices import SliceView, TaintRuleView, slice_view
 from controller.ledger.plan import ExistingGpu
 from kubelet_plugin.core.model import GpuInfo
 from kubelet_plugin.publishing.slices import build_slices
 
 NODE = "node-a"
+ALREADY_EXISTS = {"kind": "Status", "status": "Failure", "reason": "AlreadyExists", "code": 409}
 
 
 def gpu(index: int, memory_gib: int = 80, model: str = "NVIDIA H100 80GB HBM3") -> GpuInfo:
@@ -105,7 +108,12 @@ class FakeWriter:
         self.leases: list[dict[str, Any]] = []
         """What `list_heartbeats` answers."""
         self.taint_rules: dict[str, dict[str, Any]] = {}
-        """The DeviceTaintRules written (and what `list_taint_rules` answers)."""
+        """The DeviceTaintRules as the API server has them (what `read_taint_rule` answers): created, applied,
+        deleted; a test edits them to play someone else."""
+        self.rule_writes: list[tuple[str, str]] = []
+        """(verb, name) of each DeviceTaintRule write, in order: create, apply, delete."""
+        self.rule_events: list[tuple[str, str, str, str]] = []
+        """(rule name, uid, reason, message) of each Event posted about a DeviceTaintRule."""
 
     def _maybe_fail(self) -> None:
         if self.fail:
@@ -136,17 +144,35 @@ class FakeWriter:
         self._maybe_fail()
         return list(self.leases)
 
-    def list_taint_rules(self) -> list[dict[str, Any]]:
+    def create_taint_rule(self, body: dict[str, Any]) -> str:
         self._maybe_fail()
-        return list(self.taint_rules.values())
+        name = body["metadata"]["name"]
+        if name in self.taint_rules:
+            raise api_error(409, "AlreadyExists", json.dumps(ALREADY_EXISTS))
+        uid = f"uid-rule-{len(self.rule_writes)}"
+        self.taint_rules[name] = {**body, "metadata": {**body["metadata"], "uid": uid}}
+        self.rule_writes.append(("create", name))
+        return uid
+
+    def read_taint_rule(self, name: str) -> dict[str, Any] | None:
+        self._maybe_fail()
+        return self.taint_rules.get(name)
 
     def apply_taint_rule(self, body: dict[str, Any]) -> None:
         self._maybe_fail()
-        self.taint_rules[body["metadata"]["name"]] = body
+        name = body["metadata"]["name"]
+        uid = (self.taint_rules.get(name) or {}).get("metadata", {}).get("uid", f"uid-rule-{len(self.rule_writes)}")
+        self.taint_rules[name] = {**body, "metadata": {**body["metadata"], "uid": uid}}
+        self.rule_writes.append(("apply", name))
 
     def delete_taint_rule(self, name: str) -> None:
         self._maybe_fail()
         self.taint_rules.pop(name, None)
+        self.rule_writes.append(("delete", name))
+
+    def post_taint_rule_event(self, name: str, uid: str, reason: str, message: str) -> bool:
+        self.rule_events.append((name, uid, reason, message))
+        return True
 
 
 class World:
@@ -156,6 +182,8 @@ class World:
         self.slices: dict[str, list[SliceView]] = {}
         self.claims: dict[tuple[str, str], list[ClaimView]] = {}
         self.gpus: dict[str, list[ExistingGpu]] = {}
+        self.rules: dict[str, list[TaintRuleView]] = {}
+        """DeviceTaintRules that may select our devices (bind it as `taint_rules`)."""
         self.publish(gpu_count)
 
     def publish(self, count: int, generation: int = 1) -> None:

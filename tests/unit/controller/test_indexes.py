@@ -8,19 +8,22 @@ import copy
 from collections.abc import Callable, Coroutine
 from typing import Any
 
+from api.mps_trust import ADMITTED_CONDITION
 from api.names import DRIVER_NAME
 from controller.core.settings import Settings
 from controller.loops import Controller
-from tests.unit.controller_factories import NODE, FakeWriter, claim, eventually, result, slices
+from kubelet_plugin.publishing.slices import build_slices
+from tests.unit.controller_factories import NODE, FakeWriter, claim, eventually, memory_request, result, slices
+from tests.unit.controller_factories import gpu as gpu_info
 from tests.unit.kopf_world import KopfWorld
 
 OTHER_CLASS = "other-class.fracgpu.dev"
 
 
-def run(test: Callable[[Controller, KopfWorld, FakeWriter], Coroutine[Any, Any, None]]) -> None:
+def run(test: Callable[[Controller, KopfWorld, FakeWriter], Coroutine[Any, Any, None]], **settings: Any) -> None:
     async def main() -> None:
         writer = FakeWriter()
-        controller = Controller(Settings(ledger_delay_seconds=0.0), writer)
+        controller = Controller(Settings(**{"ledger_delay_seconds": 0.0, **settings}), writer)
         world = KopfWorld(controller)
         try:
             await test(controller, world, writer)
@@ -164,3 +167,69 @@ def test_a_device_taint_rule_taints_the_gpus_it_selects_until_it_is_changed_or_d
         await eventually(lambda: taints(writer) == {f"{NODE}-gpu-0": None, f"{NODE}-gpu-1": None})
 
     run(test)
+
+
+MPS_CLASS = "mps.gpu.fracgpu.dev"
+MPS_RULE = f"{DRIVER_NAME}-mps-{NODE}-gpu-0"
+
+
+async def one_mps_gpu_held_by_team_a(controller: Controller, world: KopfWorld, writer: FakeWriter) -> None:
+    """MPS GPU gpu-0, admitted to a claim of team-a, and gpu-1, no MPS GPU, free; the rule and GPU objects and the
+    MPS DeviceClass (as the chart makes it) in kopf's indexes."""
+    bodies = build_slices(
+        NODE, "uid-" + NODE, DRIVER_NAME, [gpu_info(0), gpu_info(1)], step=256 << 20, reserve=0, generation=1,
+        enforcement={"gpu-0": "mps"}, mps_binding=True,
+    )  # fmt: skip
+    mps_only = f'"mps" in device.attributes["{DRIVER_NAME}"] && device.attributes["{DRIVER_NAME}"].mps'
+    selectors = [{"cel": {"expression": f'device.driver == "{DRIVER_NAME}"'}}, {"cel": {"expression": mps_only}}]
+    await world.event(None, {"kind": "DeviceClass", "metadata": {"name": MPS_CLASS}, "spec": {"selectors": selectors}})
+    for body in bodies:
+        await world.event(None, {**body, "kind": "ResourceSlice"})
+    share = result("gpu", "gpu-0", "10Gi", "s-a")
+    share["bindingConditions"] = [ADMITTED_CONDITION]
+    holder = _claim(name="a", namespace="team-a", results=[share])
+    await world.event("ADDED", holder)
+    await controller.mps.rules.run_pass()
+    await world.event("ADDED", {**writer.taint_rules[MPS_RULE], "kind": "DeviceTaintRule"})
+    assert await controller.status.reconcile(("team-a", "a"))
+    (_, _, applied) = writer.claims[-1]
+    assert applied["status"]["devices"][0]["conditions"][0]["type"] == ADMITTED_CONDITION
+    holder["status"]["devices"] = applied["status"]["devices"]
+    await world.event("MODIFIED", holder)
+    assert await controller.ledger.reconcile()
+    for name, status in writer.gpu_status.items():
+        await world.event(None, {"kind": "GPU", "metadata": {"name": name, "labels": {}}, "spec": {}, "status": status})
+
+
+def test_a_pending_claim_of_the_mps_class_is_seen_and_told_which_domain_holds_the_gpu() -> None:
+    async def test(controller: Controller, world: KopfWorld, writer: FakeWriter) -> None:
+        await one_mps_gpu_held_by_team_a(controller, world, writer)
+        pending = _claim(name="c", namespace="team-c", requests=[memory_request("gpu", "10Gi", MPS_CLASS)])
+        await world.event("ADDED", pending)
+        assert ("team-c", "c") in world.index("fracgpu_claims"), "a pending claim of the MPS class is not indexed"
+        assert await controller.status.reconcile(("team-c", "c"))
+        ((name, reason, message),) = [e for e in writer.events if e[1] == "MpsTrustDomainWaiting"]
+        assert (name, reason) == ("c", "MpsTrustDomainWaiting")
+        assert "this claim of namespace team-c waits" in message
+        assert "(gpu-0 of node node-a (namespace team-a))" in message, "gpu-1 has room but is no MPS GPU"
+        anywhere = _claim(name="d", namespace="team-c", requests=[memory_request("gpu", "10Gi")])
+        await world.event("ADDED", anywhere)
+        assert await controller.status.reconcile(("team-c", "d"))
+        assert [e[0] for e in writer.events if e[1] == "MpsTrustDomainWaiting"] == ["c"], "d may use gpu-1"
+
+    run(test, mps=True, extra_device_classes=MPS_CLASS)
+
+
+def test_an_mps_gpus_rule_deleted_through_the_watch_is_created_again_with_an_event() -> None:
+    async def test(controller: Controller, world: KopfWorld, writer: FakeWriter) -> None:
+        await one_mps_gpu_held_by_team_a(controller, world, writer)
+        rule = {**writer.taint_rules.pop(MPS_RULE), "kind": "DeviceTaintRule"}  # someone deletes it
+        await world.event("DELETED", rule)
+        assert MPS_RULE not in world.index("fracgpu_taint_rules")
+        await controller.mps.rules.run_pass()
+        assert writer.rule_writes == [("create", MPS_RULE), ("create", MPS_RULE)]
+        ((name, _, reason, message),) = writer.rule_events
+        assert (name, reason) == (MPS_RULE, "MpsTaintRuleRestored")
+        assert f"{MPS_RULE} of MPS GPU gpu-0 of node node-a was deleted while it recorded namespace team-a" in message
+
+    run(test, mps=True)

@@ -1,4 +1,5 @@
-"""Unit tests of the controller's Event posting (controller/core/kube.py) against a fake REST client."""
+"""Unit tests of the controller's Event posting and DeviceTaintRule writes (controller/core/kube.py) against a fake
+REST client."""
 
 import json
 from typing import Any
@@ -6,7 +7,7 @@ from typing import Any
 from api.kube_errors import api_error
 from api.kube_rest import KubeRest
 from controller.core.claims import ClaimView
-from controller.core.kube import event_name, post_claim_event
+from controller.core.kube import KubeWriter, event_name, post_claim_event, post_taint_rule_event
 
 #: kube-apiserver's answer to a create in a namespace being deleted (its NamespaceLifecycle admission plugin)
 TERMINATING = {
@@ -42,7 +43,11 @@ class FakeRest:
         if self.errors:
             raise self.errors.pop(0)
         self.created.append((path, body))
-        return body
+        return {**body, "metadata": {**body["metadata"], "uid": "uid-made"}}
+
+    def get(self, path: str, **query: Any) -> dict[str, Any]:
+        self.created.append((path, query))
+        return {"items": [{"metadata": {"name": "r"}}] if query.get("fieldSelector") == "metadata.name=r" else []}
 
 
 def post(rest: FakeRest, claim: ClaimView = CLAIM, key: tuple[str, ...] = KEY) -> bool:
@@ -74,3 +79,32 @@ def test_already_existing_events_count_as_posted_and_failures_do_not() -> None:
     assert not post(FakeRest(ConnectionResetError("reset")))
     terminating = api_error(403, "Forbidden", json.dumps(TERMINATING))
     assert post(FakeRest(terminating)), "never postable: not worth retrying"
+
+
+def test_a_taint_rule_is_created_by_a_create_and_read_back_by_name() -> None:
+    rest = FakeRest()
+    writer = KubeWriter.__new__(KubeWriter)
+    writer.rest = rest  # type: ignore[assignment]  # duck-typed: create() and get()
+    rule = {"metadata": {"name": "r"}, "spec": {}}
+    assert writer.create_taint_rule(rule) == "uid-made"
+    assert writer.read_taint_rule("r") == {"metadata": {"name": "r"}} and writer.read_taint_rule("s") is None
+    assert rest.created == [
+        ("/apis/resource.k8s.io/v1/devicetaintrules", rule),
+        ("/apis/resource.k8s.io/v1/devicetaintrules", {"fieldSelector": "metadata.name=r"}),
+        ("/apis/resource.k8s.io/v1/devicetaintrules", {"fieldSelector": "metadata.name=s"}),
+    ]
+
+
+def test_an_event_about_a_taint_rule_names_it_in_namespace_default() -> None:
+    rest = FakeRest()
+    fake: KubeRest = rest  # type: ignore[assignment]
+    assert post_taint_rule_event(fake, "r", "uid-r", reason="MpsTaintRuleRestored", message="was deleted")
+    ((path, body),) = rest.created
+    assert path == "/api/v1/namespaces/default/events"
+    assert body["involvedObject"] == {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceTaintRule",
+        "name": "r",
+        "uid": "uid-r",
+    }
+    assert (body["type"], body["reason"], body["message"]) == ("Warning", "MpsTaintRuleRestored", "was deleted")

@@ -30,6 +30,17 @@ def test_flags_and_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.liveness_endpoint is None and s.device_gone_grace_seconds == 5 and s.webhook_service == "sys/hook"
 
 
+def test_claims_of_every_device_class_of_ours_are_watched() -> None:
+    s = parse_settings(["--extra-device-classes=mps.gpu.fracgpu.dev, enforced.gpu.fracgpu.dev,gpu.fracgpu.dev"])
+    assert s.claim_classes == (
+        "gpu.fracgpu.dev",
+        "mig.gpu.fracgpu.dev",
+        "enforced.gpu.fracgpu.dev",
+        "mps.gpu.fracgpu.dev",
+    ), "each class once: the default, the MIG class, then the further ones"
+    assert parse_settings([]).claim_classes == ("gpu.fracgpu.dev", "mig.gpu.fracgpu.dev")
+
+
 def test_empty_device_gone_grace_falls_back_to_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FRACGPU_DEVICE_GONE_GRACE", "")
     assert parse_settings([]).device_gone_grace_seconds == 60

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ def planned(
     settings: Settings,
     gpus: dict[str, GpuInfo],
     driver_edits: ContainerEdits | None = None,
-    tiers: dict[str, GpuTiers] | None = None,
+    tiers: Mapping[str, GpuTiers] | None = None,
     *,
     nodes: dict[str, tuple[int, int]] | DeviceNodeSnapshot | None = None,
     hami_core_installed: bool = False,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -501,7 +502,7 @@ class CountingDetector(EnforcementDetector):
 
     reads = 0
 
-    def tiers(self) -> dict[str, GpuTiers]:
+    def tiers(self) -> Mapping[str, GpuTiers]:
         self.reads += 1
         return super().tiers()
 
