@@ -5,9 +5,10 @@ node plugin's own `build_slices` on fake Nodes (no kubelet: pods are bound, neve
 
 Shown: pods of two namespaces created at once land on two MPS GPUs, each admitted, each GPU tainted for its domain
 and its ledger object naming it; a pod of a namespace already on a GPU joins it; a pod of a third namespace waits
-(Pending, `MpsTrustDomainWaiting` naming the domains) until a GPU frees, then lands; a claim that tolerates every
-taint and is placed on another domain's GPU is refused there (`MpsTrustDomainConflict`) and never bound; a claim
-that tolerates another domain's taint is refused at admission.
+(Pending, `MpsTrustDomainWaiting` naming the domains) until a GPU frees, then lands; a claim of our class that
+tolerates every taint, or another domain's taint, is refused at admission; one of another class that selects our
+devices and tolerates every taint, placed on another domain's GPU, is refused there (`MpsTrustDomainConflict`) and
+never bound; three namespaces racing for two free MPS GPUs settle, and the namespaces left out are told why.
 """
 
 import time
@@ -96,8 +97,15 @@ def mps_node(api_client: client.ApiClient, dyn: DynamicClient, count: int) -> st
     return name
 
 
-def start_pod(api_client: client.ApiClient, namespace: str, name: str, node: str, **exactly: Any) -> None:
-    template = kube.claim_template(name, DEVICE_CLASS_NAME, "10Gi")
+def start_pod(
+    api_client: client.ApiClient,
+    namespace: str,
+    name: str,
+    node: str,
+    device_class: str = DEVICE_CLASS_NAME,
+    **exactly: Any,
+) -> None:
+    template = kube.claim_template(name, device_class, "10Gi")
     template["spec"]["spec"]["devices"]["requests"][0]["exactly"].update(exactly)
     client.ResourceV1Api(api_client).create_namespaced_resource_claim_template(namespace, template)
     client.CoreV1Api(api_client).create_namespaced_pod(namespace, kube.pod_with_claim(name, name, node))
@@ -191,8 +199,16 @@ def test_a_claim_placed_on_another_domains_gpu_is_refused_there_and_one_tolerati
     node = mps_node(api_client, dyn, 1)
     start_pod(api_client, a, "holder", node)
     wait(controller, lambda: bound(api_client, a, "holder"), 60, "the holder bound")
-    # every taint tolerated (admission warns): the scheduler may place it on a's GPU; the controller refuses it
-    start_pod(api_client, b, "intruder", node, tolerations=[{"operator": "Exists"}])
+    # every taint tolerated: refused at admission on our classes (else the scheduler could place it on a's GPU
+    # again and again)
+    everything = kube.claim_template("everything", DEVICE_CLASS_NAME, "1Gi")
+    everything["spec"]["spec"]["devices"]["requests"][0]["exactly"]["tolerations"] = [{"operator": "Exists"}]
+    with pytest.raises(ApiException) as denied:
+        client.ResourceV1Api(api_client).create_namespaced_resource_claim_template(b, everything)
+    assert denied.value.status == 422 and "tolerates every taint" in str(denied.value.body), denied.value.body
+    # a class of someone else's that selects our devices escapes admission: the binding condition still refuses it
+    kube.ensure_device_class(dyn, "intruders.example.com", DRIVER_NAME)
+    start_pod(api_client, b, "intruder", node, "intruders.example.com", tolerations=[{"operator": "Exists"}])
     refused = wait(controller, lambda: events(api_client, b, "MpsTrustDomainConflict"), 60, "MpsTrustDomainConflict")
     assert f"serves namespace {a}, and this claim belongs to namespace {b}" in refused[0]
     assert not bound(api_client, b, "intruder"), "bound onto another trust domain's MPS GPU"
@@ -251,3 +267,42 @@ def test_three_namespaces_racing_for_two_free_mps_gpus_settle_promptly_and_the_r
         f"race: settled after {settled_after:.1f} s, the waiting namespaces told after {told_after:.1f} s, "
         f"{conflicts} conflicts decided, GPUs held by {holders}"
     )
+
+
+def test_a_deleted_or_edited_rule_of_an_mps_gpu_is_restored_within_seconds_with_an_event(
+    controller: kube.ControllerProcess, api_client: client.ApiClient, dyn: DynamicClient, namespaces: list[str]
+) -> None:
+    a, b, _ = namespaces
+    node = mps_node(api_client, dyn, 1)
+    start_pod(api_client, a, "holder", node)
+    wait(controller, lambda: bound(api_client, a, "holder"), 60, "the holder bound")
+    wait(controller, lambda: taint_rules(dyn, node) == {"gpu-0": a}, 30, "the rule of a's GPU")
+    rules = kube.resource(dyn, "resource.k8s.io/v1", "DeviceTaintRule")
+    (name,) = [
+        r["metadata"]["name"]
+        for r in rules.get(label_selector=f"{RULE_LABEL}=true").to_dict()["items"]
+        if r["spec"]["deviceSelector"]["pool"] == node
+    ]
+    core = client.CoreV1Api(api_client)
+
+    def restored_events() -> list[str]:
+        listed = core.list_namespaced_event(
+            "default", field_selector=f"reason=MpsTaintRuleRestored,involvedObject.name={name}"
+        )
+        return [e.message for e in listed.items]
+
+    rules.delete(name=name)
+    start = time.monotonic()
+    wait(controller, lambda: taint_rules(dyn, node) == {"gpu-0": a}, 10, "the deleted rule back")
+    deleted_after = time.monotonic() - start
+    told = wait(controller, restored_events, 10, "an Event about the deleted rule")
+    assert any("deleted" in m for m in told), told
+
+    patch = {"spec": {"taint": {"key": NAMESPACE_TAINT_KEY, "value": b, "effect": "NoSchedule"}}}
+    rules.patch(name=name, body=patch, content_type="application/merge-patch+json")
+    start = time.monotonic()
+    wait(controller, lambda: taint_rules(dyn, node) == {"gpu-0": a}, 10, "the edited rule back")
+    edited_after = time.monotonic() - start
+    told = wait(controller, lambda: [m for m in restored_events() if "deleted" not in m], 10, "an Event about the edit")
+    assert any(b in m for m in told), told
+    print(f"rule restored {deleted_after:.1f} s after its deletion, {edited_after:.1f} s after its edit")
