@@ -7,7 +7,8 @@ A MIG GPU (one named by the plugin's ``--mig-gpus``) is published as
   ``gpu.fracgpu.dev/mig-parent``, selected by no chart DeviceClass, refused at prepare); it carries the GPU's
   identity, its MIG state and slice totals, so the ledger has one object per physical GPU;
 - while its MIG mode is on, one device per possible partition (``type: mig``): a GPU-instance profile at one of
-  its placements, consuming that placement's memory-slice counters and the profile's compute slices from the
+  its placements, its `memory` capacity exactly the profile's memory (a grant is never below its request),
+  consuming that placement's memory-slice counters and the profile's compute slices from the
   GPU's counter set (``sharedCounters`` in a slice of its own), so the scheduler never over-commits a GPU.
 """
 
@@ -31,8 +32,8 @@ MEMORY_SLICES_ATTRIBUTE: Final = "memorySlices"
 COMPUTE_SLICES_ATTRIBUTE: Final = "computeSlices"
 """int: a partition's compute slices; on a parent, the GPU's total."""
 PARTITION_MEMORY_ATTRIBUTE: Final = "memoryMiB"
-"""int: the partition's memory as the driver reports it (MiB), what CUDA sees; the `memory` capacity is this
-rounded up to a whole GiB (see ``nominal_memory``)."""
+"""int: the partition's memory as the driver reports it (MiB), what CUDA sees; the `memory` capacity is exactly
+this (see ``partition_memory``)."""
 MULTIPROCESSORS_ATTRIBUTE: Final = "multiprocessors"
 """int: the streaming multiprocessors of a partition (its GPU instance's)."""
 STATE_ATTRIBUTE: Final = "migState"
@@ -51,7 +52,6 @@ MigState = Literal["enabled", "disabled", "pending-enable", "pending-disable", "
 (NVML failed; the plugin's log and Node Event say how)."""
 
 _MIG_UUID = re.compile(r"MIG-[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
-_GiB = 1 << 30
 _MiB = 1 << 20
 
 
@@ -74,20 +74,21 @@ def partition_device_name(index: int, profile: str, start: int) -> str:
     return f"gpu-{index}-mig-{re.sub(r'[^a-z0-9]+', '-', profile.lower()).strip('-')}-at-{start}"
 
 
-def nominal_memory(memory_mib: int) -> int:
-    """The `memory` capacity a partition publishes, in bytes: its memory rounded up to a whole GiB.
+def partition_memory(memory_mib: int) -> int:
+    """The `memory` capacity a partition publishes, in bytes: exactly its memory as NVML reports the GPU-instance
+    profile's (``memorySizeMB``, MiB), what a CUDA context in it can allocate.
 
-    NVIDIA sizes partitions in whole GB less a reserve of under one GiB that the driver keeps per partition
-    (``1g.10gb`` on an H100 80GB has 9984 MiB), so a request of ``memory: 10Gi`` gets ``1g.10gb`` while a
-    request the partition cannot hold within that reserve does not (``1g.18gb`` on an H200 has exactly 16 GiB:
-    it publishes 16Gi). What the container is told is the partition's own size (``memoryMiB``)."""
-    return -(-memory_mib * _MiB // _GiB) * _GiB
+    A grant is a floor: the scheduler gives a request only a partition whose capacity holds it, so the capacity is
+    never rounded up. NVIDIA names profiles in decimal GB and keeps a reserve per partition (``1g.10gb`` on an
+    H100 80GB has 9984 MiB), so ``memory: 10Gi`` does not fit a ``1g.10gb``: ask for ``9984Mi`` or select the
+    profile by name."""
+    return memory_mib * _MiB
 
 
-def is_memory_heavy(compute_slices: int, memory_slices: int) -> bool:
-    """Whether a profile has at most half a compute slice per memory slice (``1g.20gb``): such a profile comes
-    after the balanced one of the same memory (``2g.20gb``) when the smallest partition for a request is chosen."""
-    return compute_slices * 2 <= memory_slices
+def size_key(memory_slices: int, compute_slices: int) -> tuple[int, int]:
+    """How small a partition is, smallest first: the counters it draws from its GPU, memory slices first, then
+    compute slices (``1g.20gb`` before ``2g.20gb``, ``3g.40gb`` before ``4g.40gb``)."""
+    return memory_slices, compute_slices
 
 
 def is_mig_uuid(text: object) -> bool:

@@ -103,7 +103,7 @@ class DeviceRecord(BaseModel):
     compute_slices: int | None = None
     """A partition's compute slices; a MIG GPU's total."""
     partition_memory_mib: int | None = None
-    """A partition's memory as the driver reports it (its `memory` capacity is this rounded up to a GiB)."""
+    """A partition's memory as the driver reports it (MiB; its `memory` capacity is exactly this)."""
     mig_state: str | None = None
     """A MIG GPU's MIG state (attribute `migState`)."""
     taints: tuple[DeviceTaint, ...] = ()

@@ -1,7 +1,8 @@
 """A MIG manager with the driver's semantics over a dict (for the Preparer's tests; ``NvmlMig`` itself is tested on
 the mock NVML): partitions at placements, refused when their memory slices or the compute slices are taken,
 ``IN_USE`` while marked in use, every created partition another MIG UUID. And the MIG facts of an H100 80GB as
-NVML reports them (``harness/mocknvml/mock_mig.c`` has the same table)."""
+NVML reports them, and of the other MIG products the mock models (A100 40GB, A100 80GB, H200 141GB):
+``harness/mocknvml/mock_mig.c`` has the same tables, ``tests/unit/harness/test_mock_mig.py`` holds it to them."""
 
 from __future__ import annotations
 
@@ -27,6 +28,46 @@ H100_PROFILES = (
                multiprocessors=132, placements=(0,)),
 )  # fmt: skip
 H100_MIG = MigGpu(state="enabled", memory_slices=8, compute_slices=7, profiles=H100_PROFILES)
+
+
+def _product(rows: tuple[tuple[str, int, int, int, int, int], ...]) -> tuple[MigProfile, ...]:
+    """A product's profiles from (name, id, compute slices, memory slices, memory MiB, multiprocessors), at the
+    placements every MIG product has for each size."""
+    starts = {(1, 1): (0, 1, 2, 3, 4, 5, 6), (1, 2): (0, 2, 4, 6), (2, 2): (0, 2, 4), (3, 4): (0, 4), (4, 4): (0,),
+              (7, 8): (0,)}  # fmt: skip
+    return tuple(
+        MigProfile(
+            name=name,
+            profile_id=pid,
+            compute_slices=c,
+            memory_slices=m,
+            memory_mib=mib,
+            multiprocessors=sms,
+            placements=starts[c, m],
+        )
+        for name, pid, c, m, mib, sms in rows
+    )
+
+
+A100_40GB_PROFILES = _product((
+    ("1g.5gb", 19, 1, 1, 4864, 14), ("1g.10gb", 15, 1, 2, 9984, 14), ("2g.10gb", 14, 2, 2, 9984, 28),
+    ("3g.20gb", 9, 3, 4, 20096, 42), ("4g.20gb", 5, 4, 4, 20096, 56), ("7g.40gb", 0, 7, 8, 40448, 98),
+))  # fmt: skip
+A100_80GB_PROFILES = _product((
+    ("1g.10gb", 19, 1, 1, 9728, 14), ("1g.20gb", 15, 1, 2, 19968, 14), ("2g.20gb", 14, 2, 2, 19968, 28),
+    ("3g.40gb", 9, 3, 4, 40192, 42), ("4g.40gb", 5, 4, 4, 40192, 56), ("7g.80gb", 0, 7, 8, 80896, 98),
+))  # fmt: skip
+H200_PROFILES = _product((
+    ("1g.18gb", 19, 1, 1, 16384, 16), ("1g.35gb", 15, 1, 2, 33280, 26), ("2g.35gb", 14, 2, 2, 33280, 32),
+    ("3g.71gb", 9, 3, 4, 66816, 60), ("4g.71gb", 5, 4, 4, 66816, 64), ("7g.141gb", 0, 7, 8, 143360, 132),
+))  # fmt: skip
+PRODUCTS = {
+    "NVIDIA A100-SXM4-40GB": A100_40GB_PROFILES,
+    "NVIDIA A100-SXM4-80GB": A100_80GB_PROFILES,
+    "NVIDIA H100 80GB HBM3": H100_PROFILES,
+    "NVIDIA H200": H200_PROFILES,
+}
+"""Each MIG product's profiles (media variants left out, as discovery leaves them), by NVML's product name."""
 
 
 def profile(name: str) -> MigProfile:

@@ -2,7 +2,7 @@
 its shared counters (a counter per memory slice and ``compute-slices``) and every possible partition (``type: mig``:
 a GPU-instance profile at one placement, consuming the placement's memory slices and the profile's compute slices),
 smallest first (``mig_devices``): the scheduler takes the first device that matches and fits, so a memory request
-gets the smallest partition that holds it among those whose slices are free. Names and attributes: ``api/mig.py``.
+gets the partition that draws the fewest counters among those that hold it and whose slices are free. Names and attributes: ``api/mig.py``.
 
 May import: ``core``, ``api``.
 """
@@ -33,16 +33,17 @@ class MigDevice:
 
     @property
     def memory(self) -> int:
-        """The published `memory` capacity (bytes): the partition's memory rounded up to a whole GiB."""
-        return names.nominal_memory(self.profile.memory_mib)
+        """The published `memory` capacity (bytes): exactly the partition's memory."""
+        return names.partition_memory(self.profile.memory_mib)
 
 
 def mig_devices(gpus: list[GpuInfo], mig: Mapping[str, MigGpu]) -> list[MigDevice]:
     """Every possible partition of the GPUs in `mig` (device name -> its MIG facts) whose MIG mode is on, in the
-    order the scheduler should try them: the smallest memory first; among profiles of equal memory the balanced
-    one before the memory-heavy one (``2g.20gb`` before ``1g.20gb``), then fewer compute slices (``3g.40gb``
-    before ``4g.40gb``); then by GPU, filling one GPU before the next; on a GPU the highest placement first, so
-    small partitions fill a GPU from the top and leave the low placements, where the large profiles fit."""
+    order the scheduler should try them: the fewest counters first, memory slices then compute slices
+    (``names.size_key``: ``1g.20gb`` before ``2g.20gb``, ``3g.40gb`` before ``4g.40gb``); then by GPU, filling one
+    GPU before the next; on a GPU the highest placement first, so small partitions fill a GPU from the top and
+    leave the low placements, where the large profiles fit. On one GPU a profile's memory grows with its memory
+    slices, so the first partition that holds a request is also the one of least memory that does."""
     out = [
         MigDevice(names.partition_device_name(g.index, p.name, start), g, p, start)
         for g in gpus
@@ -52,13 +53,7 @@ def mig_devices(gpus: list[GpuInfo], mig: Mapping[str, MigGpu]) -> list[MigDevic
     ]
     return sorted(
         out,
-        key=lambda d: (
-            d.memory,
-            names.is_memory_heavy(d.profile.compute_slices, d.profile.memory_slices),
-            d.profile.compute_slices,
-            d.gpu.index,
-            -d.start,
-        ),
+        key=lambda d: (*names.size_key(d.profile.memory_slices, d.profile.compute_slices), d.gpu.index, -d.start),
     )
 
 

@@ -40,7 +40,7 @@ def devices(state: str = "enabled") -> dict[Any, Any]:
 
 
 def claim(
-    name: str, device: str | None = None, memory: str = "10Gi", cls: str = MIG_DEVICE_CLASS_NAME
+    name: str, device: str | None = None, memory: str = "9984Mi", cls: str = MIG_DEVICE_CLASS_NAME
 ) -> dict[str, Any]:
     body: dict[str, Any] = {
         "metadata": {"namespace": "ns", "name": name, "uid": f"uid-{name}"},
@@ -73,18 +73,19 @@ def test_the_slices_read_as_gpus_partitions_and_a_mig_gpu() -> None:
     )
     assert parent.max_request == 0, "a MIG GPU itself holds no request"
     assert (part.kind, part.profile, part.placement, part.partition_memory_mib) == ("mig", "1g.10gb", "6:1", 9984)
-    assert (part.allow_multiple, part.memory_total, part.ledger_device) == (False, 10 << 30, "gpu-1")
+    assert (part.allow_multiple, part.memory_total, part.ledger_device) == (False, 9984 << 20, "gpu-1")
     assert found[NODE, "gpu-0"].kind == "gpu" and found[NODE, "gpu-0"].allow_multiple
     assert family((NODE, "gpu-1"), found)[1:] == sorted(k for k, d in found.items() if d.kind == "mig")
 
 
 def test_the_claim_status_names_the_gpu_profile_placement_and_mig_uuid() -> None:
+    """Its memory is the partition's own, never less than the request (a grant is a floor)."""
     found = devices()
     view = claim("a", SMALL)["view"]
     (entry,) = plan_status(view, found.get, DRIVER_NAME).entries
     assert entry["data"] == {
         "gpu": f"{NODE}-gpu-1", "node": NODE, "device": SMALL, "index": 1, "uuid": gpu(1).uuid,
-        "productName": "NVIDIA H100 80GB HBM3", "request": "gpu", "memory": "10Gi", "memoryTotal": "10Gi",
+        "productName": "NVIDIA H100 80GB HBM3", "request": "gpu", "memory": "9984Mi", "memoryTotal": "9984Mi",
         "enforcement": "mig", "profile": "1g.10gb", "placement": "6:1", "partitionMemory": "9984Mi",
         "migUUID": MIG_UUID,
     }  # fmt: skip
@@ -97,6 +98,8 @@ def test_one_gpu_object_per_mig_gpu_with_its_slices_and_partitions() -> None:
     status = ledger[f"{NODE}-gpu-1"].status
     assert status["mig"]["summary"] == "4/7 compute, 5/8 memory slices, 2 partitions"
     assert status["shares"] == 2 and status["enforcement"] == "mig" and status["shareEnforcement"] == "mig=2"
+    assert status["allocatedMemory"] == f"{9984 + 40448}Mi", "each partition's own memory"
+    assert [c["memory"] for c in status["claims"]] == ["9984Mi", "40448Mi"]
     assert [(c["device"], c["profile"], c["placement"]) for c in status["claims"]] == [
         (SMALL, "1g.10gb", "6:1"), (HALF, "3g.40gb", "4:4")]  # fmt: skip
     assert status["claims"][0]["migUUID"] == MIG_UUID
@@ -113,9 +116,9 @@ def test_a_mig_gpu_without_mig_says_why_on_its_object() -> None:
 def test_a_request_no_partition_can_ever_hold_is_unsatisfiable_and_one_that_fits_is_not() -> None:
     found = devices()
     classes = {MIG_DEVICE_CLASS_NAME: MIG_CLASS, DRIVER_NAME: GPU_CLASS}
-    pending = claim("big", memory="81Gi")["view"]
+    pending = claim("big", memory="80Gi")["view"]
     (found_,) = plan_unsatisfiable(pending, found.values(), classes, DRIVER_NAME)
-    assert "asks for 81Gi" in found_.message and "the largest of them has 80Gi" in found_.message
+    assert "asks for 80Gi" in found_.message and "the largest of them has 81152Mi" in found_.message
     assert plan_unsatisfiable(claim("fits", memory="70Gi")["view"], found.values(), classes, DRIVER_NAME) == ()
     whole = claim("whole", memory="80Gi", cls=DRIVER_NAME)["view"]
     assert plan_unsatisfiable(whole, found.values(), classes, DRIVER_NAME) != (), "gpu-0 has 79.5Gi; gpu-1 is MIG"

@@ -132,6 +132,8 @@ def test_prepare_makes_the_partition_and_gives_the_container_only_it(env: Env, m
     assert env_vars["NVIDIA_VISIBLE_DEVICES"] == made.uuid, "driver edits none: the MIG UUID for an nvidia runtime"
     info = json.loads((env.settings.plugin_data_dir / "claim-info" / UID_A / "gpu.json").read_text())
     assert info["version"] == 2 and info["devices"][0]["mig"]["uuid"] == made.uuid
+    published = partition_entry(mig_catalog(GPUS, {"gpu-1": H100_MIG})[SMALL])["capacity"]["memory"]["value"]
+    assert published == f"{info['devices'][0]['memoryMiB']}Mi" == "9984Mi", "the grant is the capacity published"
     env.preparer.wait_ready_writes(5)
     (patch,) = env.api.status_patches
     (entry,) = patch["body"]["status"]["devices"]

@@ -1,6 +1,6 @@
 """The ResourceSlices of MIG GPUs (kubelet_plugin/publishing/slices.py): the counter model, the partitions'
-attributes, never a MIG GPU whole, and the publication order that makes the scheduler's first fit the smallest
-partition. The order is checked here with a first-fit allocator over the published slices, as kube-scheduler's
+attributes, never a MIG GPU whole, a partition's memory exactly its own (a grant is never below its request), and
+the publication order that makes the scheduler's first fit the partition that draws the fewest counters. The order is checked here with a first-fit allocator over the published slices, as kube-scheduler's
 walks them (pools, then slices by name, then devices in order, skipping those whose counters are spent); the
 real scheduler does the same in tests/integration/test_mig.py."""
 
@@ -13,11 +13,12 @@ import pytest
 from api import mig as names
 from api import published
 from api.names import DRIVER_NAME, MEMORY_CAPACITY, NUMA_NODE_ATTRIBUTE, PCIE_ROOT_ATTRIBUTE
-from api.quantity import GiB, to_bytes
-from kubelet_plugin.core.model import MigGpu
+from api.quantity import MiB, to_bytes
+from kubelet_plugin.core.model import MigGpu, MigProfile
 from kubelet_plugin.kinds.mig.publish import mig_devices
 from kubelet_plugin.publishing.slices import build_slices
-from tests.unit.fake_mig import H100_MIG
+from tests.unit.fake_mig import H100_MIG, PRODUCTS
+from tests.unit.harness.test_mock_mig import TABLES
 from tests.unit.kubelet_plugin.publishing.test_slices import NODE, NODE_UID, STEP, gpu
 
 GPUS = [gpu(0), gpu(1), gpu(2)]
@@ -102,44 +103,119 @@ def test_a_partition_consumes_its_placements_memory_slices_and_its_compute_slice
     assert attr(part, names.PROFILE_ATTRIBUTE) == "3g.40gb" and attr(part, "productName") == "NVIDIA H100 80GB HBM3"
     assert attr(part, "uuid") == GPUS[1].uuid and attr(part, "index") == 1, "the parent's uuid and index"
     assert attr(part, names.PARTITION_MEMORY_ATTRIBUTE) == 40448 and attr(part, "memoryEnforcement") == "mig"
-    assert part["capacity"][MEMORY_CAPACITY] == {"value": "40Gi"}, "39.5 GiB rounded up to a whole GiB"
+    assert part["capacity"][MEMORY_CAPACITY] == {"value": "40448Mi"}, "exactly the partition's memory"
     assert "allowMultipleAllocations" not in part
 
 
-@pytest.mark.parametrize(("memory_mib", "published"), [(9984, 10 * GiB), (16384, 16 * GiB), (4864, 5 * GiB)])
-def test_the_published_memory_is_the_partitions_rounded_up_to_a_gib(memory_mib: int, published: int) -> None:
-    assert names.nominal_memory(memory_mib) == published
+@pytest.mark.parametrize("memory_mib", [9984, 16384, 4864, 143360])
+def test_the_published_memory_is_exactly_the_partitions(memory_mib: int) -> None:
+    assert names.partition_memory(memory_mib) == memory_mib * MiB
 
 
 @pytest.mark.parametrize(
     ("request_memory", "expected"),
-    [("10Gi", "1g.10gb"), ("15Gi", "2g.20gb"), ("20Gi", "2g.20gb"), ("30Gi", "3g.40gb"), ("40Gi", "3g.40gb"),
-     ("41Gi", "7g.80gb"), ("80Gi", "7g.80gb")],
+    [("9984Mi", "1g.10gb"), ("1Gi", "1g.10gb"), ("10Gi", "1g.20gb"), ("12Gi", "1g.20gb"), ("19Gi", "1g.20gb"),
+     ("20096Mi", "1g.20gb"), ("20Gi", "3g.40gb"), ("30Gi", "3g.40gb"), ("40448Mi", "3g.40gb"), ("40Gi", "7g.80gb"),
+     ("81152Mi", "7g.80gb"), ("80Gi", None)],
 )  # fmt: skip
-def test_the_first_fit_is_the_smallest_partition_that_holds_the_request(request_memory: str, expected: str) -> None:
+def test_the_first_fit_is_the_partition_of_fewest_counters_that_holds_the_request(
+    request_memory: str, expected: str | None
+) -> None:
+    """A grant is never below its request: 10Gi does not fit a 1g.10gb (9984 MiB) and 80Gi fits no partition of
+    an H100 80GB; 12Gi and 19Gi get a 1g.20gb (two memory slices, one compute slice), never a 2g.20gb."""
     got = FirstFit(slices({"gpu-1": H100_MIG})).allocate(request_memory)
-    assert got is not None and got.split(":")[1].startswith(expected), got
+    assert (got.split(":")[1].split("@")[0] if got else None) == expected, got
+
+
+def test_the_product_tables_are_the_mock_drivers() -> None:
+    """The tables the order is tested on are those the mock driver serves (mock_mig.c, held to NVIDIA's
+    `nvidia-smi mig -lgip` listings by tests/unit/harness/test_mock_mig.py)."""
+    by_index = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA A100-SXM4-40GB", 2: "NVIDIA A100-SXM4-80GB", 3: "NVIDIA H200"}
+    for index, product in by_index.items():
+        mock = sorted((n, i, mib, sms, starts) for n, i, mib, sms, _, starts in TABLES[index] if "+" not in n)
+        ours = sorted(
+            (p.name, p.profile_id, p.memory_mib, p.multiprocessors, list(p.placements)) for p in PRODUCTS[product]
+        )
+        assert ours == mock, product
+        assert all(p.name.startswith(f"{p.compute_slices}g.") for p in PRODUCTS[product]), product
+
+
+def _product_fit(product: str, gpus: int = 1) -> FirstFit:
+    placed = [gpu(i, product_name=product) for i in range(gpus)]
+    mig = {g.device_name: _mig(product) for g in placed}
+    return FirstFit(build_slices(NODE, NODE_UID, DRIVER_NAME, placed, step=STEP, reserve=0, generation=1, mig=mig))
+
+
+def _mig(product: str) -> MigGpu:
+    return MigGpu(state="enabled", memory_slices=8, compute_slices=7, profiles=PRODUCTS[product])
+
+
+def _fewest(profiles: tuple[MigProfile, ...], memory_mib: int) -> MigProfile:
+    """The profile the rule gives `memory_mib`: of those that hold it, the fewest memory then compute slices."""
+    return min(
+        (p for p in profiles if p.memory_mib >= memory_mib),
+        key=lambda p: names.size_key(p.memory_slices, p.compute_slices),
+    )
+
+
+@pytest.mark.parametrize("product", sorted(PRODUCTS))
+def test_every_profiles_memory_and_just_above_the_next_smaller_get_the_partition_of_fewest_counters(
+    product: str,
+) -> None:
+    profiles = PRODUCTS[product]
+    sizes = sorted({p.memory_mib for p in profiles})
+    by_name = {p.name: p for p in profiles}
+    for memory_mib in (*sizes, *(s + 1 for s in sizes[:-1])):
+        got = _product_fit(product).allocate(f"{memory_mib}Mi")
+        assert got is not None, (product, memory_mib)
+        taken = by_name[got.split(":")[1].split("@")[0]]
+        holding = [p for p in profiles if p.memory_mib >= memory_mib]
+        assert taken.memory_mib >= memory_mib, (product, memory_mib, taken.name)
+        assert taken == _fewest(profiles, memory_mib), (product, memory_mib, taken.name)
+        assert taken.memory_slices + taken.compute_slices == min(p.memory_slices + p.compute_slices for p in holding)
+        assert taken.memory_mib == min(p.memory_mib for p in holding), "and the least memory that holds it"
+    assert _product_fit(product).allocate(f"{sizes[-1] + 1}Mi") is None, "more than the largest: no partition"
+
+
+ORDER = {
+    "NVIDIA A100-SXM4-40GB": ["1g.5gb", "1g.10gb", "2g.10gb", "3g.20gb", "4g.20gb", "7g.40gb"],
+    "NVIDIA A100-SXM4-80GB": ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    "NVIDIA H100 80GB HBM3": ["1g.10gb", "1g.20gb", "2g.20gb", "3g.40gb", "4g.40gb", "7g.80gb"],
+    "NVIDIA H200": ["1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb"],
+}
+"""The tables of docs/architecture.md ("MIG partitions"): each product's profiles, smallest first."""
+
+
+@pytest.mark.parametrize("product", sorted(ORDER))
+def test_the_publication_order_is_the_documented_table(product: str) -> None:
+    order = [d.profile.name for d in mig_devices([gpu(0, product_name=product)], {"gpu-0": _mig(product)})]
+    assert list(dict.fromkeys(order)) == ORDER[product], "every placement of a profile before the next profile"
+    memory = [next(p.memory_mib for p in PRODUCTS[product] if p.name == n) for n in ORDER[product]]
+    assert memory == sorted(memory), "on one GPU memory never shrinks along the order"
 
 
 def test_a_larger_profile_is_not_taken_while_a_smaller_one_fits() -> None:
     fit = FirstFit(slices({"gpu-1": H100_MIG, "gpu-2": H100_MIG}))
-    got = [fit.allocate("10Gi") for _ in range(7)]
+    got = [fit.allocate("9984Mi") for _ in range(7)]
     assert got == [f"1:1g.10gb@{s}" for s in (6, 5, 4, 3, 2, 1, 0)], "one GPU is filled first, from the top"
-    assert fit.allocate("10Gi") == "2:1g.10gb@6", "then the next GPU: never a 2g.20gb of the full one"
+    assert fit.allocate("9984Mi") == "2:1g.10gb@6", "then the next GPU: never a 2g.20gb of the full one"
+    fit = FirstFit(slices({"gpu-1": H100_MIG, "gpu-2": H100_MIG}))
+    got = [fit.allocate("10Gi") for _ in range(5)]
+    assert got == [*(f"1:1g.20gb@{s}" for s in (6, 4, 2, 0)), "2:1g.20gb@6"], "four 1g.20gb fill a GPU's memory"
 
 
 def test_mixed_requests_in_any_order_fit_one_gpu() -> None:
     for order in (
-        ["10Gi", "15Gi", "30Gi"],
-        ["30Gi", "15Gi", "10Gi"],
-        ["15Gi", "30Gi", "10Gi"],
-        ["30Gi", "10Gi", "15Gi"],
+        ["9Gi", "15Gi", "30Gi"],
+        ["30Gi", "15Gi", "9Gi"],
+        ["15Gi", "30Gi", "9Gi"],
+        ["30Gi", "9Gi", "15Gi"],
     ):
         fit = FirstFit(slices({"gpu-1": H100_MIG}))
         got = sorted(g.split(":")[1].split("@")[0] for g in (fit.allocate(m) for m in order) if g)
-        assert got == ["1g.10gb", "2g.20gb", "3g.40gb"], order
+        assert got == ["1g.10gb", "1g.20gb", "3g.40gb"], order
     fit = FirstFit(slices({"gpu-1": H100_MIG}))
-    assert [fit.allocate("40Gi"), fit.allocate("40Gi"), fit.allocate("1Gi")] == ["1:3g.40gb@4", "1:3g.40gb@0", None]
+    assert [fit.allocate("39Gi"), fit.allocate("39Gi"), fit.allocate("1Gi")] == ["1:3g.40gb@4", "1:3g.40gb@0", None]
 
 
 @pytest.mark.parametrize("state", ["disabled", "pending-enable", "unsupported", "error"])
