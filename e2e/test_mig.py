@@ -30,7 +30,7 @@ MIG_CLASS = "mig.gpu.fracgpu.dev"
 GPU1 = mocknvml.read_profile(PROFILE)["gpu.1.uuid"]
 PLUGIN = "app.kubernetes.io/component=kubelet-plugin"
 # profile -> (memory MiB, SMs) of an H100 80GB's partitions (harness/mocknvml/mock_mig.c)
-PARTITIONS = {"1g.10gb": (9984, 16), "2g.20gb": (20096, 32), "3g.40gb": (40448, 60)}
+PARTITIONS = {"1g.10gb": (9984, 16), "1g.20gb": (20096, 26), "3g.40gb": (40448, 60)}
 MIG_REPORT = w.REPORT.replace(
     'echo "UID $(id -u)"',
     'echo "UID $(id -u)"\nnvidia-smi -L 2>&1 | sed "s/^/SMI /"\necho "PROBE $(cuda-probe 2>&1 | tr \'\\n\' \' \')"',
@@ -154,7 +154,9 @@ def test_three_partitions_at_once_each_container_sees_only_its_own(
     installation: Installation, mig_gpu1: None, ns: str
 ) -> None:
     cluster = installation.cluster
-    memories = {"small": "10Gi", "medium": "15Gi", "large": "30Gi"}
+    # a grant is never below its request: 10Gi does not fit a 1g.10gb (9984 MiB) and gets the 1g.20gb (fewer
+    # compute slices than a 2g.20gb of the same memory); a 1g.10gb is asked for by its exact memory
+    memories = {"small": "9984Mi", "medium": "10Gi", "large": "30Gi"}
     for name, memory in memories.items():
         w.apply(cluster, ns, mig_template(name, memory), mig_pod(installation, name))
     w.wait_running(cluster, ns, list(memories))
@@ -182,7 +184,8 @@ def test_three_partitions_at_once_each_container_sees_only_its_own(
     assert profiles == dict(zip(memories, PARTITIONS, strict=True))
     ledger = w.get(cluster, "gpus")["items"]
     (gpu1,) = [g for g in ledger if g["spec"]["device"] == "gpu-1"]
-    assert gpu1["status"]["mig"]["summary"] == "6/7 compute, 7/8 memory slices, 3 partitions"
+    assert gpu1["status"]["mig"]["summary"] == "5/7 compute, 7/8 memory slices, 3 partitions"
+    assert gpu1["status"]["allocatedMemory"] == f"{sum(m for m, _ in PARTITIONS.values())}Mi", "each partition's own"
     assert len(instances(installation)) == 3 == len(recorded(installation))
     for pod in memories:
         cluster.kubectl("delete", "pod", "-n", ns, pod, "--wait=true", "--timeout=120s")
@@ -196,7 +199,7 @@ def test_a_request_no_partition_holds_stays_pending_and_is_reported(
     w.apply(cluster, ns, mig_template("huge", "100Gi"), mig_pod(installation, "huge"))
     assert "cannot allocate all claims" in w.unschedulable(cluster, ns, "huge")
     message = w.claim_event(cluster, ns, "huge", "UnsatisfiableGpuRequest")
-    assert "asks for 100Gi" in message and "80Gi" in message
+    assert "asks for 100Gi" in message and "81152Mi" in message, "the largest partition's exact memory"
 
 
 def test_killing_the_plugin_mid_prepare_leaves_no_orphan_partition(

@@ -166,12 +166,13 @@ def test_the_scheduler_takes_the_smallest_partition_that_holds_the_request(
     got = [
         _device(kube.allocate_claims(api_client, dyn, namespace, node.node, device_class=MIG_DEVICE_CLASS_NAME,
                                      memories=[memory])[0])
-        for memory in ("10Gi", "15Gi", "30Gi")
+        for memory in ("9984Mi", "10Gi", "30Gi")
     ]  # fmt: skip
-    assert got == [mig.partition_device_name(1, "1g.10gb", 6), mig.partition_device_name(1, "2g.20gb", 4),
+    assert got == [mig.partition_device_name(1, "1g.10gb", 6), mig.partition_device_name(1, "1g.20gb", 4),
                    mig.partition_device_name(1, "3g.40gb", 0)], "the smallest, filling the GPU from the top"  # fmt: skip
-    # 15Gi got a 2g.20gb, not the 1g.20gb of the same memory; what is left (memory slice 7, one compute slice)
-    # holds no partition: a 5Gi request stays Pending with the scheduler's reason
+    # 10Gi did not fit the 1g.10gb's 9984 MiB (a grant is never below its request) and got a 1g.20gb, not the
+    # 2g.20gb of the same memory (fewer compute slices); what is left (memory slice 7, two compute slices) holds
+    # no partition: a 5Gi request stays Pending with the scheduler's reason
     pending = kube.unique("pending")
     templates = kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaimTemplate")
     templates.create(namespace=namespace, body=kube.claim_template(pending, MIG_DEVICE_CLASS_NAME, "5Gi"))
