@@ -128,8 +128,8 @@ def test_the_first_fit_is_the_partition_of_fewest_counters_that_holds_the_reques
 
 
 def test_the_product_tables_are_the_mock_drivers() -> None:
-    """The tables the order is tested on are those the mock driver serves (mock_mig.c, held to NVIDIA's
-    `nvidia-smi mig -lgip` listings by tests/unit/harness/test_mock_mig.py)."""
+    """The tables the order is tested on are those the mock driver serves (harness/mocknvml/mock_mig.c, held to
+    NVIDIA's `nvidia-smi mig -lgip` listings by tests/unit/harness/test_mock_mig.py)."""
     by_index = {0: "NVIDIA H100 80GB HBM3", 1: "NVIDIA A100-SXM4-40GB", 2: "NVIDIA A100-SXM4-80GB", 3: "NVIDIA H200"}
     for index, product in by_index.items():
         mock = sorted((n, i, mib, sms, starts) for n, i, mib, sms, _, starts in TABLES[index] if "+" not in n)
