@@ -92,8 +92,8 @@ def test_ignored_xids_change_nothing() -> None:
 def test_a_fatal_xid_is_one_transition_and_a_flood_of_the_same_adds_none() -> None:
     b = book()
     t = b.record_xid("gpu-1", 48, frozenset(), GPU_RESET)
-    assert t is not None and (t.device, t.before, t.after.state) == ("gpu-1", "healthy", "fatal")
-    assert t.after.describe() == "XID 48 (double-bit-ecc-error, fatal); driver asks for recovery action gpu-reset"
+    assert t is not None and (t.device, t.before, t.after) == ("gpu-1", "healthy", "fatal")
+    assert t.what == "XID 48 (double-bit-ecc-error, fatal); driver asks for recovery action gpu-reset"
     assert [b.record_xid("gpu-1", x, frozenset(), GPU_RESET) for x in (48, 63, 94, 13) * 2500] == [None] * 10_000
     assert b.snapshot()["gpu-0"].state == "healthy"
 
@@ -102,7 +102,7 @@ def test_a_worse_xid_replaces_a_milder_one() -> None:
     b = book()
     assert b.record_xid("gpu-0", 63, frozenset(), None) is not None
     t = b.record_xid("gpu-0", 79, frozenset(), None)
-    assert t is not None and (t.before, t.after.state, t.after.xid) == ("degraded", "fatal", 79)
+    assert t is not None and (t.before, t.after) == ("degraded", "fatal") and b.snapshot()["gpu-0"].xid == 79
 
 
 def test_clears_when_the_pending_recovery_action_goes_to_none() -> None:
@@ -110,17 +110,21 @@ def test_clears_when_the_pending_recovery_action_goes_to_none() -> None:
     b.record_xid("gpu-1", 48, frozenset(), GPU_RESET)
     assert b.record_answer("gpu-1", GPU_RESET) is None  # still waiting for the reset
     t = b.record_answer("gpu-1", 0)
-    assert t is not None and (t.before, t.after.state) == ("fatal", "healthy")
+    assert t is not None and (t.before, t.after) == ("fatal", "healthy")
+    assert t.what == "the driver reports a reset: the recovery action it asked for (gpu-reset) is back to none"
     assert b.snapshot()["gpu-1"].xid is None
 
 
 def test_clears_when_a_lost_gpu_answers_again() -> None:
     b = book()
     t = b.record_lost("gpu-0")
-    assert t is not None and t.after.state == "fatal" and t.after.lost
+    assert t is not None and t.after == "fatal" and b.snapshot()["gpu-0"].lost
     assert b.record_lost("gpu-0") is None
     t = b.record_answer("gpu-0", None)
-    assert t is not None and t.after == GpuHealth(since=t.after.since) and t.after.state == "healthy"
+    assert (
+        t is not None and t.after == "healthy" and b.snapshot()["gpu-0"] == GpuHealth(since=b.snapshot()["gpu-0"].since)
+    )
+    assert t.what == "the driver reports a reset: the GPU answers again after NVML_ERROR_GPU_IS_LOST"
 
 
 def test_a_lost_gpu_back_with_a_pending_action_stays_until_the_action_clears() -> None:
@@ -128,7 +132,7 @@ def test_a_lost_gpu_back_with_a_pending_action_stays_until_the_action_clears() -
     b.record_xid("gpu-0", 79, frozenset(), None)
     b.record_lost("gpu-0")
     t = b.record_answer("gpu-0", GPU_RESET)
-    assert t is not None and t.after.state == "fatal" and not t.after.lost
+    assert t is not None and t.after == "fatal" and not b.snapshot()["gpu-0"].lost
     assert b.record_answer("gpu-0", 0) is not None and b.snapshot()["gpu-0"].state == "healthy"
 
 
@@ -295,4 +299,7 @@ def test_event_messages() -> None:
     assert t is not None and message(t) == "GPU gpu-1 is fatal: XID 79 (fallen-off-the-bus, fatal)"
     b.record_lost("gpu-1")
     t = b.record_answer("gpu-1", 0)
-    assert t is not None and message(t) == ("GPU gpu-1 is healthy again (was fatal): the driver reports it reset")
+    assert t is not None and message(t) == (
+        "GPU gpu-1 is healthy again (was fatal): the driver reports a reset: the GPU answers again after "
+        "NVML_ERROR_GPU_IS_LOST"
+    )
