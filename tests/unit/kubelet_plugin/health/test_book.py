@@ -16,12 +16,16 @@ from kubelet_plugin.health.book import (
     Effects,
     GpuHealth,
     HealthBook,
+    Placement,
+    SliceFault,
     plan_taints,
 )
 from kubelet_plugin.health.events import message
 from kubelet_plugin.health.source import ReportedHealth, with_reported_health
+from kubelet_plugin.health.watch import CLEAR_PREFIX, from_record, plan_clears, to_record
 from kubelet_plugin.health.xid_catalog import XIDS, classify_action, classify_xid
 from kubelet_plugin.publishing.slices import MAX_TAINTED_DEVICES_PER_SLICE, build_slices
+from kubelet_plugin.state import health_faults
 from kubelet_plugin.state.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry, read_claims_on
 from tests.unit.plugin_host import gpu_info
 
@@ -302,4 +306,95 @@ def test_event_messages() -> None:
     assert t is not None and message(t) == (
         "GPU gpu-1 is healthy again (was fatal): the driver reports a reset: the GPU answers again after "
         "NVML_ERROR_GPU_IS_LOST"
+    )
+
+
+# --- faults on the memory slices of a MIG GPU ------------------------------------------------------------------
+
+AT6 = "gpu-1-mig-1g-10gb-at-6"
+PLACEMENTS = {
+    AT6: Placement("gpu-1", frozenset({6})),
+    "gpu-1-mig-1g-20gb-at-6": Placement("gpu-1", frozenset({6, 7})),
+    "gpu-1-mig-1g-10gb-at-5": Placement("gpu-1", frozenset({5})),
+    "gpu-0-mig-1g-10gb-at-6": Placement("gpu-0", frozenset({6})),
+}
+
+
+def fault(xid: int = 48, instance: int = 9, slices: tuple[int, ...] = (6,), partition: str = AT6) -> SliceFault:
+    return SliceFault(xid=xid, xid_class="ignore", slices=slices, instance=instance, partition=partition)
+
+
+def test_an_instance_xid_taints_every_partition_on_its_memory_slices_and_not_the_gpu() -> None:
+    b = book()
+    t = b.record_instance_xid("gpu-1", fault(), frozenset(), None)
+    assert t is not None and (t.device, t.before, t.after) == (AT6, "healthy", "fatal")
+    assert b.snapshot()["gpu-1"].state == "healthy", "the GPU's other memory slices go on"
+    since = b.snapshot()["gpu-1"].slice_faults[0].since
+    assert since
+    taint = {"key": XID_TAINT, "value": "48-double-bit-ecc-error", "effect": "NoExecute", "timeAdded": since}
+    assert plan_taints(b.snapshot(), Effects(), PLACEMENTS) == {AT6: [taint], "gpu-1-mig-1g-20gb-at-6": [taint]}
+    assert b.record_instance_xid("gpu-1", fault(instance=3), frozenset(), None) is None, "known on those slices"
+    assert b.record_instance_xid("gpu-1", fault(xid=13), frozenset(), None) is None, "an application's XID"
+    assert b.remembers()
+
+
+def test_an_instance_xid_clears_on_a_reset_the_driver_reports_never_on_answers_alone() -> None:
+    b = book()
+    b.record_instance_xid("gpu-1", fault(), frozenset(), 0)
+    assert [b.record_answer("gpu-1", 0) for _ in range(50)] == [None] * 50, "no reset reported"
+    assert b.record_answer("gpu-1", GPU_RESET) is not None
+    t = b.record_answer("gpu-1", 0)
+    assert t is not None and (t.device, t.before, t.after) == ("gpu-1", "fatal", "healthy")
+    assert "driver reports a reset" in t.what and not b.snapshot()["gpu-1"].slice_faults
+
+
+def test_an_operator_clears_what_was_reported_until_the_time_written() -> None:
+    b = book()
+    b.record_instance_xid("gpu-1", fault(), frozenset(), None)  # at 10:00:01
+    assert b.clear("gpu-1", "2026-12-01T10:00:00Z", "by hand") is None, "written before the fault"
+    assert b.clear("gpu-1", "not a time", "by hand") is None
+    b.record_answer("gpu-1", GPU_RESET)  # the driver asks for a reset (10:00:02): that taint is the driver's
+    t = b.clear("gpu-1", "2026-12-01T11:30:00+01:00", "Node annotation x")
+    assert t is not None and (t.before, t.after) == ("fatal", "fatal")
+    assert t.what.startswith("an operator cleared what the driver reported until 2026-12-01T11:30:00+01:00 ")
+    assert "the driver reported no reset" in t.what and "driver asks for recovery action gpu-reset" in t.what
+    assert plan_taints(b.snapshot(), Effects(), PLACEMENTS).keys() == {"gpu-1"}
+
+
+def test_the_health_stream_reports_a_partition_on_a_faulty_memory_slice() -> None:
+    b = book()
+    names = [AT6, "gpu-1-mig-1g-10gb-at-5"]
+    source = with_reported_health(lambda: [ReportedHealth("node", n, True) for n in names], b, PLACEMENTS)
+    b.record_instance_xid("gpu-1", fault(), frozenset(), None)
+    (at6, at5) = source()
+    assert not at6.healthy and at6.message.startswith("XID 48 (double-bit-ecc-error, fatal) on GPU instance 9")
+    assert at5.healthy
+
+
+def test_the_record_keeps_faults_across_a_restart_for_the_same_gpus_only(tmp_path: Path) -> None:
+    gpus = [gpu_info(0, "GPU-00000000-0000-4000-8000-000000000000"), gpu_info(1, "GPU-1")]
+    b = book()
+    b.record_instance_xid("gpu-1", fault(), frozenset(), None)
+    b.record_xid("gpu-0", 63, frozenset(), GPU_RESET)
+    path = tmp_path / "health.json"
+    health_faults.save(path, to_record(b.snapshot(), gpus))
+    restored = from_record(health_faults.load(path), gpus)
+    assert restored == {d: h for d, h in b.snapshot().items() if d in restored} and restored.keys() == {
+        "gpu-0",
+        "gpu-1",
+    }
+    swapped = [gpus[0], gpu_info(1, "GPU-another")]
+    assert from_record(health_faults.load(path), swapped).keys() == {"gpu-0"}, "another GPU at that index"
+    path.write_text('{"version": 2, "gpus": {}}')
+    assert health_faults.load(path).gpus == {} and path.exists(), "a newer release's: not read, left"
+    path.write_text("{not json")
+    assert health_faults.load(path).gpus == {} and not path.exists(), "invalid: moved aside"
+    assert list(tmp_path.glob("health.json.corrupt-*"))
+
+
+def test_plan_clears_from_node_annotations() -> None:
+    annotations = {f"{CLEAR_PREFIX}gpu-1": "2026-12-01T10:00:00Z", f"{CLEAR_PREFIX}gpu-7": "x", "other": "y"}
+    assert plan_clears(annotations, ["gpu-0", "gpu-1"]) == (
+        {"gpu-1": "2026-12-01T10:00:00Z"},
+        [f"{CLEAR_PREFIX}gpu-7"],
     )
