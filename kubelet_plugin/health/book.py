@@ -212,22 +212,18 @@ class HealthBook:
         new_fault = cls != "ignore" and not (known and SEVERITY[known[0].xid_class] >= SEVERITY[cls])
         update: dict[str, Any] = {"recovery_action": action_now}
         if new_fault:
-            update["slice_faults"] = (*old.slice_faults, fault.model_copy(update={"xid_class": cls}))
+            stamped = fault.model_copy(update={"xid_class": cls, "since": self._clock()})
+            update["slice_faults"] = (*old.slice_faults, stamped)
         update["reset_seen"] = action_now != 0 or old.lost or (old.reset_seen and not new_fault)
         transition = self._update(gpu, old.model_copy(update=update))
         if transition is None or not new_fault:
             return transition
-        stamped = self.snapshot()[gpu]
-        faults = tuple(
-            f.model_copy(update={"since": stamped.since}) if f.since == "" else f for f in stamped.slice_faults
-        )
-        with self._lock:
-            self._gpus[gpu] = stamped.model_copy(update={"slice_faults": faults})
+        new = self.snapshot()[gpu]
         return Transition(
             device=fault.partition or gpu,
             before=old.state_on(slices),
-            after=stamped.state_on(slices),
-            what=stamped.describe(slices) if fault.partition else f"{gpu}: {stamped.describe(slices)}",
+            after=new.state_on(slices),
+            what=new.describe(slices) if fault.partition else f"{gpu}: {new.describe(slices)}",
         )
 
     def record_lost(self, device: str) -> Transition | None:

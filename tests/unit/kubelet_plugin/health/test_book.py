@@ -4,9 +4,11 @@ of a reset), taint planning, the health stream's source, slices with taints and 
 from __future__ import annotations
 
 import threading
+import types
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kubelet_plugin.core.coalesce import Coalescer
 from kubelet_plugin.health.book import (
@@ -21,6 +23,8 @@ from kubelet_plugin.health.book import (
     plan_taints,
 )
 from kubelet_plugin.health.events import message
+from kubelet_plugin.health.metrics import HealthMetrics
+from kubelet_plugin.health.nvml_watcher import NvmlHealthWatcher
 from kubelet_plugin.health.source import ReportedHealth, with_reported_health
 from kubelet_plugin.health.watch import CLEAR_PREFIX, from_record, plan_clears, to_record
 from kubelet_plugin.health.xid_catalog import XIDS, classify_action, classify_xid
@@ -398,3 +402,36 @@ def test_plan_clears_from_node_annotations() -> None:
         {"gpu-1": "2026-12-01T10:00:00Z"},
         [f"{CLEAR_PREFIX}gpu-7"],
     )
+
+
+class _FakeNvml:
+    """Just what NvmlHealthWatcher asks about a GPU instance: its placement, or an error (instance gone)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, placement: tuple[int, int] | None) -> None:
+        self.placement = placement
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: object, instance: int) -> int:  # noqa: N802 (NVML's name)
+        if self.placement is None:
+            raise self.NVMLError("not found")
+        return instance
+
+    def nvmlGpuInstanceGetInfo(self, gi: int) -> object:  # noqa: N802 (NVML's name)
+        start, size = self.placement or (0, 0)
+        return types.SimpleNamespace(placement=types.SimpleNamespace(start=start, size=size))
+
+
+@pytest.mark.parametrize(("placement", "slices"), [((4, 2), (4, 5)), (None, None)])
+def test_an_instance_no_claim_holds_gets_the_placement_the_driver_reports(
+    placement: tuple[int, int] | None, slices: tuple[int, ...] | None
+) -> None:
+    watcher = NvmlHealthWatcher(
+        [gpu_info(1, "GPU-1")], book(), ignored_xids=frozenset(), on_transition=lambda t: None,
+        metrics=HealthMetrics(CollectorRegistry()), probe_interval=1, nvml=_FakeNvml(placement),
+    )  # fmt: skip
+    watcher._handles["gpu-1"] = object()
+    got = watcher._instance_fault("gpu-1", 5, 48)
+    assert (got.slices if got else None) == slices, "no placement known: the whole GPU's (None)"
+    assert got is None or (got.instance, got.partition) == (5, "")
