@@ -17,6 +17,7 @@ from kubelet_plugin.core.metrics import PluginMetrics
 from kubelet_plugin.core.model import GpuInfo, MigGpu
 from kubelet_plugin.core.settings import Settings, is_mps_gpu, is_selected, parse_settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
+from kubelet_plugin.health.book import Placement
 from kubelet_plugin.health.source import DeviceHealth
 from kubelet_plugin.health.watch import start_gpu_health
 from kubelet_plugin.kinds.mig.discovery import discover_mig
@@ -242,7 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if gate == "waited":
         preparer.recover()
-    health = start_gpu_health(settings, api, gpus, metrics.registry, stop, lost=found.lost)
+    partitions = mig_catalog(gpus, mig)
+    placements = {
+        n: Placement(d.gpu.device_name, frozenset(range(d.start, d.start + d.profile.memory_slices)))
+        for n, d in partitions.items()
+    }
+    health = start_gpu_health(settings, api, gpus, metrics.registry, stop, lost=found.lost, partitions=placements)
     changes = health.changes or Coalescer(settings.health_coalesce_seconds)
     mps_health = MpsWatch(
         mps_gpus(settings, gpus), status_reader(settings), metrics.registry, changes=changes,
@@ -258,13 +264,11 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     publishing = threading.Thread(target=publisher.run, args=(stop,), name="slice-publisher", daemon=True)
     publishing.start()
-    partitions = mig_catalog(gpus, mig)
     server = PluginServer(
         settings.driver_name,
         preparer,
         health.health_source(
-            DeviceHealth(settings.node_name, gpus, preparer.device_nodes, {n: d.gpu for n, d in partitions.items()}),
-            {n: d.gpu.device_name for n, d in partitions.items()},
+            DeviceHealth(settings.node_name, gpus, preparer.device_nodes, {n: d.gpu for n, d in partitions.items()})
         ),
         kubelet_dir=settings.kubelet_dir,
         instance_id=settings.instance_id,

@@ -17,6 +17,8 @@
  *                              node_reboot, drain_p2p, drain_and_reset (NVML_GPU_RECOVERY_ACTION_*)
  *   <gpu> lost                 the GPU fell off the bus: its device calls return NVML_ERROR_GPU_IS_LOST and a
  *                              wait on an event set it is registered in returns NVML_ERROR_GPU_IS_LOST (once)
+ *   <gpu> action <action>      the driver now reports that recovery action for the GPU (no event): e.g.
+ *                              gpu_reset after an XID that came with none, and none once the reset is done
  *   <gpu> reset                the GPU was reset: usable again, recovery action none
  *
  * <gpu> is an NVML index or a UUID, for an xid optionally followed by /gi<id>: an XID on that GPU instance (MIG),
@@ -174,6 +176,9 @@ static void apply_line(const char *path, const char *line) {
         for (mock_event_set *set = g_sets; set != NULL; set = set->next) {
             set->lost_reported[gpu] = 0;
         }
+    } else if (gpu >= 0 && fields == 3 && gpu_instance == NO_INSTANCE && strcmp(what, "action") == 0 &&
+               parse_action(arg, &action)) {
+        g_action[gpu] = action;
     } else if (gpu >= 0 && fields == 2 && strcmp(what, "reset") == 0) {
         g_lost[gpu] = 0;
         g_action[gpu] = 0;

@@ -19,11 +19,10 @@ HEALTHY_REASON = "GpuHealthy"
 
 
 def message(transition: Transition) -> str:
-    """The Events' text."""
-    after = transition.after
-    if after.state == "healthy":
-        return f"GPU {transition.device} is healthy again (was {transition.before}): the driver reports it reset"
-    return f"GPU {transition.device} is {after.state}: {after.describe()}"
+    """The Events' text: the new state and what the driver reported (or the operator did)."""
+    if transition.after == "healthy":
+        return f"GPU {transition.device} is healthy again (was {transition.before}): {transition.what}"
+    return f"GPU {transition.device} is {transition.after}: {transition.what}"
 
 
 class HealthEventPoster:
@@ -40,7 +39,7 @@ class HealthEventPoster:
 
     def post(self, transition: Transition) -> None:
         """The Node's Event and one per claim on the GPU."""
-        healthy = transition.after.state == "healthy"
+        healthy = transition.after == "healthy"
         reason, type_ = (HEALTHY_REASON, "Normal") if healthy else (UNHEALTHY_REASON, "Warning")
         text = message(transition)
         post_node_event(self._rest, self._node, reason, text, type_)

@@ -7,8 +7,9 @@ NVML_ERROR_GPU_IS_LOST, and every ``probe_interval`` seconds, each GPU is probed
 with its recovery action, which is how a reset GPU becomes healthy again (`kubelet_plugin/health/book.py`). A GPU is opened by its UUID;
 one the driver gives no handle for yet (lost since before the plugin started) is opened again at each probe. Any NVML failure is logged
 and retried; the thread never ends before ``stop``. An XID the driver reports on a GPU instance (MIG) is recorded
-on the partition device that instance is (``partition_of``), else on the GPU; at each probe, partitions no claim
-holds any more (``partitions``) are forgotten.
+on the memory slices of that instance's placement: the placement of the partition the checkpoint says that
+instance is (``partition_of``), else the one the driver reports for the instance (nvmlDeviceGetGpuInstanceById,
+nvmlGpuInstanceGetInfo), else (an instance gone already) on the whole GPU. Partitions that go away change nothing.
 """
 
 import ctypes
@@ -21,7 +22,7 @@ from typing import Any
 import pynvml
 
 from kubelet_plugin.core.model import GpuInfo
-from kubelet_plugin.health.book import HealthBook, Transition
+from kubelet_plugin.health.book import HealthBook, SliceFault, Transition
 from kubelet_plugin.health.metrics import HealthMetrics
 
 log = logging.getLogger(__name__)
@@ -49,11 +50,10 @@ class NvmlHealthWatcher:
         probe_interval: float,
         nvml: Any = pynvml,
         clock: Callable[[], float] = time.monotonic,
-        partition_of: Callable[[str, int], str | None] | None = None,
-        partitions: Callable[[], set[str]] | None = None,
+        partition_of: Callable[[str, int], tuple[str, tuple[int, ...]] | None] | None = None,
     ) -> None:
-        """``partition_of(gpu device, GPU instance id)``: the partition device that instance is (None: none of
-        ours); ``partitions()``: the partition devices prepared now."""
+        """``partition_of(gpu device, GPU instance id)``: the partition device that instance is and its memory
+        slices (None: none of ours)."""
         self._gpus = gpus
         self._book = book
         self._ignored = ignored_xids
@@ -65,7 +65,6 @@ class NvmlHealthWatcher:
         self._handles: dict[str, Any] = {}
         self._by_address: dict[int, str] = {}
         self._partition_of = partition_of or (lambda gpu, instance: None)
-        self._partitions = partitions or set
 
     def run(self, stop: threading.Event) -> None:
         """Watch until ``stop``; a failed NVML session is logged and started again after RETRY_S."""
@@ -80,8 +79,8 @@ class NvmlHealthWatcher:
         if transition is not None:
             log.warning(
                 "GPU health changed",
-                extra={"gpu": transition.device, "before": transition.before, "after": transition.after.state,
-                       "what": transition.after.describe()},
+                extra={"gpu": transition.device, "before": transition.before, "after": transition.after,
+                       "what": transition.what},
             )  # fmt: skip
             self._on_transition(transition)
 
@@ -156,13 +155,27 @@ class NvmlHealthWatcher:
         self._metrics.xid_events.labels(gpu=name, xid=str(xid)).inc()
         action = self._recovery_action(name)
         instance = int(getattr(data, "gpuInstanceId", NO_INSTANCE))
-        partition = self._partition_of(name, instance) if instance != NO_INSTANCE else None
-        if partition is not None:  # on one MIG partition: its device; the GPU's recovery action stays the GPU's
-            self._emit(self._book.record_xid(partition, xid, self._ignored, None))
-            if action:
-                self._emit(self._book.record_answer(name, action))
+        fault = self._instance_fault(name, instance, xid) if instance != NO_INSTANCE else None
+        if fault is not None:  # on one GPU instance: its memory slices; the recovery action is the GPU's
+            self._emit(self._book.record_instance_xid(name, fault, self._ignored, action))
             return
         self._emit(self._book.record_xid(name, xid, self._ignored, action))
+
+    def _instance_fault(self, name: str, instance: int, xid: int) -> SliceFault | None:
+        """Where on GPU ``name`` GPU instance ``instance`` is: its partition and memory slices from the
+        checkpoint, else the slices of the placement the driver reports for it; None where neither knows."""
+        known = self._partition_of(name, instance)
+        if known is not None:
+            return SliceFault(xid=xid, xid_class="ignore", slices=known[1], instance=instance, partition=known[0])
+        nv = self._nvml
+        try:
+            info = nv.nvmlGpuInstanceGetInfo(nv.nvmlDeviceGetGpuInstanceById(self._handles[name], instance))
+        except nv.NVMLError as err:
+            log.warning("an XID on a GPU instance the driver no longer knows: recorded on the whole GPU",
+                        extra={"gpu": name, "gpu_instance": instance, "xid": xid, "error": str(err)})  # fmt: skip
+            return None
+        start, size = int(info.placement.start), int(info.placement.size)
+        return SliceFault(xid=xid, xid_class="ignore", slices=tuple(range(start, start + size)), instance=instance)
 
     def _recovery_action(self, name: str) -> int | None:
         """The GPU's recovery action, None where the driver does not report one (or the GPU does not answer)."""
@@ -175,10 +188,6 @@ class NvmlHealthWatcher:
 
     def _probe_all(self, event_set: Any) -> None:
         nv = self._nvml
-        gpu_names = {g.device_name for g in self._gpus}
-        held = self._partitions()
-        for transition in self._book.forget(d for d in self._book.snapshot() if d not in gpu_names and d not in held):
-            self._emit(transition)
         for gpu in self._gpus:
             name = gpu.device_name
             if name not in self._handles and not self._open(gpu, event_set):

@@ -7,7 +7,7 @@ from typing import NamedTuple
 
 from kubelet_plugin.core.devicenodes import DeviceNodeSnapshot
 from kubelet_plugin.core.model import GpuInfo
-from kubelet_plugin.health.book import HealthBook
+from kubelet_plugin.health.book import HealthBook, Placement
 
 
 class ReportedHealth(NamedTuple):
@@ -52,24 +52,24 @@ class DeviceHealth:
 
 
 def with_reported_health(
-    source: HealthSource, book: HealthBook, parents: Mapping[str, str] | None = None
+    source: HealthSource, book: HealthBook, partitions: Mapping[str, Placement] | None = None
 ) -> HealthSource:
     """``source``'s health list where a GPU is also unhealthy while the driver reports it degraded or fatal (the
     message then says what the driver reported, after ``source``'s own reason if any); a MIG partition (in
-    ``parents``: partition -> its GPU) also while its GPU is."""
+    ``partitions``: its GPU and memory slices) also while its GPU is, or while an XID is remembered on one of its
+    memory slices."""
 
     def health() -> list[ReportedHealth]:
         reported = book.snapshot()
         out = []
         for entry in source():
-            driver = reported.get(entry.device)
-            parent = reported.get((parents or {}).get(entry.device, ""))
-            if parent is not None and parent.state != "healthy" and (driver is None or driver.state == "healthy"):
-                driver = parent
-            if driver is None or driver.state == "healthy":
+            placement = (partitions or {}).get(entry.device)
+            gpu = reported.get(placement.gpu if placement else entry.device)
+            slices = placement.slices if placement else frozenset()
+            if gpu is None or gpu.state_on(slices) == "healthy":
                 out.append(entry)
                 continue
-            why = "; ".join(m for m in (entry.message, driver.describe()) if m)
+            why = "; ".join(m for m in (entry.message, gpu.describe(slices)) if m)
             out.append(entry._replace(healthy=False, message=why))
         return out
 

@@ -4,9 +4,11 @@ of a reset), taint planning, the health stream's source, slices with taints and 
 from __future__ import annotations
 
 import threading
+import types
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry
 
 from kubelet_plugin.core.coalesce import Coalescer
 from kubelet_plugin.health.book import (
@@ -16,12 +18,18 @@ from kubelet_plugin.health.book import (
     Effects,
     GpuHealth,
     HealthBook,
+    Placement,
+    SliceFault,
     plan_taints,
 )
 from kubelet_plugin.health.events import message
+from kubelet_plugin.health.metrics import HealthMetrics
+from kubelet_plugin.health.nvml_watcher import NvmlHealthWatcher
 from kubelet_plugin.health.source import ReportedHealth, with_reported_health
+from kubelet_plugin.health.watch import CLEAR_PREFIX, from_record, plan_clears, to_record
 from kubelet_plugin.health.xid_catalog import XIDS, classify_action, classify_xid
 from kubelet_plugin.publishing.slices import MAX_TAINTED_DEVICES_PER_SLICE, build_slices
+from kubelet_plugin.state import health_faults
 from kubelet_plugin.state.checkpoint import Checkpoint, CheckpointDevice, ClaimEntry, read_claims_on
 from tests.unit.plugin_host import gpu_info
 
@@ -92,8 +100,8 @@ def test_ignored_xids_change_nothing() -> None:
 def test_a_fatal_xid_is_one_transition_and_a_flood_of_the_same_adds_none() -> None:
     b = book()
     t = b.record_xid("gpu-1", 48, frozenset(), GPU_RESET)
-    assert t is not None and (t.device, t.before, t.after.state) == ("gpu-1", "healthy", "fatal")
-    assert t.after.describe() == "XID 48 (double-bit-ecc-error, fatal); driver asks for recovery action gpu-reset"
+    assert t is not None and (t.device, t.before, t.after) == ("gpu-1", "healthy", "fatal")
+    assert t.what == "XID 48 (double-bit-ecc-error, fatal); driver asks for recovery action gpu-reset"
     assert [b.record_xid("gpu-1", x, frozenset(), GPU_RESET) for x in (48, 63, 94, 13) * 2500] == [None] * 10_000
     assert b.snapshot()["gpu-0"].state == "healthy"
 
@@ -102,7 +110,7 @@ def test_a_worse_xid_replaces_a_milder_one() -> None:
     b = book()
     assert b.record_xid("gpu-0", 63, frozenset(), None) is not None
     t = b.record_xid("gpu-0", 79, frozenset(), None)
-    assert t is not None and (t.before, t.after.state, t.after.xid) == ("degraded", "fatal", 79)
+    assert t is not None and (t.before, t.after) == ("degraded", "fatal") and b.snapshot()["gpu-0"].xid == 79
 
 
 def test_clears_when_the_pending_recovery_action_goes_to_none() -> None:
@@ -110,17 +118,21 @@ def test_clears_when_the_pending_recovery_action_goes_to_none() -> None:
     b.record_xid("gpu-1", 48, frozenset(), GPU_RESET)
     assert b.record_answer("gpu-1", GPU_RESET) is None  # still waiting for the reset
     t = b.record_answer("gpu-1", 0)
-    assert t is not None and (t.before, t.after.state) == ("fatal", "healthy")
+    assert t is not None and (t.before, t.after) == ("fatal", "healthy")
+    assert t.what == "the driver reports a reset: the recovery action it asked for (gpu-reset) is back to none"
     assert b.snapshot()["gpu-1"].xid is None
 
 
 def test_clears_when_a_lost_gpu_answers_again() -> None:
     b = book()
     t = b.record_lost("gpu-0")
-    assert t is not None and t.after.state == "fatal" and t.after.lost
+    assert t is not None and t.after == "fatal" and b.snapshot()["gpu-0"].lost
     assert b.record_lost("gpu-0") is None
     t = b.record_answer("gpu-0", None)
-    assert t is not None and t.after == GpuHealth(since=t.after.since) and t.after.state == "healthy"
+    assert (
+        t is not None and t.after == "healthy" and b.snapshot()["gpu-0"] == GpuHealth(since=b.snapshot()["gpu-0"].since)
+    )
+    assert t.what == "the driver reports a reset: the GPU answers again after NVML_ERROR_GPU_IS_LOST"
 
 
 def test_a_lost_gpu_back_with_a_pending_action_stays_until_the_action_clears() -> None:
@@ -128,7 +140,7 @@ def test_a_lost_gpu_back_with_a_pending_action_stays_until_the_action_clears() -
     b.record_xid("gpu-0", 79, frozenset(), None)
     b.record_lost("gpu-0")
     t = b.record_answer("gpu-0", GPU_RESET)
-    assert t is not None and t.after.state == "fatal" and not t.after.lost
+    assert t is not None and t.after == "fatal" and not b.snapshot()["gpu-0"].lost
     assert b.record_answer("gpu-0", 0) is not None and b.snapshot()["gpu-0"].state == "healthy"
 
 
@@ -295,4 +307,131 @@ def test_event_messages() -> None:
     assert t is not None and message(t) == "GPU gpu-1 is fatal: XID 79 (fallen-off-the-bus, fatal)"
     b.record_lost("gpu-1")
     t = b.record_answer("gpu-1", 0)
-    assert t is not None and message(t) == ("GPU gpu-1 is healthy again (was fatal): the driver reports it reset")
+    assert t is not None and message(t) == (
+        "GPU gpu-1 is healthy again (was fatal): the driver reports a reset: the GPU answers again after "
+        "NVML_ERROR_GPU_IS_LOST"
+    )
+
+
+# --- faults on the memory slices of a MIG GPU ------------------------------------------------------------------
+
+AT6 = "gpu-1-mig-1g-10gb-at-6"
+PLACEMENTS = {
+    AT6: Placement("gpu-1", frozenset({6})),
+    "gpu-1-mig-1g-20gb-at-6": Placement("gpu-1", frozenset({6, 7})),
+    "gpu-1-mig-1g-10gb-at-5": Placement("gpu-1", frozenset({5})),
+    "gpu-0-mig-1g-10gb-at-6": Placement("gpu-0", frozenset({6})),
+}
+
+
+def fault(xid: int = 48, instance: int = 9, slices: tuple[int, ...] = (6,), partition: str = AT6) -> SliceFault:
+    return SliceFault(xid=xid, xid_class="ignore", slices=slices, instance=instance, partition=partition)
+
+
+def test_an_instance_xid_taints_every_partition_on_its_memory_slices_and_not_the_gpu() -> None:
+    b = book()
+    t = b.record_instance_xid("gpu-1", fault(), frozenset(), None)
+    assert t is not None and (t.device, t.before, t.after) == (AT6, "healthy", "fatal")
+    assert b.snapshot()["gpu-1"].state == "healthy", "the GPU's other memory slices go on"
+    since = b.snapshot()["gpu-1"].slice_faults[0].since
+    assert since
+    taint = {"key": XID_TAINT, "value": "48-double-bit-ecc-error", "effect": "NoExecute", "timeAdded": since}
+    assert plan_taints(b.snapshot(), Effects(), PLACEMENTS) == {AT6: [taint], "gpu-1-mig-1g-20gb-at-6": [taint]}
+    assert b.record_instance_xid("gpu-1", fault(instance=3), frozenset(), None) is None, "known on those slices"
+    assert b.record_instance_xid("gpu-1", fault(xid=13), frozenset(), None) is None, "an application's XID"
+    assert b.remembers()
+
+
+def test_an_instance_xid_clears_on_a_reset_the_driver_reports_never_on_answers_alone() -> None:
+    b = book()
+    b.record_instance_xid("gpu-1", fault(), frozenset(), 0)
+    assert [b.record_answer("gpu-1", 0) for _ in range(50)] == [None] * 50, "no reset reported"
+    assert b.record_answer("gpu-1", GPU_RESET) is not None
+    t = b.record_answer("gpu-1", 0)
+    assert t is not None and (t.device, t.before, t.after) == ("gpu-1", "fatal", "healthy")
+    assert "driver reports a reset" in t.what and not b.snapshot()["gpu-1"].slice_faults
+
+
+def test_an_operator_clears_what_was_reported_until_the_time_written() -> None:
+    b = book()
+    b.record_instance_xid("gpu-1", fault(), frozenset(), None)  # at 10:00:01
+    assert b.clear("gpu-1", "2026-12-01T10:00:00Z", "by hand") is None, "written before the fault"
+    assert b.clear("gpu-1", "not a time", "by hand") is None
+    b.record_answer("gpu-1", GPU_RESET)  # the driver asks for a reset (10:00:02): that taint is the driver's
+    t = b.clear("gpu-1", "2026-12-01T11:30:00+01:00", "Node annotation x")
+    assert t is not None and (t.before, t.after) == ("fatal", "fatal")
+    assert t.what.startswith("an operator cleared what the driver reported until 2026-12-01T11:30:00+01:00 ")
+    assert "the driver reported no reset" in t.what and "driver asks for recovery action gpu-reset" in t.what
+    assert plan_taints(b.snapshot(), Effects(), PLACEMENTS).keys() == {"gpu-1"}
+
+
+def test_the_health_stream_reports_a_partition_on_a_faulty_memory_slice() -> None:
+    b = book()
+    names = [AT6, "gpu-1-mig-1g-10gb-at-5"]
+    source = with_reported_health(lambda: [ReportedHealth("node", n, True) for n in names], b, PLACEMENTS)
+    b.record_instance_xid("gpu-1", fault(), frozenset(), None)
+    (at6, at5) = source()
+    assert not at6.healthy and at6.message.startswith("XID 48 (double-bit-ecc-error, fatal) on GPU instance 9")
+    assert at5.healthy
+
+
+def test_the_record_keeps_faults_across_a_restart_for_the_same_gpus_only(tmp_path: Path) -> None:
+    gpus = [gpu_info(0, "GPU-00000000-0000-4000-8000-000000000000"), gpu_info(1, "GPU-1")]
+    b = book()
+    b.record_instance_xid("gpu-1", fault(), frozenset(), None)
+    b.record_xid("gpu-0", 63, frozenset(), GPU_RESET)
+    path = tmp_path / "health.json"
+    health_faults.save(path, to_record(b.snapshot(), gpus))
+    restored = from_record(health_faults.load(path), gpus)
+    assert restored == {d: h for d, h in b.snapshot().items() if d in restored} and restored.keys() == {
+        "gpu-0",
+        "gpu-1",
+    }
+    swapped = [gpus[0], gpu_info(1, "GPU-another")]
+    assert from_record(health_faults.load(path), swapped).keys() == {"gpu-0"}, "another GPU at that index"
+    path.write_text('{"version": 2, "gpus": {}}')
+    assert health_faults.load(path).gpus == {} and path.exists(), "a newer release's: not read, left"
+    path.write_text("{not json")
+    assert health_faults.load(path).gpus == {} and not path.exists(), "invalid: moved aside"
+    assert list(tmp_path.glob("health.json.corrupt-*"))
+
+
+def test_plan_clears_from_node_annotations() -> None:
+    annotations = {f"{CLEAR_PREFIX}gpu-1": "2026-12-01T10:00:00Z", f"{CLEAR_PREFIX}gpu-7": "x", "other": "y"}
+    assert plan_clears(annotations, ["gpu-0", "gpu-1"]) == (
+        {"gpu-1": "2026-12-01T10:00:00Z"},
+        [f"{CLEAR_PREFIX}gpu-7"],
+    )
+
+
+class _FakeNvml:
+    """Just what NvmlHealthWatcher asks about a GPU instance: its placement, or an error (instance gone)."""
+
+    class NVMLError(Exception):
+        pass
+
+    def __init__(self, placement: tuple[int, int] | None) -> None:
+        self.placement = placement
+
+    def nvmlDeviceGetGpuInstanceById(self, handle: object, instance: int) -> int:  # noqa: N802 (NVML's name)
+        if self.placement is None:
+            raise self.NVMLError("not found")
+        return instance
+
+    def nvmlGpuInstanceGetInfo(self, gi: int) -> object:  # noqa: N802 (NVML's name)
+        start, size = self.placement or (0, 0)
+        return types.SimpleNamespace(placement=types.SimpleNamespace(start=start, size=size))
+
+
+@pytest.mark.parametrize(("placement", "slices"), [((4, 2), (4, 5)), (None, None)])
+def test_an_instance_no_claim_holds_gets_the_placement_the_driver_reports(
+    placement: tuple[int, int] | None, slices: tuple[int, ...] | None
+) -> None:
+    watcher = NvmlHealthWatcher(
+        [gpu_info(1, "GPU-1")], book(), ignored_xids=frozenset(), on_transition=lambda t: None,
+        metrics=HealthMetrics(CollectorRegistry()), probe_interval=1, nvml=_FakeNvml(placement),
+    )  # fmt: skip
+    watcher._handles["gpu-1"] = object()
+    got = watcher._instance_fault("gpu-1", 5, 48)
+    assert (got.slices if got else None) == slices, "no placement known: the whole GPU's (None)"
+    assert got is None or (got.instance, got.partition) == (5, "")

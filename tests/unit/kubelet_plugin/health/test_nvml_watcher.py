@@ -165,8 +165,9 @@ def lib(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return mocknvml.build_nvml_variant(tmp_path_factory.mktemp("health-nvml"))
 
 
-def _run(lib: Path, script: str, control: Path) -> tuple[Any, str]:
+def _run(lib: Path, script: str, control: Path, **extra: str) -> tuple[Any, str]:
     env = {
+        **extra,
         **os.environ,
         "LD_LIBRARY_PATH": str(lib),
         "FRACGPU_MOCK_NVML_PROFILE": str(PROFILE),
@@ -243,48 +244,120 @@ def test_discovery_keeps_going_past_a_gpu_lost_at_start_and_the_watcher_sees_it_
 
 
 PARTITIONS = """
-import json, os, threading, time
+import datetime, json, os, threading, time
+from pathlib import Path
 from prometheus_client import CollectorRegistry
 from kubelet_plugin.publishing.discovery import discover_gpus
-from kubelet_plugin.health.book import Effects, HealthBook, plan_taints
+from kubelet_plugin.health.book import Effects, HealthBook, Placement, plan_taints
+from kubelet_plugin.health.events import message
 from kubelet_plugin.health.metrics import HealthMetrics
 from kubelet_plugin.health.nvml_watcher import NvmlHealthWatcher
+from kubelet_plugin.health.watch import CLEAR_PREFIX, OperatorClears, from_record, to_record
+from kubelet_plugin.state import health_faults
 ctl = os.environ["FRACGPU_MOCK_NVML_EVENTS"]
+record = Path(os.environ["RECORD"])
 gpus = discover_gpus()
-book = HealthBook(g.device_name for g in gpus)
-held = {"gpu-1-mig-1g-10gb-at-6"}  # the prepared partitions: GPU instance 9 of gpu-1 is that device
-watcher = NvmlHealthWatcher(gpus, book, ignored_xids=frozenset(), on_transition=lambda t: None,
-                            metrics=HealthMetrics(CollectorRegistry()), probe_interval=0.2,
-                            partition_of=lambda gpu, gi: "gpu-1-mig-1g-10gb-at-6" if (gpu, gi) == ("gpu-1", 9) else None,
-                            partitions=lambda: set(held))
-stop = threading.Event()
-thread = threading.Thread(target=watcher.run, args=(stop,))
-thread.start()
+AT6 = "gpu-1-mig-1g-10gb-at-6"
+placements = {AT6: Placement("gpu-1", frozenset({6})), "gpu-1-mig-1g-20gb-at-6": Placement("gpu-1", frozenset({6, 7})),
+              "gpu-1-mig-7g-80gb-at-0": Placement("gpu-1", frozenset(range(8))),
+              "gpu-1-mig-1g-10gb-at-5": Placement("gpu-1", frozenset({5})),
+              "gpu-0-mig-1g-10gb-at-6": Placement("gpu-0", frozenset({6}))}
+held = {9: (AT6, (6,))}  # the checkpoint: GPU instance 9 of gpu-1 is that partition
+transitions = []
+def on_transition(t):
+    transitions.append(message(t))
+    health_faults.save(record, to_record(book.snapshot(), gpus))
+def start():
+    watcher = NvmlHealthWatcher(gpus, book, ignored_xids=frozenset(), on_transition=on_transition,
+                                metrics=HealthMetrics(CollectorRegistry()), probe_interval=0.2,
+                                partition_of=lambda gpu, gi: held.get(gi) if gpu == "gpu-1" else None)
+    stop = threading.Event()
+    thread = threading.Thread(target=watcher.run, args=(stop,))
+    thread.start()
+    time.sleep(0.5)
+    return stop, thread
 def step(text, until):
     with open(ctl, "a") as f:
         f.write(text)
     deadline = time.monotonic() + 30
     while not until() and time.monotonic() < deadline:
         time.sleep(0.05)
-    return {d: h.state for d, h in book.snapshot().items()}
-time.sleep(0.5)
+def tainted():
+    return sorted(plan_taints(book.snapshot(), Effects(), placements))
 out = {}
-out["partition"] = step("1/gi9 xid 48\\n", lambda: "gpu-1-mig-1g-10gb-at-6" in book.snapshot())
-out["taints"] = sorted(plan_taints(book.snapshot(), Effects()))
-out["unknown_instance"] = step("1/gi3 xid 94\\n", lambda: book.snapshot()["gpu-1"].state != "healthy")
-held.clear()
-out["gone"] = step("", lambda: "gpu-1-mig-1g-10gb-at-6" not in book.snapshot())
-stop.set()
-thread.join(10)
+book = HealthBook(g.device_name for g in gpus)
+stop, thread = start()
+step("1/gi9 xid 48\\n", lambda: tainted() != [])
+out["fault"] = tainted()
+out["taint"] = plan_taints(book.snapshot(), Effects(), placements)[AT6]
+out["fault_events"] = list(transitions)
+held.clear()  # the partition destroyed (the pod evicted) ...
+time.sleep(1)  # five probes
+held[3] = (AT6, (6,))  # ... and made again: another GPU instance on the same memory slice
+time.sleep(1)
+out["recreated"] = tainted()
+out["recreated_events"] = transitions[len(out["fault_events"]):]
+stop.set(); thread.join(10)
+# a plugin restart: a new book from the record on disk
+out["record"] = json.loads(record.read_text())
+book = HealthBook(g.device_name for g in gpus)
+book.restore(from_record(health_faults.load(record), gpus))
+stop, thread = start()
+time.sleep(1)
+out["restarted"] = tainted()
+before = len(transitions)
+step("1 action gpu_reset\\n", lambda: book.snapshot()["gpu-1"].recovery_action == 1)
+out["asked"] = tainted()
+step("1 action none\\n", lambda: not book.snapshot()["gpu-1"].slice_faults)
+out["reset"] = tainted()
+out["reset_events"] = transitions[before:]
+# another fault, cleared by the operator
+step("1/gi3 xid 48\\n", lambda: tainted() != [])
+out["again"] = tainted()
+now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+clears = OperatorClears(None, "node-a", book, on_transition, 1.0)
+before = len(transitions)
+clears.apply({CLEAR_PREFIX + "gpu-1": "2020-01-01T00:00:00Z"})  # written before the fault: clears nothing
+out["stale_clear"] = tainted()
+clears.apply({CLEAR_PREFIX + "gpu-1": now, CLEAR_PREFIX + "gpu-9": now})
+out["cleared"] = tainted()
+out["clear_events"] = transitions[before:]
+out["record_after"] = json.loads(record.read_text())
+stop.set(); thread.join(10)
 print(json.dumps(out))
 """
 
 
-def test_an_xid_on_a_gpu_instance_taints_its_partition_until_the_partition_is_gone(lib: Path, tmp_path: Path) -> None:
+def test_an_xid_on_a_gpu_instance_stays_on_its_memory_slices_until_a_reset_or_an_operator_clears_it(
+    lib: Path, tmp_path: Path
+) -> None:
     control = tmp_path / "events"
     control.write_text("")
-    out, _ = _run(lib, PARTITIONS, control)
-    assert out["partition"] == {"gpu-0": "healthy", "gpu-1": "healthy", "gpu-1-mig-1g-10gb-at-6": "fatal"}
-    assert out["taints"] == ["gpu-1-mig-1g-10gb-at-6"], "only the partition: its GPU's other partitions go on"
-    assert out["unknown_instance"]["gpu-1"] == "degraded", "an instance of no claim: the GPU's own"
-    assert out["gone"] == {"gpu-0": "healthy", "gpu-1": "degraded"}, "forgotten once its partition is destroyed"
+    out, _ = _run(lib, PARTITIONS, control, RECORD=str(tmp_path / "health.json"))
+    on_slice_6 = ["gpu-1-mig-1g-10gb-at-6", "gpu-1-mig-1g-20gb-at-6", "gpu-1-mig-7g-80gb-at-0"]
+    assert out["fault"] == on_slice_6, "every partition on memory slice 6 of gpu-1; not gpu-1 itself, not slice 5"
+    assert out["taint"][0]["key"] == "gpu.fracgpu.dev/xid" and out["taint"][0]["value"] == "48-double-bit-ecc-error"
+    assert out["taint"][0]["effect"] == "NoExecute"
+    assert out["fault_events"] == [
+        "GPU gpu-1-mig-1g-10gb-at-6 is fatal: XID 48 (double-bit-ecc-error, fatal) on GPU instance 9, memory slices "
+        "6: kept until the driver reports a GPU reset or an operator clears it"
+    ]
+    assert out["recreated"] == on_slice_6, "a partition destroyed and made again is no reset"
+    assert out["recreated_events"] == [], "no 'healthy again'"
+    (gpu,) = out["record"]["gpus"].values()
+    assert out["record"]["version"] == 1 and gpu["memorySliceFaults"][0]["memorySlices"] == [6]
+    assert out["restarted"] == on_slice_6, "a plugin restart keeps the fault"
+    assert out["asked"] == ["gpu-1", *on_slice_6], "the driver asks for a GPU reset: the whole GPU too"
+    assert out["reset"] == []
+    assert out["reset_events"][-1] == (
+        "GPU gpu-1 is healthy again (was fatal): the driver reports a reset: the recovery action it asked for "
+        "(gpu-reset) is back to none"
+    )
+    assert out["again"] == on_slice_6 and out["stale_clear"] == on_slice_6
+    assert out["cleared"] == []
+    (cleared,) = out["clear_events"]
+    assert cleared.startswith("GPU gpu-1 is healthy again (was fatal): an operator cleared what the driver reported")
+    assert (
+        "Node annotation gpu.fracgpu.dev/clear-faults-gpu-1=" in cleared and "the driver reported no reset" in cleared
+    )
+    assert out["record_after"]["gpus"] == {}, "nothing left to remember"
