@@ -82,8 +82,9 @@ demo-down: venv ## stop the demo cluster and remove .demo/
 image: venv ## container image as an OCI archive, without Docker (build/image/fracgpu-<tag>.oci.tar)
 	$(PY) -m harness.image.build --out build/image
 
-bench: venv binaries ## benchmarks against a real control plane (plugin bench also go-builds e2e/bench/goref into the cache); writes build/bench/
+bench: venv binaries ## benchmarks against a real control plane (plugin bench also go-builds e2e/bench/goref into the cache; its throttled run, about 2 min, compares it under an APF storm); writes build/bench/
 	$(PY) -m e2e.bench.plugin_bench
+	$(PY) -m e2e.bench.plugin_bench --throttled --out build/bench/plugin-throttled.json
 	$(PY) -m e2e.bench.controller_bench --out build/bench/controller.json
 	$(PY) -m e2e.bench.usage_bench --out build/bench/usage.json
 	$(PY) -m e2e.bench.scheduler_bench --out build/bench/scheduler.json

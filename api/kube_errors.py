@@ -19,7 +19,10 @@ message) and the `Retry-After` header. Callers decide by type, never by the text
 
 Each kind has one message (`str(err)`), the one a user reads (in a prepare's error, an Event, a log line): what
 happened, in words, with the API server's own message where it sent one, never a status of 0 or a transport
-library's text. `api.kube_rest` adds how long it kept trying (`tries`, `seconds`) when it gave up.
+library's text. `api.kube_rest` adds how long it kept trying (`tries`, `seconds`) when it gave up, how many of those
+tries the server throttled before a last failure of another kind (`throttled_tries`, with the longest wait it
+asked), and, when the wait asked did not fit in the call's time, that it ran out (`out_of_time_after`), so a message
+always tells a throttled call from an unreachable or hung server.
 
 Imports nothing of the project: both components' API code and their tests use these types.
 """
@@ -32,7 +35,10 @@ class ApiError(Exception):
     """A request failed: the API server answered with HTTP `status` (`reason`, and the answer's `body`), or
     (status 0, in `ApiUnreachable`) it did not answer. `message` is what the API server's `Status` says (else
     `reason`); `status_reason` and `causes` are its machine-readable `reason` and `details.causes`. `tries` and
-    `seconds`: how many times the request was sent and how long the call took, when it was retried."""
+    `seconds`: how many times the request was sent and how long the call took, when it was retried;
+    `throttled_tries` and `longest_asked`: how many earlier tries were answered with a wait asked (429, 503 with
+    `Retry-After`), and the longest; `out_of_time_after`: set when the call ended because the wait the server
+    asked did not fit in its time, to the seconds after its start by which it had to end."""
 
     def __init__(
         self,
@@ -55,6 +61,9 @@ class ApiError(Exception):
         self.retry_after = retry_after
         self.tries = 1
         self.seconds = 0.0
+        self.throttled_tries = 0
+        self.longest_asked = 0.0
+        self.out_of_time_after: float | None = None
 
     def __str__(self) -> str:
         return self.summary() + self.retried()
@@ -67,8 +76,15 @@ class ApiError(Exception):
         return f"the API server answered {self.status} {self.reason}{self.said()}"
 
     def retried(self) -> str:
-        """`; tried N times in S s` when the request was sent more than once, else nothing."""
-        return f"; tried {self.tries} times in {self.seconds:.1f} s" if self.tries > 1 else ""
+        """How the call went, when it was retried or ran out of time, else nothing: `; tried N times in S s`, how
+        many of those tries were throttled (when the last failure is of another kind), and that the wait asked
+        did not fit in the call's time."""
+        text = f"; tried {self.tries} times in {self.seconds:.1f} s" if self.tries > 1 else ""
+        if self.throttled_tries:
+            text += f", {self.throttled_tries} of them throttled (it asked to wait up to {self.longest_asked:g} s)"
+        if self.out_of_time_after is not None:
+            text = f"{text or '; tried once'}; the wait did not fit in the call's {self.out_of_time_after:.1f} s"
+        return text
 
     def said(self) -> str:
         """`: <the API server's message>` when it sent one (not only the reason phrase), else nothing."""

@@ -11,13 +11,18 @@ requests on it, each attempt bounded by its `timeout`, each call by its `budget`
 Retries (`api.kube_retry`, client-go's rules): a request the API server throttled (429) or could not take
 (503), or that never left (no connection), is sent again after the wait the server asked (`Retry-After`, else
 1 s); a GET also after any other transient failure. At most 10 times, and a wait is waited only when it fits in
-the call's budget; otherwise the last error is raised at once, its message naming the wait asked and how often
-it was tried. urllib3's own retries are off: every answer reaches this code, typed.
+the call's time (`kube_retry.CallTime`): its own `budget` for attempts and the waits it chooses, which a wait the
+server asked for (429 or 503 with `Retry-After`) moves on, up to `asked_budget` or the caller's deadline
+(`until`). So a hung or unreachable server costs a call at most `budget`, a throttled one may wait as told up to
+its hard end. Otherwise the last error is raised at once, its message naming the wait asked, how often it was
+tried, how many tries were throttled and that no time was left. urllib3's own retries are off: every answer
+reaches this code, typed.
 
 Errors: every request raises only `ApiError` (`api.kube_errors`), of the subclass that names what happened,
 parsed once from the answer by `api_error`; `UndecodableResponse` when an answer cannot be decoded.
 """
 
+import copy
 import errno
 import http.client
 import json
@@ -45,7 +50,7 @@ from api.kube_errors import (
     api_error,
 )
 from api.kube_metrics import ApiMetrics, resource_of
-from api.kube_retry import failure_kind, retry_wait
+from api.kube_retry import CallTime, asked_wait, failure_kind, retry_wait
 
 JSON = "application/json"
 APPLY = "application/apply-patch+yaml"
@@ -205,9 +210,11 @@ class KubeRest:
     """GET/POST/PUT/PATCH/DELETE and watch by API path, e.g. `/apis/resource.k8s.io/v1/resourceslices`.
 
     `timeout` (seconds) bounds each attempt of a request: connecting and waiting for the answer. `budget`
-    (default: twice `timeout`) bounds a call, its retries and their waits included (see the module doc);
-    `bounded` sets both from a budget. `resend_if`, when set, is asked before each retry: False ends the call
-    with the last error (the controller's leader gate: a write is not sent again once the Lease ran out).
+    (default: twice `timeout`) bounds a call's own time, its retries and the waits it chooses included;
+    `asked_budget` (default: `budget`) bounds the whole call when the server asks it to wait (see the module
+    doc); `bounded` sets them from budgets, `until` gives a copy a deadline instead of `asked_budget`.
+    `resend_if`, when set, is asked before each retry: False ends the call with the last error (the
+    controller's leader gate: a write is not sent again once the Lease ran out).
     """
 
     def __init__(
@@ -216,6 +223,7 @@ class KubeRest:
         timeout: float = 30.0,
         budget: float | None = None,
         *,
+        asked_budget: float | None = None,
         resend_if: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
@@ -223,15 +231,28 @@ class KubeRest:
         self.connection = connection
         self.timeout = timeout
         self.budget = 2 * timeout if budget is None else budget
+        self.asked_budget = self.budget if asked_budget is None else asked_budget
+        self.deadline: float | None = None
+        """When set (`until`): the clock time by which every call ends, in place of `asked_budget`."""
         self.resend_if = resend_if
         self._clock = clock
         self._sleep = sleep
 
     @classmethod
-    def bounded(cls, connection: KubeConnection, budget: float, attempts: int = 2) -> "KubeRest":
-        """A KubeRest on `connection` whose calls take at most about `budget` seconds, retries and their waits
-        included, each attempt at most `budget / attempts` (so a read that hangs is tried `attempts` times)."""
-        return cls(connection, timeout=budget / attempts, budget=budget)
+    def bounded(
+        cls, connection: KubeConnection, budget: float, attempts: int = 2, *, asked_budget: float | None = None
+    ) -> "KubeRest":
+        """A KubeRest on `connection` whose calls take at most about `budget` seconds of their own, retries and
+        their waits included, each attempt at most `budget / attempts` (so a read that hangs is tried `attempts`
+        times); waits the server asks for may stretch a call to `asked_budget` (default: `budget`)."""
+        return cls(connection, timeout=budget / attempts, budget=budget, asked_budget=asked_budget)
+
+    def until(self, deadline: float) -> "KubeRest":
+        """A copy (same connection) whose calls wait what the server asks until `deadline` (on its clock) and end
+        by then whatever happens; their own time is still at most `budget`."""
+        bounded = copy.copy(self)
+        bounded.deadline = deadline
+        return bounded
 
     def _call(
         self,
@@ -254,11 +275,12 @@ class KubeRest:
         data = body.encode() if isinstance(body, str) else json.dumps(body).encode() if body is not None else None
         metrics = self.connection.metrics
         started = self._clock()
-        deadline = started + self.budget
-        retries = 0
+        ends = CallTime.start(started, self.budget, self.asked_budget, self.deadline)
+        retries = throttled = 0
+        longest = 0.0
         while True:
             attempt_timeout = (
-                timeout if timeout is not None else max(MIN_ATTEMPT_S, min(self.timeout, deadline - self._clock()))
+                timeout if timeout is not None else ends.attempt_timeout(self._clock(), self.timeout, MIN_ATTEMPT_S)
             )
             authorization = self.connection.authorization()  # re-read: a rotated token is used by the retry
             if authorization:
@@ -286,21 +308,34 @@ class KubeRest:
             if metrics is not None and isinstance(failure, ApiThrottled):
                 metrics.throttled.labels(resource_of(path), method).inc()
             wait = retry_wait(method, failure, retries)
-            left = deadline - self._clock()
-            if wait is None or wait + MIN_ATTEMPT_S > left or (self.resend_if is not None and not self.resend_if()):
-                failure.tries = retries + 1
-                failure.seconds = self._clock() - started
+            asked = asked_wait(failure) is not None
+            fits = wait is not None and ends.fits(self._clock(), wait, asked, MIN_ATTEMPT_S)
+            if wait is None or not fits or (self.resend_if is not None and not self.resend_if()):
+                if asked and wait is not None and not fits:  # say why a wait the server asked was not waited
+                    end = ends.hard if ends.end_after(wait, asked) == ends.hard else ends.own
+                    failure.out_of_time_after = end - started
+                self._given_up(failure, retries + 1, started, throttled, longest)
                 if metrics is not None and isinstance(failure, ApiTransient):
                     metrics.gave_up.labels(failure_kind(failure), method).inc()
                 raise failure
             if metrics is not None:
                 metrics.retries.labels(failure_kind(failure), method).inc()
             self._sleep(wait)
+            ends.waited(wait, asked)
             retries += 1
+            if asked:
+                throttled, longest = throttled + 1, max(longest, wait)
             if self.resend_if is not None and not self.resend_if():
-                failure.tries = retries
-                failure.seconds = self._clock() - started
+                self._given_up(failure, retries, started, throttled - asked, longest)
                 raise failure
+
+    def _given_up(self, failure: ApiError, tries: int, started: float, throttled: int, longest: float) -> None:
+        """Record on `failure` how the call went: its tries, its time, and the earlier throttled tries (named only
+        when `failure` is of another kind, whose message does not say it)."""
+        failure.tries = tries
+        failure.seconds = self._clock() - started
+        if asked_wait(failure) is None and throttled:
+            failure.throttled_tries, failure.longest_asked = throttled, longest
 
     def decode(self, data: bytes, status: int) -> dict[str, Any]:
         """A successful answer's body as a JSON object; raises UndecodableResponse."""

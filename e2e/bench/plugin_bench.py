@@ -18,6 +18,14 @@ on a node whose slices the bench publishes as ours would. Claims are allocated b
 are called like the kubelet does, alternating between them cycle by cycle. Reports medians and percentiles, CPU
 time per call (utime+stime of the plugin process over the cycles), RSS, and each fracgpu configuration's ratios
 to the Go reference, of this one run; asserts nothing.
+
+    python -m e2e.bench.plugin_bench --throttled [--configs none,go-reference] [--out build/bench/plugin-throttled.json]
+
+The throttled run (`e2e.bench.throttle`): both plugins talk to the API server as one service account in a
+priority level of one seat that rejects (429) what it cannot seat, flooded by that account's LISTs from the
+bench while the kubelet's calls run (the storm outlasts every call); per plugin, `THROTTLED_PREPARES` single-claim
+prepares at once (as for that many pods starting), each given the kubelet's 45 s. Reports per plugin how many
+succeeded, their latency percentiles, and whether each failure said it was throttled.
 """
 
 import argparse
@@ -30,15 +38,19 @@ import sysconfig
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 from kubernetes import client, config
 from kubernetes.dynamic import DynamicClient
 
+from api.kube_config import from_kubeconfig
+from api.kube_rest import KubeConnection, KubeRest
 from api.names import MIG_DEVICE_CLASS_NAME
-from e2e.bench import goref_plugin
+from e2e.bench import goref_plugin, throttle
 from e2e.bench.stats import summary_ms, table
 from harness import kube, mocknvml
 from harness.cluster import binaries
@@ -120,21 +132,31 @@ class Started:
     """The MPS supervisor's pid (config mps)."""
 
 
-def _start_go_reference(api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane, workdir: Path) -> Started:
+def _start_go_reference(api: client.ApiClient, dyn: DynamicClient, workdir: Path, kubeconfig: Path) -> Started:
     """The Go reference plugin on its own fake node whose 8 H100s' slices the bench publishes; 33 claims there."""
     node = f"bench-{GO_REFERENCE}"
     node_object = kube.create_fake_node(api, node)
     kube.publish_gpus(dyn, node_object, DRIVER, kube.simulated_gpus(node, 8))
-    plugin = goref_plugin.GoRefProcess(workdir / GO_REFERENCE, node, plane.kubeconfig, goref_plugin.build())
+    plugin = goref_plugin.GoRefProcess(workdir / GO_REFERENCE, node, kubeconfig, goref_plugin.build())
     kubelet = plugin.start()
     claims = kube.allocate_claims(api, dyn, NAMESPACE, node, device_class=DRIVER, memories=["1Gi"] * 33, timeout=120)
     return Started(plugin.pid, plugin.stop, kubelet, claims)
 
 
-def _start_plugin(api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane, workdir: Path, mode: str) -> Started:
-    """A plugin on its own fake node with 8 simulated H100s, configured as CONFIGS[mode]; 33 claims there."""
+def _start_plugin(
+    api: client.ApiClient,
+    dyn: DynamicClient,
+    plane: ControlPlane,
+    workdir: Path,
+    mode: str,
+    *,
+    kubeconfig: Path | None = None,
+) -> Started:
+    """A plugin on its own fake node with 8 simulated H100s, configured as CONFIGS[mode], talking to the API server
+    with `kubeconfig` (default: the control plane's admin); 33 claims there."""
+    kubeconfig = kubeconfig or plane.kubeconfig
     if mode == GO_REFERENCE:
-        return _start_go_reference(api, dyn, plane, workdir)
+        return _start_go_reference(api, dyn, workdir, kubeconfig)
     node = f"bench-{mode}"
     toolkit = "--driver-edits=toolkit" in CONFIGS[mode]
     kube.create_fake_node(api, node)
@@ -154,7 +176,7 @@ def _start_plugin(api: client.ApiClient, dyn: DynamicClient, plane: ControlPlane
     if "--mps-gpus=all" in flags:
         supervisor, root = _start_mps_supervisor(nvml, profile)
         flags += [f"--mps-root={root}", f"--mps-control={nvml / 'nvidia-cuda-mps-control'}"]
-    plugin = NodePluginProcess(workdir / mode, node, plane.kubeconfig, profile, nvml, *flags, env=env)
+    plugin = NodePluginProcess(workdir / mode, node, kubeconfig, profile, nvml, *flags, env=env)
     if toolkit:
         install_driver(plugin.driver_root, profile, workdir / "driver-build")
     kubelet = plugin.start()
@@ -231,24 +253,30 @@ def ratios(part: dict[str, Any], reference: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def _prepare_cluster(plane: ControlPlane) -> tuple[client.ApiClient, DynamicClient]:
+    """The bench's DeviceClasses and namespace on a started control plane; its admin clients."""
+    api = config.new_client_from_config(config_file=str(plane.kubeconfig))
+    dyn = DynamicClient(api)
+    kube.ensure_device_class(dyn, DRIVER, DRIVER)
+    kube.ensure_device_class(  # as the chart's (charts/fracgpu/templates/deviceclass.yaml)
+        dyn, MIG_DEVICE_CLASS_NAME, DRIVER,
+        f'"type" in device.attributes["{DRIVER}"] && device.attributes["{DRIVER}"].type == "mig"',
+    )  # fmt: skip
+    client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
+    kube.wait_for(
+        lambda: kube.exists(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", NAMESPACE)),
+        30,
+    )
+    return api, dyn
+
+
 def run(cycles: int, workdir: Path, configs: list[str]) -> dict[str, Any]:
     """Run every measurement, every configuration interleaved cycle by cycle; return the report."""
     precompile()
     plane = ControlPlane(workdir / "cp")
     plane.start()
     try:
-        api = config.new_client_from_config(config_file=str(plane.kubeconfig))
-        dyn = DynamicClient(api)
-        kube.ensure_device_class(dyn, DRIVER, DRIVER)
-        kube.ensure_device_class(  # as the chart's (charts/fracgpu/templates/deviceclass.yaml)
-            dyn, MIG_DEVICE_CLASS_NAME, DRIVER,
-            f'"type" in device.attributes["{DRIVER}"] && device.attributes["{DRIVER}"].type == "mig"',
-        )  # fmt: skip
-        client.CoreV1Api(api).create_namespace({"metadata": {"name": NAMESPACE}})
-        kube.wait_for(
-            lambda: kube.exists(lambda: client.CoreV1Api(api).read_namespaced_service_account("default", NAMESPACE)),
-            30,
-        )
+        api, dyn = _prepare_cluster(plane)
         started = {mode: _start_plugin(api, dyn, plane, workdir, mode) for mode in configs}
         samples: dict[str, dict[str, list[float]]] = {
             mode: {"prepare 1 claim": [], "unprepare 1 claim": [], "prepare 32 claims": [], "unprepare 32 claims": []}
@@ -316,25 +344,121 @@ def run(cycles: int, workdir: Path, configs: list[str]) -> dict[str, Any]:
         plane.stop()
 
 
+THROTTLED_OUT = Path("build/bench/plugin-throttled.json")
+THROTTLED_PREPARES = 8
+"""Single-claim prepares sent to each plugin at once during the storm (as for 8 pods starting on a node)."""
+THROTTLED_CONFIGS = ["none", GO_REFERENCE]
+STORM_ACCOUNT = "bench-storm"
+
+
+def _storm_kubeconfig(api: client.ApiClient, plane: ControlPlane, workdir: Path) -> Path:
+    """A service account with every right (the plugins' and the flood's), every request of which a one-seat
+    Reject priority level takes; its kubeconfig."""
+    kubeconfig = kube.service_account_kubeconfig(
+        api,
+        server=plane.server,
+        ca_cert=plane.ca_cert,
+        namespace=NAMESPACE,
+        name=STORM_ACCOUNT,
+        rules=[{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
+        path=workdir / "storm.kubeconfig",
+    )
+    throttle.create_apf_reject(KubeRest(KubeConnection.of(api)), STORM_ACCOUNT, NAMESPACE, STORM_ACCOUNT)
+    return kubeconfig
+
+
+def _call(kubelet: KubeletClient, refs: list[tuple[str, str, str]]) -> throttle.Outcome:
+    """One kubelet prepare call (the kubelet's 45 s deadline); its outcome, a failed call's gRPC status as its
+    error."""
+    start = time.perf_counter()
+    try:
+        response = kubelet.prepare(refs)
+    except grpc.RpcError as err:
+        return throttle.Outcome(time.perf_counter() - start, f"the kubelet's call failed: {err.code().name}")
+    errors = [r.error for r in response.claims.values() if r.error]
+    return throttle.Outcome(time.perf_counter() - start, "; ".join(errors))
+
+
+def run_throttled(workdir: Path, configs: list[str], prepares: int = THROTTLED_PREPARES) -> dict[str, Any]:
+    """The throttled run (module doc): every plugin of `configs` under one APF storm, `prepares` single-claim
+    prepares each at once; the report (`throttle.throttled_report`)."""
+    precompile()
+    plane = ControlPlane(workdir / "cp")
+    plane.start()
+    try:
+        api, dyn = _prepare_cluster(plane)
+        core = client.CoreV1Api(api)
+        for i in range(throttle.FLOOD_CONFIGMAPS):
+            core.create_namespaced_config_map(
+                NAMESPACE, {"metadata": {"name": f"bulk-{i}"}, "data": {"b": "x" * 16384}}
+            )
+        kubeconfig = _storm_kubeconfig(api, plane, workdir)
+        started = {mode: _start_plugin(api, dyn, plane, workdir, mode, kubeconfig=kubeconfig) for mode in configs}
+        for plugin in started.values():  # before the storm: each plugin works
+            _timed(plugin.kubelet.prepare, _refs(plugin.claims[:1]))
+            plugin.kubelet.unprepare(_refs(plugin.claims[:1]))
+        flood = throttle.Flood(
+            KubeRest(KubeConnection(from_kubeconfig([kubeconfig])), timeout=10, budget=0),
+            f"/api/v1/namespaces/{NAMESPACE}/configmaps",
+        )
+        flood.start()
+        try:
+            kube.wait_for(lambda: flood.rejected > 0, 30, what="the flood answered 429")
+            with ThreadPoolExecutor(max_workers=prepares * len(started)) as pool:
+                futures = {
+                    mode: [pool.submit(_call, plugin.kubelet, _refs([claim])) for claim in plugin.claims[:prepares]]
+                    for mode, plugin in started.items()
+                }
+                outcomes = {mode: [f.result() for f in calls] for mode, calls in futures.items()}
+        finally:
+            counts = flood.stop()
+        for plugin in started.values():
+            plugin.kubelet.unprepare(_refs(plugin.claims[:prepares]))
+            plugin.kubelet.close()
+            plugin.stop()
+        return throttle.throttled_report(outcomes, counts) | {"prepares_per_plugin": prepares}
+    finally:
+        plane.stop()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cycles", type=int, default=1000)
     parser.add_argument("--out", type=Path, default=Path("build/bench/plugin.json"))
     parser.add_argument(
-        "--configs", default=",".join(CONFIGS), help=f"comma-separated subset of {', '.join(CONFIGS)} (default: all)"
+        "--configs",
+        default=None,
+        help=f"comma-separated subset of {', '.join(CONFIGS)} (default: all; with --throttled: "
+        f"{','.join(THROTTLED_CONFIGS)})",
+    )
+    parser.add_argument(
+        "--throttled",
+        action="store_true",
+        help="the throttled run instead: the plugins under one API Priority and Fairness storm (module doc)",
+    )
+    parser.add_argument(
+        "--prepares", type=int, default=THROTTLED_PREPARES, help="with --throttled: prepares per plugin"
     )
     args = parser.parse_args()
+    configs = (args.configs or ",".join(THROTTLED_CONFIGS if args.throttled else CONFIGS)).split(",")
+    unknown = sorted(set(configs) - set(CONFIGS))
+    if unknown:
+        parser.error(f"unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
+    if args.throttled and args.out == parser.get_default("out"):
+        args.out = THROTTLED_OUT
     workdir = Path(tempfile.mkdtemp(prefix="fgb-", dir="/tmp"))  # short: the plugin's unix sockets live here
     try:
-        configs = args.configs.split(",")
-        unknown = sorted(set(configs) - set(CONFIGS))
-        if unknown:
-            parser.error(f"unknown configs {unknown}; choose from {', '.join(CONFIGS)}")
-        report = run(args.cycles, workdir, configs)
+        report = (
+            run_throttled(workdir, configs, args.prepares) if args.throttled else run(args.cycles, workdir, configs)
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    if args.throttled:
+        print(throttle.describe(report))
+        print(f"report: {args.out}")
+        return
     for mode, part in report["configs"].items():
         what = "Go reference plugin (kubeletplugin helper)" if mode == GO_REFERENCE else " ".join(CONFIGS[mode])
         print(f"node plugin, {what}, NodePrepareResources over the socket, real kube-apiserver:")

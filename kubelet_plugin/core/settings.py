@@ -28,6 +28,9 @@ KUBELET_CALL_TIMEOUT_S = 45.0
 #: GPU switches trust domain, for the switch and the node lock again: that second lock wait gets at most what is
 #: left of this); the rest of the kubelet's 45 s is left for the local work and the answer.
 MAX_WAIT_S = 40.0
+#: Of ``MAX_WAIT_S``, what a prepare keeps for the node lock (at most ``node_lock_timeout_seconds``) however long
+#: its claim reads waited what a throttling API server asked (``prepare/preparer.py``, Deadlines).
+READ_LOCK_SHARE_S = 5.0
 
 
 def mps_selection(value: str) -> list[str]:

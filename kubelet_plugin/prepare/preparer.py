@@ -36,11 +36,20 @@ orders its steps so that a crash anywhere leaves a state ``recovery`` repairs:
 A checkpoint of a newer schema is never touched: recovery posts a ``CheckpointTooNew`` Event and changes nothing,
 and prepare/unprepare fail every claim with what to do, while the plugin keeps running.
 
-Deadlines: the kubelet gives a call 45 s. A prepare reads its claims concurrently, each within the API
-budget (`api_timeout_seconds`, retries included), waits at most `node_lock_timeout_seconds` for the lock, at most
-`mps_domain_switch_timeout_seconds` for an MPS switch and then for the lock again at most
-`node_lock_timeout_seconds` and no longer than what is left of ``MAX_WAIT_S`` (40 s) since the call began, and
-writes the claims' Ready condition after answering.
+Deadlines: the kubelet gives a call 45 s; its waits share ``MAX_WAIT_S`` (40 s) from the call's start
+(``CallWindow``), the rest being left for the local work and the answer. The time spent reading is taken off what
+is left for the lock. In order:
+- the reads (concurrent): a server that hangs or cannot be reached costs each at most the API budget
+  (``api_timeout_seconds``, 10 s, retries included); a wait the server asked for (429 or 503 with ``Retry-After``:
+  the request was not applied) is waited out past it, as client-go does within the kubelet's deadline, until
+  ``reads_end``: the window's end less the MPS switch's share (``mps_domain_switch_timeout_seconds``, on a node
+  with MPS GPUs) and the lock's share (``READ_LOCK_SHARE_S``, 5 s, at most ``node_lock_timeout_seconds``);
+- the node lock: at most ``node_lock_timeout_seconds`` and no later than the window's end less the switch's share
+  (at least the lock's share after throttled reads; the whole timeout after reads within the API budget, since the
+  settings keep API + lock + switch timeouts within ``MAX_WAIT_S``);
+- an MPS switch: at most ``mps_domain_switch_timeout_seconds``, then the lock again at most
+  ``node_lock_timeout_seconds`` and no later than the window's end;
+and the claims' Ready condition is written after answering.
 """
 
 import logging
@@ -56,7 +65,7 @@ from kubelet_plugin.core.devicenodes import DeviceNodeSnapshot, snapshot
 from kubelet_plugin.core.errors import ErrorKind, PrepareError
 from kubelet_plugin.core.metrics import PluginMetrics
 from kubelet_plugin.core.model import ClaimRef, GpuInfo, MigGpu, PrepareResult
-from kubelet_plugin.core.settings import MAX_WAIT_S, Settings
+from kubelet_plugin.core.settings import MAX_WAIT_S, READ_LOCK_SHARE_S, Settings
 from kubelet_plugin.enforcement.probe import EnforcementDetector
 from kubelet_plugin.kinds.mig.nvml import MigManager, NvmlMig
 from kubelet_plugin.kinds.mig.partitions import Partitioner
@@ -94,6 +103,29 @@ def measure(metrics: PluginMetrics, operation: str) -> Iterator[None]:
     finally:
         metrics.duration.labels(operation).observe(time.perf_counter() - start)
         gauge.dec()
+
+
+@dataclass(frozen=True)
+class CallWindow:
+    """When the waits of one prepare call end, on ``time.monotonic`` (see the module doc's Deadlines): every wait by
+    `end`, the first node lock wait by `lock_end`, the reads' waits asked by the API server by `reads_end`."""
+
+    end: float
+    lock_end: float
+    reads_end: float
+
+    @classmethod
+    def of(cls, settings: Settings, began: float) -> "CallWindow":
+        """The window of a call that began at `began`."""
+        end = began + MAX_WAIT_S
+        lock_end = end - (settings.mps_domain_switch_timeout_seconds if settings.mps_gpus else 0.0)
+        reads_end = lock_end - min(settings.node_lock_timeout_seconds, READ_LOCK_SHARE_S)
+        return cls(end=end, lock_end=lock_end, reads_end=reads_end)
+
+    @staticmethod
+    def lock_timeout(timeout: float, until: float, now: float) -> float:
+        """A lock wait at `now`: at most `timeout`, and ending by `until` (0: try once, no wait)."""
+        return max(0.0, min(timeout, until - now))
 
 
 @dataclass
@@ -193,13 +225,16 @@ class Preparer:
         mps: MpsShares | None = None,
         mig: Mapping[str, MigGpu] | None = None,
         mig_manager: MigManager | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``driver_edits``: required with ``settings.driver_edits == "toolkit"``, read (never generated) per
         prepare. ``enforcement``: the tiers each GPU offers (default: HAMi-core where its library is, no nvml).
         ``device_nodes``: where the device nodes are read from (default: stat-ed under the driver root).
         ``mps``: the MPS GPUs' daemons (default: through the driver's control client).
         ``mig``: the MIG GPUs (``--mig-gpus``) by device name, as discovered; ``mig_manager``: makes and
-        destroys their partitions (default: through NVML)."""
+        destroys their partitions (default: through NVML). ``clock``: the calls' deadlines' (``time.monotonic``, as
+        the API client's)."""
+        self._clock = clock
         rest = KubeRest.bounded(api, settings.api_timeout_seconds)
         self._settings = settings
         self._metrics = metrics
@@ -268,15 +303,17 @@ class Preparer:
     def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
         """Prepare each claim; see the module contract and its deadlines."""
         with measure(self._metrics, "prepare"):
-            began = time.monotonic()
+            window = CallWindow.of(self._settings, self._clock())
+            lock_s = self._settings.node_lock_timeout_seconds
             # outside the lock: API round trips must not serialise calls
-            call = _Call(self._reader.read_all(claims), self._metrics)
-            waiting = self._round(call, claims)
+            call = _Call(self._reader.read_all(claims, window.reads_end), self._metrics)
+            waiting = self._round(
+                call, claims, lock_timeout=window.lock_timeout(lock_s, window.lock_end, self._clock())
+            )
             if waiting:  # MPS domain switches: asked for under the lock, waited for without it
                 switched = self._mps.wait_served(w.switch for w in waiting.values())
-                left = max(0.0, MAX_WAIT_S - (time.monotonic() - began))
                 again = [ref for ref in claims if ref.uid in waiting]
-                timeout = min(left, self._settings.node_lock_timeout_seconds)
+                timeout = window.lock_timeout(lock_s, window.end, self._clock())
                 self._round(call, again, waited=_Waited(waiting, switched), lock_timeout=timeout)
             for prepared in call.done:
                 self._metrics.requests.labels("prepare", "ok").inc()

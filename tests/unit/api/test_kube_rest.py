@@ -422,7 +422,8 @@ def test_a_wait_that_does_not_fit_the_budget_is_not_waited_and_the_error_names_i
         rest.get(CLAIM)
     assert clock.slept == [4.0], "4 s fit in 10 s; 8 s do not fit in the 6 s left"
     assert str(raised.value) == (
-        f"throttled by the API server (429 Too Many Requests; it asked to wait 8 s); tried 2 times in {raised.value.seconds:.1f} s"
+        "throttled by the API server (429 Too Many Requests; it asked to wait 8 s); "
+        f"tried 2 times in {raised.value.seconds:.1f} s; the wait did not fit in the call's 10.0 s"
     )
     assert raised.value.retry_after == 8.0 and raised.value.status == 429
     assert counted(metrics, "throttled", resource="resourceclaims", verb="GET") == 2
