@@ -18,6 +18,7 @@ through the context, and another manager only through the accessor it was given.
 
 import asyncio
 
+from api.mig import TYPE_MIG
 from controller.core import metrics, runtime
 from controller.core.context import ClaimKey, Context, Index, Indexes, Tasks, Writer
 from controller.core.settings import Settings
@@ -133,9 +134,16 @@ class Controller:
         self.status.enqueue(key)
 
     def _moved(self, devices: frozenset[DeviceKey]) -> None:
-        """The claims on `devices` changed (the claim index is updated): their GPU objects and MPS rules."""
+        """The claims on `devices` changed (the claim index is updated): their GPU objects and MPS rules; a MIG
+        partition's placement taken or freed: the pending claims of the MIG class (`MigPlacementsFragmented`)."""
         self.ledger.marks.devices(devices)
         self.mps.claims_moved(devices)
+        published = self.catalogue.devices()
+        if any((d := published.get(k)) is not None and d.kind == TYPE_MIG for k in devices):
+            mig_class = self.settings.mig_device_class
+            for view in self.context.claims():
+                if not view.allocated and any(m.device_class == mig_class for r in view.requests for m in r):
+                    self.status.enqueue(view.key)
 
     def slices_changed(self) -> None:
         """A slice of our driver changed: when the published devices differ, every claim and GPU is re-checked."""

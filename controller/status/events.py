@@ -1,6 +1,7 @@
 """The Events the controller posts about a claim, once each: a device gone (`AllocatedDeviceGone`, after a grace
 period, and for a deleted node at once), a request no published GPU can ever satisfy (`UnsatisfiableGpuRequest`,
-told again when its reason changes), parts that could not be decoded (`UnreadableClaimParts`).
+told again when its reason changes), a MIG request that waits because every aligned placement that would hold it
+overlaps an allocated partition (`MigPlacementsFragmented`, told again when the GPUs' state changes), parts that could not be decoded (`UnreadableClaimParts`).
 
 Event names are derived from (claim uid, key), so a post repeated after a restart meets AlreadyExists and counts as
 posted; a key is remembered only once its post succeeded.
@@ -16,13 +17,15 @@ from controller.core.claims import ClaimView, Share
 from controller.core.context import ClaimKey, Context
 from controller.devices.catalogue import DeviceCatalogue
 from controller.nodes.plan import NodeGonePlan, node_gone_message
-from controller.status.feasibility import plan_unsatisfiable
+from controller.status.feasibility import plan_unsatisfiable, selected_by
+from controller.status.mig_room import plan_mig_fragmented
 
 log = logging.getLogger(__name__)
 
 REASON_DEVICE_GONE = "AllocatedDeviceGone"
 REASON_UNSATISFIABLE = "UnsatisfiableGpuRequest"
 REASON_SKIPPED_PARTS = "UnreadableClaimParts"
+REASON_MIG_FRAGMENTED = "MigPlacementsFragmented"
 
 
 class ClaimEvents:
@@ -50,7 +53,8 @@ class ClaimEvents:
         those on a deleted node, `gone`); False when some post failed and a later try may succeed."""
         posted = await self._device_gone(claim, missing)
         posted = await self._node_gone(claim, gone) and posted
-        return await self._unsatisfiable(claim) and posted
+        posted = await self._unsatisfiable(claim) and posted
+        return await self._fragmented(claim) and posted
 
     async def _post_once(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
         """Post the Event `key` unless it was posted already; False when the post failed (retry later)."""
@@ -97,6 +101,18 @@ class ClaimEvents:
         for found in plan_unsatisfiable(claim, devices, self._context.claim_classes(), self._context.driver):
             key = (REASON_UNSATISFIABLE, found.request, found.message)  # a changed reason is told again
             ok = await self._post_once(claim, key, REASON_UNSATISFIABLE, found.message) and ok
+        return ok
+
+    async def _fragmented(self, claim: ClaimView) -> bool:
+        mig_class = self._context.settings.mig_device_class
+        if claim.allocated or not any(m.device_class == mig_class for r in claim.memory_requests for m in r):
+            return True
+        ok = True
+        selected = selected_by(self._context.claim_classes(), self._context.driver)
+        devices = self._catalogue.devices().values()
+        for found in plan_mig_fragmented(claim, devices, self._context.claims(), selected, mig_class):
+            key = (REASON_MIG_FRAGMENTED, found.request, found.message)  # told again when the GPUs change
+            ok = await self._post_once(claim, key, REASON_MIG_FRAGMENTED, found.message) and ok
         return ok
 
     async def skipped_parts(self, claim: ClaimView) -> bool:
