@@ -45,6 +45,7 @@ class _Gpu:
         self.parent = parent
         self.partitions = partitions
         self.held: dict[DeviceKey, list[str]] = {}  # allocated partition -> its claims (namespace/name)
+        self._used: tuple[set[int], int] | None = None  # once `held` is complete
 
     def slices(self, p: DeviceRecord) -> range:
         start = p.placement_start or 0
@@ -52,6 +53,13 @@ class _Gpu:
 
     def used(self, without: frozenset[DeviceKey] = frozenset()) -> tuple[set[int], int]:
         """The memory slices and the count of compute slices the allocated partitions take (less `without`)."""
+        if not without:
+            if self._used is None:
+                self._used = self._count(without)
+            return self._used
+        return self._count(without)
+
+    def _count(self, without: frozenset[DeviceKey]) -> tuple[set[int], int]:
         memory: set[int] = set()
         compute = 0
         for p in self.partitions:
