@@ -1,7 +1,7 @@
 """The chart as `helm template` renders it, without a cluster (the integration tier, tests/integration/test_chart.py,
 also sends every object to a real API server): how the MPS supervisor's pods take part in the NVIDIA GPU
-Operator's driver upgrades (`mps.gpuOperatorClient`), and that the node plugin's pods take no part. Skipped where
-the pinned helm is not built yet (`harness/cluster/binaries.py` builds it for the integration tier)."""
+Operator's driver upgrades (`mps.gpuOperatorClient`), and that the node plugin's pods take no part. With the pinned
+helm the integration tier builds (`harness/cluster/binaries.py`)."""
 
 import subprocess
 from pathlib import Path
@@ -19,7 +19,7 @@ CLIENT_LABEL = "nvidia.com/gpu.deploy.client"
 """The GPU Operator's node label for third-party GPU clients: `true`, or `paused-for-driver-upgrade` (the driver
 manager) and `paused-for-mig-change` (the MIG manager) while they work on the node."""
 
-pytestmark = pytest.mark.skipif(not HELM.is_file(), reason=f"helm is not built ({HELM})")
+pytestmark = pytest.mark.integration
 
 
 def helm_template(*values: str) -> subprocess.CompletedProcess[str]:
