@@ -20,12 +20,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from api import mig
+from api.crds import CRD_DIR
+from api.gpu import GPU_CRD_NAME
 from api.names import MIG_DEVICE_CLASS_NAME
+from controller.core.rbac import cluster_role_rules
 from harness import kube, mocknvml
 from harness.cluster.controlplane import ControlPlane
 from harness.kubelet_client import KubeletClient
@@ -271,4 +275,116 @@ def test_kill_9_during_prepare_or_unprepare_leaves_no_orphan_partition(
     assert bad == [], "\n".join(bad)
     node.kubelet.unprepare(_refs(claims))
     assert node.instances() == set() == node.recorded()
+    _release(api_client, dyn, namespace)
+
+
+@pytest.fixture
+def controller(
+    control_plane: ControlPlane, api_client: client.ApiClient, tmp_path: Path
+) -> Iterator[kube.ControllerProcess]:
+    """The controller process with its RBAC only (no admission: this is about its Events)."""
+    kube.apply_crd(api_client, yaml.safe_load((CRD_DIR / f"{GPU_CRD_NAME}.yaml").read_text()))
+    kubeconfig = kube.service_account_kubeconfig(
+        api_client, server=control_plane.server, ca_cert=control_plane.ca_cert, namespace="fracgpu-system",
+        name="fracgpu-controller-mig-it", rules=cluster_role_rules(), path=tmp_path / "controller.kubeconfig",
+    )  # fmt: skip
+    proc = kube.ControllerProcess(tmp_path, kubeconfig, "--no-admission", "--ledger-delay=0.2")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+
+
+def _mig_pod(
+    api_client: client.ApiClient, dyn: DynamicClient, namespace: str, node: str, memory: str, *, at: int | None = None
+) -> str:
+    """A pod on `node` with its own claim of the MIG class for `memory`; with `at`, its selector takes only the
+    1g.10gb partition at that placement."""
+    name = kube.unique("pod")
+    body = kube.claim_template(name, MIG_DEVICE_CLASS_NAME, memory)
+    if at is not None:
+        attrs = f'device.attributes["{DRIVER}"]'
+        expression = f'{attrs}.{mig.PROFILE_ATTRIBUTE} == "1g.10gb" && {attrs}.{mig.PLACEMENT_ATTRIBUTE} == {at}'
+        body["spec"]["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {"expression": expression}}]
+    kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaimTemplate").create(namespace=namespace, body=body)
+    client.CoreV1Api(api_client).create_namespaced_pod(namespace, kube.pod_with_claim(name, name, node))
+    return name
+
+
+def _claim_of(dyn: DynamicClient, namespace: str, pod: str) -> dict[str, Any] | None:
+    for claim in kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaim").get(namespace=namespace).to_dict()["items"]:
+        if (claim["metadata"].get("ownerReferences") or [{}])[0].get("name") == pod:
+            return dict(claim)
+    return None
+
+
+def test_a_mig_request_held_up_by_fragmented_placements_is_told_why_and_lands_when_one_frees(
+    node: MigNode, api_client: client.ApiClient, dyn: DynamicClient, namespace: str, controller: kube.ControllerProcess
+) -> None:
+    """1g.10gb partitions at 2 and 6 leave 6 of the 8 memory slices and 5 of the 7 compute slices free, enough by
+    count for a 3g.40gb or 4g.40gb, but each of their placements (0 and 4) overlaps one of them: a 25Gi pod stays
+    Pending, the scheduler says only that it cannot allocate the claim, and the controller posts
+    `MigPlacementsFragmented` on its claim; deleting the pod holding the partition at 2 frees 3g.40gb at 0 and the
+    pod is bound there."""
+    core = client.CoreV1Api(api_client)
+
+    def wait(probe: Any, timeout: float, what: str) -> Any:
+        try:
+            return kube.wait_for(probe, timeout, what=what)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n--- controller log:\n{controller.log_tail()}") from None
+
+    def allocated(pod: str) -> dict[str, Any] | None:
+        claim = _claim_of(dyn, namespace, pod)
+        return claim if claim and (claim.get("status") or {}).get("allocation") else None
+
+    # the first 9984Mi request, unselected, takes the highest 1g.10gb placement (smallest-first publication, a GPU
+    # filled from the top); the second one's selector takes the 1g.10gb at 2
+    start = time.monotonic()
+    at6 = _mig_pod(api_client, dyn, namespace, node.node, "9984Mi")
+    claim6 = wait(lambda: allocated(at6), 60, "the 9984Mi claim allocated")
+    at2 = _mig_pod(api_client, dyn, namespace, node.node, "9984Mi", at=2)
+    claim2 = wait(lambda: allocated(at2), 60, "the 9984Mi claim at placement 2 allocated")
+    assert [_device(claim6), _device(claim2)] == [mig.partition_device_name(1, "1g.10gb", 6),
+                                                  mig.partition_device_name(1, "1g.10gb", 2)]  # fmt: skip
+    print(f"\n1g.10gb at 6 and at 2 allocated in {time.monotonic() - start:.1f} s")
+
+    start = time.monotonic()
+    wants = _mig_pod(api_client, dyn, namespace, node.node, "25Gi")
+    claim = wait(lambda: _claim_of(dyn, namespace, wants), 30, "the 25Gi pod's claim")
+    name = claim["metadata"]["name"]
+    selector = f"involvedObject.name={name},reason=MigPlacementsFragmented"
+    (event,) = wait(lambda: core.list_namespaced_event(namespace, field_selector=selector).items, 30,
+                    "MigPlacementsFragmented on the 25Gi claim")  # fmt: skip
+    told = time.monotonic() - start
+    print(f"MigPlacementsFragmented {told:.1f} s after the 25Gi pod was created:\n  {event.message}")
+    assert event.type == "Warning" and event.involved_object.kind == "ResourceClaim"
+    assert "request 'gpu' asks for 25Gi of GPU memory, which a 3g.40gb or 4g.40gb partition would hold" in event.message
+    assert f"GPU 1 (gpu-1) of node {node.node} memory slices 0-1, 3-5, 7 are free (6 of 8)" in event.message
+    assert "5 of 7 compute slices" in event.message
+    names = (claim2["metadata"]["name"], claim6["metadata"]["name"])
+    assert f"1g.10gb at 2 (claim {namespace}/{names[0]}), 1g.10gb at 6 (claim {namespace}/{names[1]})" in event.message
+    assert f"releasing claim {namespace}/{names[0]} would free 3g.40gb at 0" in event.message
+
+    def unschedulable() -> str | None:
+        conditions = core.read_namespaced_pod(wants, namespace).status.conditions or []
+        return next((c.message for c in conditions if c.type == "PodScheduled" and c.status == "False"), None)
+
+    assert "cannot allocate all claims" in wait(unschedulable, 30, "the scheduler's reason")
+    assert core.read_namespaced_pod(wants, namespace).spec.node_name is None, "Pending, not bound"
+    assert not allocated(wants)
+
+    # the pod holding the 1g.10gb at 2 goes: placement 0-3 is free, a 3g.40gb at 0 holds 25Gi
+    start = time.monotonic()
+    core.delete_namespaced_pod(at2, namespace, grace_period_seconds=0)
+    wait(lambda: _claim_of(dyn, namespace, at2) is None or None, 60, "the claim at 2 deleted")
+    freed = time.monotonic() - start
+    wait(lambda: core.read_namespaced_pod(wants, namespace).spec.node_name == node.node or None, 60,
+         "the 25Gi pod bound")  # fmt: skip
+    bound = time.monotonic() - start
+    print(f"the claim at 2 gone {freed:.1f} s after its pod was deleted, the 25Gi pod bound after {bound:.1f} s")
+    landed = allocated(wants)
+    assert landed is not None and _device(landed) == mig.partition_device_name(1, "3g.40gb", 0)
+    assert len(core.list_namespaced_event(namespace, field_selector=selector).items) == 1, "told once"
     _release(api_client, dyn, namespace)
