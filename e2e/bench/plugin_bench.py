@@ -52,7 +52,7 @@ from api.kube_rest import KubeConnection, KubeRest
 from api.names import MIG_DEVICE_CLASS_NAME
 from e2e.bench import goref_plugin, throttle
 from e2e.bench.stats import summary_ms, table
-from harness import kube, mocknvml
+from harness import apf, kube, mocknvml
 from harness.cluster import binaries
 from harness.cluster.controlplane import ControlPlane
 from harness.kubelet_client import KubeletClient
@@ -363,7 +363,7 @@ def _storm_kubeconfig(api: client.ApiClient, plane: ControlPlane, workdir: Path)
         rules=[{"apiGroups": ["*"], "resources": ["*"], "verbs": ["*"]}],
         path=workdir / "storm.kubeconfig",
     )
-    throttle.create_apf_reject(KubeRest(KubeConnection.of(api)), STORM_ACCOUNT, NAMESPACE, STORM_ACCOUNT)
+    apf.create_apf_reject(KubeRest(KubeConnection.of(api)), STORM_ACCOUNT, NAMESPACE, STORM_ACCOUNT)
     return kubeconfig
 
 

@@ -2,13 +2,13 @@
 storm against the plugins' own service account, and the report of what their prepares came to.
 
 Both plugins (fracgpu's and the Go reference) talk to the API server as one service account whose every request
-a FlowSchema puts in a priority level of one seat that rejects what it cannot seat (`apf_reject`: answered 429 with
+a FlowSchema puts in a priority level of one seat that rejects what it cannot seat (`harness.apf`: answered 429 with
 `Retry-After`); a flood of LISTs from that same account (`Flood`) keeps the seat taken while the kubelet's calls run,
 so each plugin's GETs are throttled as in a real storm, and each plugin waits as its client is told, or gives up.
 The report (`throttled_report`) says per plugin how many prepares succeeded, their latency percentiles, and
 whether each failure said it was throttled (or unreachable, or timed out) rather than something else.
 
-The pure parts (the APF objects, the report) are unit-tested; the rest needs a control plane.
+The pure parts (the report) are unit-tested; the rest needs a control plane.
 """
 
 import threading
@@ -20,7 +20,6 @@ from api.kube_errors import ApiError, ApiThrottled
 from api.kube_rest import KubeRest
 from e2e.bench.stats import summary_ms
 
-FLOW = "/apis/flowcontrol.apiserver.k8s.io/v1"
 FLOOD_THREADS = 8
 """Threads of the flood: enough that the one seat is never free for long."""
 FLOOD_CONFIGMAPS = 200
@@ -30,50 +29,6 @@ THROTTLED_WORDS = "throttled by the API server"
 words for a 429 follow in `THROTTLED_GO`."""
 THROTTLED_GO = ("Too Many Requests", "the server has received too many requests", "rate limit")
 UNREACHABLE_WORDS = ("API server unreachable", "timed out", "DEADLINE_EXCEEDED", "context deadline exceeded")
-
-
-def apf_reject(name: str, namespace: str, account: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A PriorityLevelConfiguration of one nominal share that rejects what it cannot seat, and a FlowSchema putting
-    every request of service account `namespace/account` in it (before every schema but the exempt and system
-    ones): the objects to create under `FLOW`'s `prioritylevelconfigurations` and `flowschemas`."""
-    level = {
-        "metadata": {"name": name},
-        "spec": {
-            "type": "Limited",
-            "limited": {
-                "nominalConcurrencyShares": 1,
-                "lendablePercent": 0,
-                "borrowingLimitPercent": 0,
-                "limitResponse": {"type": "Reject"},
-            },
-        },
-    }
-    everything = {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "clusterScope": True, "namespaces": ["*"]}
-    schema = {
-        "metadata": {"name": name},
-        "spec": {
-            "priorityLevelConfiguration": {"name": name},
-            "matchingPrecedence": 300,
-            "distinguisherMethod": {"type": "ByUser"},
-            "rules": [
-                {
-                    "subjects": [
-                        {"kind": "ServiceAccount", "serviceAccount": {"name": account, "namespace": namespace}}
-                    ],
-                    "resourceRules": [everything],
-                    "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-                }
-            ],
-        },
-    }
-    return level, schema
-
-
-def create_apf_reject(admin: KubeRest, name: str, namespace: str, account: str) -> None:
-    """Create `apf_reject`'s objects with `admin` (not in the trap)."""
-    level, schema = apf_reject(name, namespace, account)
-    admin.create(f"{FLOW}/prioritylevelconfigurations", level)
-    admin.create(f"{FLOW}/flowschemas", schema)
 
 
 class Flood:

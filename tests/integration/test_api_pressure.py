@@ -26,6 +26,7 @@ from api.kube_metrics import ApiMetrics
 from api.kube_rest import KubeConnection, KubeRest
 from controller.core.rbac import cluster_role_rules
 from harness import kube
+from harness.apf import FLOW, create_apf_reject
 from harness.cluster.controlplane import ControlPlane
 from kubelet_plugin.core.errors import ErrorKind, PrepareError
 from kubelet_plugin.core.model import ClaimRef
@@ -33,52 +34,10 @@ from kubelet_plugin.prepare.reader import ClaimReader
 
 pytestmark = pytest.mark.integration
 
-FLOW = "/apis/flowcontrol.apiserver.k8s.io/v1"
 STORM_S = 20.0
 FLOOD_THREADS = 8
 CONFIGMAPS = 200
 CLAIMS = 12
-
-
-def apf_reject(rest: KubeRest, name: str, namespace: str, account: str) -> None:
-    """A priority level of one nominal share that rejects what it cannot seat, and a FlowSchema putting every request
-    of `account` in it (before every other schema but the exempt and system ones)."""
-    rest.create(
-        f"{FLOW}/prioritylevelconfigurations",
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "type": "Limited",
-                "limited": {
-                    "nominalConcurrencyShares": 1,
-                    "lendablePercent": 0,
-                    "borrowingLimitPercent": 0,
-                    "limitResponse": {"type": "Reject"},
-                },
-            },
-        },
-    )
-    everything = {"verbs": ["*"], "apiGroups": ["*"], "resources": ["*"], "clusterScope": True, "namespaces": ["*"]}
-    rest.create(
-        f"{FLOW}/flowschemas",
-        {
-            "metadata": {"name": name},
-            "spec": {
-                "priorityLevelConfiguration": {"name": name},
-                "matchingPrecedence": 300,
-                "distinguisherMethod": {"type": "ByUser"},
-                "rules": [
-                    {
-                        "subjects": [
-                            {"kind": "ServiceAccount", "serviceAccount": {"name": account, "namespace": namespace}}
-                        ],
-                        "resourceRules": [everything],
-                        "nonResourceRules": [{"verbs": ["*"], "nonResourceURLs": ["*"]}],
-                    }
-                ],
-            },
-        },
-    )
 
 
 def counter_total(port: int, name: str) -> float:
@@ -109,7 +68,7 @@ def storm_account(
         path=tmp_path / "storm.kubeconfig",
     )
     admin = KubeRest(KubeConnection.of(api_client))
-    apf_reject(admin, account, namespace, account)
+    create_apf_reject(admin, account, namespace, account)
     try:
         yield account, kubeconfig
     finally:

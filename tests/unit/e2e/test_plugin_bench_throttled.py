@@ -6,7 +6,8 @@ import json
 import pytest
 
 from e2e.bench import plugin_bench
-from e2e.bench.throttle import Outcome, apf_reject, describe, failure_kind, throttled_report
+from e2e.bench.throttle import Outcome, describe, failure_kind, throttled_report
+from harness.apf import apf_reject
 
 FRACGPU_THROTTLED = (
     "cannot read ResourceClaim bench/c1: throttled by the API server (429 Too Many Requests; it asked to wait 8 s); "
