@@ -47,10 +47,6 @@ _UINT32_MAX = 2**32 - 1
 _INT64_MAX = 2**63 - 1
 
 
-def _version_key(version: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in version.split("."))
-
-
 # ---------------------------------------------------------------------------------------------------
 # name rules
 
