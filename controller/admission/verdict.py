@@ -46,6 +46,7 @@ from controller.admission.spec_warnings import (
     rounding_warning,
     whole_gpu_warning,
 )
+from controller.core.claims import EXTENDED_RESOURCE_CLAIM_ANNOTATION
 
 log = logging.getLogger(__name__)
 
@@ -189,11 +190,6 @@ def _merged_problems(
             "toolkit): the claim's pod fails to start on any node until one does",
         )
     return [], compute
-
-
-EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
-"""Set to "true" by kube-scheduler on the ResourceClaim it creates for a pod's extended resource
-(`DeviceClass.extendedResourceName`): a claim of one pod, whole GPUs by design."""
 
 
 def is_extended_resource_claim(claim: Mapping[str, Any]) -> bool:

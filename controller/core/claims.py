@@ -20,6 +20,9 @@ from api.names import MEMORY_CAPACITY
 from controller.core.parsing import quantity_bytes, shape_errors
 from controller.core.slices import DeviceKey
 
+EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+"""Set to "true" by kube-scheduler on the claim it creates for a pod's extended resource (`extendedResourceName`)."""
+
 
 class Share(BaseModel):
     """One allocation result of our driver in a claim."""
@@ -107,6 +110,9 @@ class ClaimView(BaseModel):
     """The pod that owns the claim (its controlling owner reference, of kind Pod): a claim made from the pod's
     ResourceClaimTemplate, or by the scheduler for the pod's extended resource (`resources.limits`); None for a
     claim created on its own."""
+    extended_resource: bool = False
+    """kube-scheduler made it for the pod's extended resource (annotation
+    `resource.kubernetes.io/extended-resource-claim: "true"`): whole GPUs by design, its spec the scheduler's."""
     shares: tuple[Share, ...] = ()
     requests: tuple[tuple[GpuRequest, ...], ...] = ()
     """Per request all of whose alternatives name one of our classes: its alternatives (one for `exactly`, several
@@ -308,6 +314,7 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str | tuple[s
         allocated=allocation is not None,
         node=_allocated_node(allocation) if allocation else None,
         pod=_owner_pod(meta),
+        extended_resource=(meta.get("annotations") or {}).get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true",
         shares=shares,
         requests=tuple(requests),
         constraints=_constraints(spec_devices.get("constraints")),

@@ -14,8 +14,9 @@ and says nothing past that bound.
 
 Every claim made is true over the published inventory (what is allocated already does not count: a busy GPU is
 not an impossible one): a device is ruled out only by a selector that evaluates to false; a selector that cannot
-be evaluated (controller/status/selectors.py) rules nothing out, and the message says which selector was not
-evaluated. A constraint whose attribute some candidate does not carry as a bool, int or string (a version, a list)
+be evaluated (controller/status/selectors.py) is assumed to rule nothing out, which can only widen what is
+searched, so the conclusion holds whatever it decides; the message then says which selector was assumed so,
+counts the devices it leaves as "at most", and says the requests "would" fit alone only under that assumption. A constraint whose attribute some candidate does not carry as a bool, int or string (a version, a list)
 is left out of the search. Rounding up to a request policy's step is not counted (it only adds memory).
 """
 
@@ -119,8 +120,9 @@ class _Checks:
         return (m.memory is None or device.max_request >= m.memory) and self.passes(m, device)
 
     def not_evaluated(self, expressions: Iterable[str]) -> str:
+        """The sentence for each of `expressions` that could not be evaluated on some device ("" when none)."""
         return "".join(
-            f"; selector `{e}` was not evaluated ({u.reason}), so it ruled out no GPU"
+            f"; selector `{e}` could not be evaluated here ({u.reason}), so this check assumed it rules out no GPU"
             for e in dict.fromkeys(expressions)
             if (u := self.unknown.get(e)) is not None
         )
@@ -160,12 +162,15 @@ def _none_fits(m: GpuRequest, devices: Sequence[DeviceRecord], checks: _Checks) 
         if none:
             expression, where = none[0]
             return f"{asks}, but no published GPU matches selector `{expression}` ({where}){not_evaluated}"
-        each = ", ".join(f"`{e}` ({where}: {passes[e]})" for e, where in labelled)
+        each = ", ".join(
+            f"`{e}` ({where}: {'at most ' if e in checks.unknown else ''}{passes[e]})" for e, where in labelled
+        )
         return f"{asks}, but no published GPU matches all of its selectors together: {each}{not_evaluated}"
     largest = max(d.max_request for d in candidates)
     selectors = ", ".join(f"`{e}` ({where})" for e, where in labelled)
+    only = "at most" if not_evaluated else "only"
     return (
-        f"{asks}, but only {_gpus(len(candidates))} of {len(devices)} match selectors {selectors}, "
+        f"{asks}, but {only} {_gpus(len(candidates))} of {len(devices)} match selectors {selectors}, "
         f"and the largest of them has {format_bytes(largest)}{not_evaluated}"
     )
 
@@ -185,11 +190,12 @@ def _alone(m: GpuRequest, devices: Sequence[DeviceRecord], checks: _Checks) -> s
         return _none_fits(m, devices, checks)
     node, most = max(on_node.items(), key=lambda item: item[1])
     larger = f" with at least {format_bytes(m.memory)}" if m.memory is not None else ""
+    not_evaluated = checks.not_evaluated(e for e, _ in checks.labelled(m))
+    up_to = "at most " if not_evaluated else ""
     return (
         f"{_asks(m)}, but a claim's GPUs all come from one node, and no node has {need} GPUs it can use (GPUs "
-        f"its selectors and its DeviceClass's do not rule out{larger}): the most on one node is {most} "
-        f"(node {node}), of {_gpus(sum(on_node.values()))} it can use"
-        + checks.not_evaluated(e for e, _ in checks.labelled(m))
+        f"its selectors and its DeviceClass's do not rule out{larger}): the most on one node is {up_to}{most} "
+        f"(node {node}), of {up_to}{_gpus(sum(on_node.values()))} it can use{not_evaluated}"
     )
 
 
@@ -317,8 +323,11 @@ def _together(
             )
     except _BoundError:
         why = "no node satisfies its constraints " + ", ".join(_describe(c) for c in constraints) + " together"
-    expressions = [e for alts in requests for m in alts for e, _ in checks.labelled(m)]
-    return f"{asked}; each fits alone, but {why}{checks.not_evaluated(expressions)}"
+    not_evaluated = checks.not_evaluated(e for alts in requests for m in alts for e, _ in checks.labelled(m))
+    alone = (
+        "each would fit alone if the selectors not evaluated ruled out no GPU" if not_evaluated else "each fits alone"
+    )
+    return f"{asked}; {alone}, but {why}{not_evaluated}"
 
 
 def _constraint_reason(
