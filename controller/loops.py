@@ -18,7 +18,7 @@ through the context, and another manager only through the accessor it was given.
 
 import asyncio
 
-from api.mig import TYPE_MIG
+from api.mig import TYPE_GPU, TYPE_MIG
 from controller.core import metrics, runtime
 from controller.core.context import ClaimKey, Context, Index, Indexes, Tasks, Writer
 from controller.core.settings import Settings
@@ -135,10 +135,14 @@ class Controller:
 
     def _moved(self, devices: frozenset[DeviceKey]) -> None:
         """The claims on `devices` changed (the claim index is updated): their GPU objects and MPS rules; a MIG
-        partition's placement taken or freed: the pending claims of the MIG class (`MigPlacementsFragmented`)."""
+        partition's placement taken or freed: the pending claims of the MIG class (`MigPlacementsFragmented`); a
+        share of a GPU taken or freed: the pending claims that name no memory (`WholeGpuRequested`)."""
         self.ledger.marks.devices(devices)
         self.mps.claims_moved(devices)
         published = self.catalogue.devices()
+        if any((d := published.get(k)) is not None and d.kind == TYPE_GPU for k in devices):
+            for key in self.status.events.waiting_whole():
+                self.status.enqueue(key)
         if any((d := published.get(k)) is not None and d.kind == TYPE_MIG for k in devices):
             mig_class = self.settings.mig_device_class
             for view in self.context.claims():

@@ -1,7 +1,11 @@
 """The Events the controller posts about a claim, once each: a device gone (`AllocatedDeviceGone`, after a grace
 period, and for a deleted node at once), a request no published GPU can ever satisfy (`UnsatisfiableGpuRequest`,
 told again when its reason changes), a MIG request that waits because every aligned placement that would hold it
-overlaps an allocated partition (`MigPlacementsFragmented`, told again when the GPUs' state changes), parts that could not be decoded (`UnreadableClaimParts`).
+overlaps an allocated partition (`MigPlacementsFragmented`, told again when the GPUs' state changes), a request for
+MIG partitions where none is published (`MigPartitionsNotPublished`, in place of `UnsatisfiableGpuRequest`), a
+request that names no memory and so waits for a whole GPU while shares hold every GPU it may use
+(`WholeGpuRequested`), parts that could not be decoded (`UnreadableClaimParts`). The last two are told once per
+request.
 
 Event names are derived from (claim uid, key), so a post repeated after a restart meets AlreadyExists and counts as
 posted; a key is remembered only once its post succeeded.
@@ -18,7 +22,9 @@ from controller.core.context import ClaimKey, Context
 from controller.devices.catalogue import DeviceCatalogue
 from controller.nodes.plan import NodeGonePlan, node_gone_message
 from controller.status.feasibility import plan_unsatisfiable, selected_by
+from controller.status.mig_only import plan_mig_unpublished
 from controller.status.mig_room import plan_mig_fragmented
+from controller.status.whole_gpu import plan_whole_gpu
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +32,8 @@ REASON_DEVICE_GONE = "AllocatedDeviceGone"
 REASON_UNSATISFIABLE = "UnsatisfiableGpuRequest"
 REASON_SKIPPED_PARTS = "UnreadableClaimParts"
 REASON_MIG_FRAGMENTED = "MigPlacementsFragmented"
+REASON_MIG_UNPUBLISHED = "MigPartitionsNotPublished"
+REASON_WHOLE_GPU = "WholeGpuRequested"
 
 
 class ClaimEvents:
@@ -40,11 +48,13 @@ class ClaimEvents:
         self._recheck = recheck
         self._posted: dict[str, set[tuple[str, ...]]] = {}  # claim uid -> event keys already posted
         self._missing_since: dict[tuple[str, str, str], float] = {}  # (uid, pool, device) -> monotonic
+        self._whole: dict[str, ClaimKey] = {}  # uid -> key of pending claims with requests that name no memory
 
     def forget(self, uid: str, *, posted: bool) -> None:
         """The claim left the index (`posted=False`: it may come back; its Events stay told) or is deleted."""
         if posted:
             self._posted.pop(uid, None)
+        self._whole.pop(uid, None)
         for k in [k for k in self._missing_since if k[0] == uid]:
             del self._missing_since[k]
 
@@ -53,8 +63,15 @@ class ClaimEvents:
         those on a deleted node, `gone`); False when some post failed and a later try may succeed."""
         posted = await self._device_gone(claim, missing)
         posted = await self._node_gone(claim, gone) and posted
-        posted = await self._unsatisfiable(claim) and posted
-        return await self._fragmented(claim) and posted
+        told, ok = await self._mig_unpublished(claim)
+        posted = await self._unsatisfiable(claim, told) and ok and posted
+        posted = await self._fragmented(claim) and posted
+        return await self._whole_gpu(claim) and posted
+
+    def waiting_whole(self) -> list[ClaimKey]:
+        """The pending claims last seen with a request of a shared class that names no memory: whether they wait
+        for a whole GPU changes when a share of a GPU is allocated or freed."""
+        return list(self._whole.values())
 
     async def _post_once(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
         """Post the Event `key` unless it was posted already; False when the post failed (retry later)."""
@@ -95,10 +112,27 @@ class ClaimEvents:
         message = node_gone_message(claim, gone.node, self._context.driver)
         return await self._post_once(claim, (REASON_DEVICE_GONE, "node", gone.node), REASON_DEVICE_GONE, message)
 
-    async def _unsatisfiable(self, claim: ClaimView) -> bool:
+    async def _mig_unpublished(self, claim: ClaimView) -> tuple[frozenset[str], bool]:
+        """Tell each request that asks for MIG partitions where none is published; (those requests, whether every
+        post succeeded)."""
+        if claim.allocated:
+            return frozenset(), True
+        devices = self._catalogue.devices().values()
+        mig_class = self._context.settings.mig_device_class
+        found = plan_mig_unpublished(claim, devices, self._context.claim_classes(), self._context.driver, mig_class)
+        ok = True
+        for f in found:
+            ok = (
+                await self._post_once(claim, (REASON_MIG_UNPUBLISHED, f.request), REASON_MIG_UNPUBLISHED, f.message)
+                and ok
+            )
+        return frozenset(f.request for f in found), ok
+
+    async def _unsatisfiable(self, claim: ClaimView, told: frozenset[str]) -> bool:
         ok = True
         devices = self._catalogue.devices().values()
-        for found in plan_unsatisfiable(claim, devices, self._context.claim_classes(), self._context.driver):
+        classes = self._context.claim_classes()
+        for found in plan_unsatisfiable(claim, devices, classes, self._context.driver, told=told):
             key = (REASON_UNSATISFIABLE, found.request, found.message)  # a changed reason is told again
             ok = await self._post_once(claim, key, REASON_UNSATISFIABLE, found.message) and ok
         return ok
@@ -113,6 +147,22 @@ class ClaimEvents:
         for found in plan_mig_fragmented(claim, devices, self._context.claims(), selected, mig_class):
             key = (REASON_MIG_FRAGMENTED, found.request, found.message)  # told again when the GPUs change
             ok = await self._post_once(claim, key, REASON_MIG_FRAGMENTED, found.message) and ok
+        return ok
+
+    async def _whole_gpu(self, claim: ClaimView) -> bool:
+        shared = self._context.settings.device_classes
+        if claim.allocated or not any(
+            all(m.memory is None and m.device_class in shared for m in r) for r in claim.requests
+        ):
+            self._whole.pop(claim.uid, None)
+            return True
+        self._whole[claim.uid] = claim.key
+        selected = selected_by(self._context.claim_classes(), self._context.driver)
+        devices = self._catalogue.devices().values()
+        ok = True
+        for found in plan_whole_gpu(claim, devices, self._context.claims(), selected, shared):
+            key = (REASON_WHOLE_GPU, found.request)  # told once: the amounts in it change with every share
+            ok = await self._post_once(claim, key, REASON_WHOLE_GPU, found.message) and ok
         return ok
 
     async def skipped_parts(self, claim: ClaimView) -> bool:

@@ -20,7 +20,7 @@ counts the devices it leaves as "at most", and says the requests "would" fit alo
 is left out of the search. Rounding up to a request policy's step is not counted (it only adds memory).
 """
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -324,10 +324,8 @@ def _together(
     except _BoundError:
         why = "no node satisfies its constraints " + ", ".join(_describe(c) for c in constraints) + " together"
     not_evaluated = checks.not_evaluated(e for alts in requests for m in alts for e, _ in checks.labelled(m))
-    alone = (
-        "each would fit alone if the selectors not evaluated ruled out no GPU" if not_evaluated else "each fits alone"
-    )
-    return f"{asked}; {alone}, but {why}{not_evaluated}"
+    fit = "each would fit alone if the selectors not evaluated ruled out no GPU" if not_evaluated else "each fits alone"
+    return f"{asked}; {fit}, but {why}{not_evaluated}"
 
 
 def _constraint_reason(
@@ -385,10 +383,14 @@ def plan_unsatisfiable(
     devices: Iterable[DeviceRecord],
     device_class: DeviceClassView | Mapping[str, DeviceClassView] | None,
     driver: str,
+    *,
+    told: Collection[str] = (),
 ) -> tuple[Unsatisfiable, ...]:
     """The requests of a pending claim that no device in `devices` can satisfy (none while nothing is
     published: a GPU may still join). `device_class`: our DeviceClasses as the cluster has them, by name (each
-    alternative is checked against the one it names; absent: unknown), or one for every alternative."""
+    alternative is checked against the one it names; absent: unknown), or one for every alternative. `told`:
+    requests (their first alternative's name) whose reason another Event gives: left out, and with any of them
+    the requests are not searched together."""
     devices = [d for d in devices if d.kind != TYPE_MIG_PARENT]
     if claim.allocated or not devices:
         return ()
@@ -396,11 +398,13 @@ def plan_unsatisfiable(
     prefix = f"no GPU of {driver} can ever satisfy this claim: "
     out = []
     for alternatives in claim.requests:
+        if alternatives[0].request in told:
+            continue
         reasons = [_alone(m, devices, checks) for m in alternatives]
         if all(r is not None for r in reasons):
             because = "; or ".join(r for r in reasons if r is not None)
             out.append(Unsatisfiable(request=alternatives[0].request, message=prefix + because))
-    if out or not (len(claim.requests) > 1 or claim.constraints) or not all(d.node_local for d in devices):
+    if out or told or not (len(claim.requests) > 1 or claim.constraints) or not all(d.node_local for d in devices):
         return tuple(out)
     nodes: dict[str, list[DeviceRecord]] = {}
     for device in devices:

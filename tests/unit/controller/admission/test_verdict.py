@@ -6,12 +6,8 @@ import pytest
 
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB, MiB
-from controller.admission.verdict import (
-    EXTENDED_RESOURCE_CLAIM_ANNOTATION,
-    Review,
-    is_extended_resource_claim,
-    review_claim_spec,
-)
+from controller.admission.verdict import Review, is_extended_resource_claim, review_claim_spec
+from controller.core.claims import EXTENDED_RESOURCE_CLAIM_ANNOTATION
 from tests.unit.scheduler_claims import extended_resource_claim
 
 HEAD = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig"}
