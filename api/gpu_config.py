@@ -170,7 +170,8 @@ def _replacement(key: str, value: object) -> str:
     if strategy == "SpacePartitioning":
         return (
             f"{head}; for a partition of its own ask capacity.requests.memory (e.g. 10Gi) of the DeviceClass "
-            f"{MIG_DEVICE_CLASS_NAME} (the smallest MIG partition that holds it), or for a share of a GPU "
+            f"{MIG_DEVICE_CLASS_NAME} (the smallest MIG partition that holds it, on the MIG GPUs the chart value "
+            "mig.gpus names), or for a share of a GPU "
             f"of {DRIVER_NAME}"
         )
     return f"{head}; {_SHARE_BY_MEMORY}; its pods share the GPU's time as any CUDA processes do"

@@ -130,6 +130,7 @@ def _review(
         hami_core_offered=facts.hami_core,
         nvml_offered=facts.nvml,
         mps_offered=facts.mps,
+        mps_class=facts.mps_class,
         request_ranges=facts.request_ranges,
         our_classes={*s.device_classes, *s.claim_classes},
         shared_classes=s.device_classes,
@@ -205,8 +206,9 @@ def register(
 
     @kopf.index(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", registry=registry, id="fracgpu_classes")
     async def index_class(body: kopf.Body, name: str, **_: Any) -> dict[str, DeviceClassView]:
-        # only our DeviceClasses: their selectors and configs apply to our claims (`{}`: see index_slice)
-        return {name: device_class_view(body, driver)} if name in settings.claim_classes else {}
+        # only our DeviceClasses: their selectors and configs apply to our claims, and whether the MPS class
+        # exists decides what advice naming it says (`{}`: see index_slice)
+        return {name: device_class_view(body, driver)} if name in settings.indexed_classes else {}
 
     @kopf.index(API_GROUP, GPU_VERSION, GPU_PLURAL, registry=registry, id="fracgpu_gpus")
     async def index_gpu(body: kopf.Body, name: str, **_: Any) -> dict[str, ExistingGpu]:
@@ -263,7 +265,7 @@ def register(
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "deviceclasses", registry=registry, id="class_event")
     async def class_event(name: str, **_: Any) -> None:
-        if name in settings.claim_classes:
+        if name in settings.indexed_classes:
             controller.classes_changed()
 
     @kopf.on.event(RESOURCE_GROUP, RESOURCE_VERSION, "devicetaintrules", registry=registry, id="taint_rule_event")

@@ -45,7 +45,8 @@ def rounding_warning(
 def compute_warnings(merged: GpuConfig, path: str, request: str, offered: Mapping[str, bool | None]) -> list[str]:
     """A warning when `merged` sets computeLimitPercent that no published GPU can apply to the request: only the
     mps tier (an MPS GPU's active thread percentage) and the hami-core tier (CUDA_DEVICE_SM_LIMIT) apply it.
-    None for `enforcement` mps or hami-core (their own warnings say when no GPU offers them)."""
+    None for `enforcement` mps or hami-core (their own warnings say when no GPU offers them). `offered["mps-class"]`
+    False: the MPS DeviceClass the warning names is not in the cluster, and the warning says how to get it."""
     percent = merged.compute_limit_percent
     if percent is None or merged.enforcement in ("mps", "hami-core"):
         return []
@@ -58,8 +59,15 @@ def compute_warnings(merged: GpuConfig, path: str, request: str, offered: Mappin
     return [
         f"{path}: request {request!r} sets computeLimitPercent {percent}, but {why}: the share gets the GPU's "
         "compute unlimited; only the mps tier applies it, as the MPS active thread percentage (MPS GPUs, attribute "
-        f"mps: ask the DeviceClass {MPS_DEVICE_CLASS_NAME}), and the hami-core tier, as CUDA_DEVICE_SM_LIMIT"
+        f"mps: ask the DeviceClass {MPS_DEVICE_CLASS_NAME}{_MPS_CLASS_MISSING if offered.get('mps-class') is False else ''}"
+        "), and the hami-core tier, as CUDA_DEVICE_SM_LIMIT"
     ]
+
+
+_MPS_CLASS_MISSING = (
+    ", which this cluster lacks: the chart creates it with the value deviceClass.mps.create, and its GPUs are those the "
+    "chart value mps.gpus names"
+)
 
 
 def whole_gpu_warning(exact: Mapping[str, Any], path: str, request: str) -> list[str]:

@@ -224,6 +224,7 @@ def review_claim_spec(
     hami_core_offered: bool | None = None,
     nvml_offered: bool | None = None,
     mps_offered: bool | None = None,
+    mps_class: bool | None = None,
     request_ranges: Sequence[tuple[int, int]] = (),
     our_classes: Collection[str] = (),
     shared_classes: Collection[str] = (),
@@ -235,7 +236,8 @@ def review_claim_spec(
     requests above it pass with a warning, since a larger GPU may join later. `class_configs` are the
     `opaque.parameters` of our DeviceClass's configs for `driver` (merged before the claim's);
     `hami_core_offered` / `nvml_offered` / `mps_offered` whether some published GPU offers HAMi-core / nvml / mps
-    enforcement (None when none is published); `request_ranges` the `(min, step)` of the published GPUs' memory
+    enforcement (None when none is published); `mps_class` whether the MPS DeviceClass exists (None: not known),
+    for the advice that names it; `request_ranges` the `(min, step)` of the published GPUs' memory
     `requestPolicy.validRange`; `our_classes` our driver's further DeviceClasses (an opaque config of another
     driver on requests of only these and `device_class` is ignored by every driver), whose requests' CEL
     selectors are checked for names no fracgpu device publishes; `shared_classes` those of them whose GPUs are
@@ -284,7 +286,12 @@ def review_claim_spec(
                 p, w = _review_request(exact, path, request, driver, largest, ranges=request_ranges)
                 problems += p
                 warnings += w
-                offered = {"hami-core": hami_core_offered, "nvml": nvml_offered, "mps": mps_offered}
+                offered = {
+                    "hami-core": hami_core_offered,
+                    "nvml": nvml_offered,
+                    "mps": mps_offered,
+                    "mps-class": mps_class,
+                }
                 p, w = _merged_problems(entries, path, request, exact, offered)
                 problems += p
                 warnings += [x for x in w if x not in warnings]

@@ -163,6 +163,13 @@ class Context:
         seen is absent."""
         return {n: v for n in self.settings.claim_classes if (v := first(self.indexes.classes, n)) is not None}
 
+    def has_class(self, name: str) -> bool | None:
+        """Whether the DeviceClass `name` exists, for one of `Settings.indexed_classes`; None while the indexes are
+        not yet populated (or for another name)."""
+        if name not in self.settings.indexed_classes or not self.ready.is_set():
+            return None
+        return first(self.indexes.classes, name) is not None
+
     def taint_rule(self, name: str) -> TaintRuleView | None:
         """The DeviceTaintRule `name`, if it may select our devices."""
         if self.indexes.taint_rules is None:

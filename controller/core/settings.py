@@ -8,7 +8,7 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from api.mps_trust import TrustScope
-from api.names import DEVICE_CLASS_NAME, DRIVER_NAME, MIG_DEVICE_CLASS_NAME
+from api.names import DEVICE_CLASS_NAME, DRIVER_NAME, MIG_DEVICE_CLASS_NAME, MPS_DEVICE_CLASS_NAME
 from api.options import OptionSettings, build_parser, parse
 
 FIELD_MANAGER = "fracgpu-controller"
@@ -177,6 +177,12 @@ class Settings(OptionSettings):
         further classes (--extra-device-classes: the chart's enforced and MPS classes), each once."""
         extra = sorted(self.device_classes - {self.device_class, self.mig_device_class})
         return (self.device_class, self.mig_device_class, *extra)
+
+    @property
+    def indexed_classes(self) -> frozenset[str]:
+        """The DeviceClasses the controller indexes: those a claim of ours may name, and the MPS class, which
+        messages advise (whether it exists decides what they say)."""
+        return frozenset({*self.claim_classes, MPS_DEVICE_CLASS_NAME})
 
     @property
     def replica(self) -> str:

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 
 from api.gpu import gpu_object_name
 from api.mig import TYPE_MIG
+from api.names import MPS_DEVICE_CLASS_NAME
 from controller.core.context import Context
 from controller.core.slices import DeviceKey, DeviceRecord, current_devices
 from controller.devices.facts import AdmissionFacts, admission_facts
@@ -47,7 +48,8 @@ class DeviceCatalogue:
 
     def publish_admission(self) -> None:
         """Publish the admission facts of the devices and our DeviceClass as it is now."""
-        self.admission = admission_facts(self.devices().values(), self._context.device_class())
+        mps_class = self._context.has_class(MPS_DEVICE_CLASS_NAME)
+        self.admission = admission_facts(self.devices().values(), self._context.device_class(), mps_class)
 
     def devices(self) -> Mapping[DeviceKey, DeviceRecord]:
         """Published devices of our driver (newest pool generations)."""

@@ -24,13 +24,17 @@ class AdmissionFacts(NamedTuple):
     scheduler rounds a memory request up to the grant it allocates (`api.quantity.granted_in_range`)."""
     device_class: DeviceClassView | None = None
     """Our DeviceClass as the cluster has it; None when it is not (or not yet) seen."""
+    mps_class: bool | None = None
+    """Whether the MPS DeviceClass (`api.names.MPS_DEVICE_CLASS_NAME`) exists; None while not known."""
 
 
-def admission_facts(devices: Iterable[DeviceRecord], device_class: DeviceClassView | None) -> AdmissionFacts:
-    """The facts of the published `devices` and our DeviceClass (None: not seen)."""
+def admission_facts(
+    devices: Iterable[DeviceRecord], device_class: DeviceClassView | None, mps_class: bool | None = None
+) -> AdmissionFacts:
+    """The facts of the published `devices`, our DeviceClass (None: not seen) and whether the MPS class exists."""
     published = list(devices)
     if not published:
-        return AdmissionFacts(device_class=device_class)
+        return AdmissionFacts(device_class=device_class, mps_class=mps_class)
     return AdmissionFacts(
         largest=max(d.max_request for d in published),
         hami_core=any(d.hami_core for d in published),
@@ -38,4 +42,5 @@ def admission_facts(devices: Iterable[DeviceRecord], device_class: DeviceClassVi
         mps=any(d.memory_enforcement == "mps" for d in published),
         request_ranges=tuple(sorted({d.request_range for d in published if d.request_range is not None})),
         device_class=device_class,
+        mps_class=mps_class,
     )

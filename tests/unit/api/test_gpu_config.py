@@ -100,7 +100,10 @@ def test_unknown_field_lists_allowed_fields() -> None:
             {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 50}},
             ["mps.gpu.fracgpu.dev", "computeLimitPercent"],
         ),
-        ({"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": 4}}, ["mig.gpu.fracgpu.dev"]),
+        (
+            {"strategy": "SpacePartitioning", "spacePartitioningConfig": {"partitionCount": 4}},
+            ["mig.gpu.fracgpu.dev", "chart value mig.gpus"],
+        ),
         ("TimeSlicing", ["DeviceClass gpu.fracgpu.dev"]),
     ],
 )

@@ -8,7 +8,7 @@ import pytest
 
 from api.gpu import NODE_LABEL
 from api.kube_errors import api_error
-from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
+from api.names import DEVICE_CLASS_NAME, DRIVER_NAME, MPS_DEVICE_CLASS_NAME
 from api.quantity import GiB
 from controller.core.claims import DeviceClassView
 from controller.core.kube import describe
@@ -421,6 +421,11 @@ def test_admission_facts_are_published_when_devices_or_the_class_change() -> Non
         controller.slices_changed()
         controller.classes_changed()
         assert controller.admission.device_class == classes[DEVICE_CLASS_NAME][0]
+        assert controller.admission.mps_class is False, "the indexes are populated: the MPS class is not there"
+        classes[MPS_DEVICE_CLASS_NAME] = [DeviceClassView(name=MPS_DEVICE_CLASS_NAME)]
+        controller.classes_changed()
+        assert controller.admission.mps_class is True
+        assert MPS_DEVICE_CLASS_NAME not in controller.context.claim_classes(), "indexed for advice only"
         world.slices.clear()
         controller.slices_changed()
         assert controller.admission.largest is None and controller.admission.nvml is None

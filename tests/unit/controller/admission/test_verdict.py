@@ -375,10 +375,12 @@ def test_another_drivers_config_that_may_reach_its_own_devices_is_not_warned(cla
     assert review_ours(claim) == Review()
 
 
-def review_compute(parameters: dict[str, Any], mps: bool | None, hami_core: bool | None) -> Review:
+def review_compute(
+    parameters: dict[str, Any], mps: bool | None, hami_core: bool | None, mps_class: bool | None = None
+) -> Review:
     return review_claim_spec(
         spec([req("10Gi")], opaque(parameters)), "spec", driver=DRIVER_NAME, device_class=DEVICE_CLASS_NAME,
-        largest=80 * GiB, mps_offered=mps, hami_core_offered=hami_core, nvml_offered=True,
+        largest=80 * GiB, mps_offered=mps, hami_core_offered=hami_core, nvml_offered=True, mps_class=mps_class,
     )  # fmt: skip
 
 
@@ -391,6 +393,22 @@ def test_compute_limit_percent_no_published_gpu_can_enforce_is_warned() -> None:
         "mps tier applies it, as the MPS active thread percentage (MPS GPUs, attribute mps: ask the DeviceClass "
         "mps.gpu.fracgpu.dev), and the hami-core tier, as CUDA_DEVICE_SM_LIMIT",
     )
+
+
+@pytest.mark.parametrize("exists", [True, None])
+def test_advice_naming_the_mps_class_says_how_to_get_it_where_the_cluster_lacks_it(exists: bool | None) -> None:
+    (lacking,) = review_compute(
+        {**HEAD, "computeLimitPercent": 30}, mps=False, hami_core=False, mps_class=False
+    ).warnings
+    assert lacking.endswith(
+        "(MPS GPUs, attribute mps: ask the DeviceClass mps.gpu.fracgpu.dev, which this cluster lacks: the chart "
+        "creates it with the value deviceClass.mps.create, and its GPUs are those the chart value mps.gpus names), "
+        "and the hami-core tier, as CUDA_DEVICE_SM_LIMIT"
+    ), lacking
+    (there,) = review_compute(
+        {**HEAD, "computeLimitPercent": 30}, mps=False, hami_core=False, mps_class=exists
+    ).warnings
+    assert "lacks" not in there, "an existing (or not yet known) class is named plainly"
 
 
 def test_compute_limit_percent_with_enforcement_nvml_is_warned_as_not_applied() -> None:
