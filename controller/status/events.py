@@ -4,8 +4,8 @@ told again when its reason changes), a MIG request that waits because every alig
 overlaps an allocated partition (`MigPlacementsFragmented`, told again when the GPUs' state changes), a request for
 MIG partitions where none is published (`MigPartitionsNotPublished`, in place of `UnsatisfiableGpuRequest`), a
 request that names no memory and so waits for a whole GPU while shares hold every GPU it may use
-(`WholeGpuRequested`), parts that could not be decoded (`UnreadableClaimParts`). The last two are told once per
-request.
+(`WholeGpuRequested`), parts that could not be decoded (`UnreadableClaimParts`). `MigPartitionsNotPublished` and
+`WholeGpuRequested` are told once per request.
 
 Event names are derived from (claim uid, key), so a post repeated after a restart meets AlreadyExists and counts as
 posted; a key is remembered only once its post succeeded.
@@ -139,7 +139,7 @@ class ClaimEvents:
 
     async def _fragmented(self, claim: ClaimView) -> bool:
         mig_class = self._context.settings.mig_device_class
-        if claim.allocated or not any(m.device_class == mig_class for r in claim.memory_requests for m in r):
+        if claim.allocated or claim.extended_resource or not any(m.device_class == mig_class for r in claim.memory_requests for m in r):
             return True
         ok = True
         selected = selected_by(self._context.claim_classes(), self._context.driver)
@@ -151,7 +151,7 @@ class ClaimEvents:
 
     async def _whole_gpu(self, claim: ClaimView) -> bool:
         shared = self._context.settings.device_classes
-        if claim.allocated or not any(
+        if claim.allocated or claim.extended_resource or not any(
             all(m.memory is None and m.device_class in shared for m in r) for r in claim.requests
         ):
             self._whole.pop(claim.uid, None)
