@@ -139,7 +139,11 @@ class ClaimEvents:
 
     async def _fragmented(self, claim: ClaimView) -> bool:
         mig_class = self._context.settings.mig_device_class
-        if claim.allocated or claim.extended_resource or not any(m.device_class == mig_class for r in claim.memory_requests for m in r):
+        if (
+            claim.allocated
+            or claim.extended_resource
+            or not any(m.device_class == mig_class for r in claim.memory_requests for m in r)
+        ):
             return True
         ok = True
         selected = selected_by(self._context.claim_classes(), self._context.driver)
@@ -151,8 +155,10 @@ class ClaimEvents:
 
     async def _whole_gpu(self, claim: ClaimView) -> bool:
         shared = self._context.settings.device_classes
-        if claim.allocated or claim.extended_resource or not any(
-            all(m.memory is None and m.device_class in shared for m in r) for r in claim.requests
+        if (
+            claim.allocated
+            or claim.extended_resource
+            or not any(all(m.memory is None and m.device_class in shared for m in r) for r in claim.requests)
         ):
             self._whole.pop(claim.uid, None)
             return True
