@@ -49,11 +49,10 @@ def _demo_objects() -> list[dict[str, Any]]:
         enforcement={"gpu-0": "hami-core", "gpu-1": "hami-core"},
     )  # fmt: skip
     devices = current_devices([v for b in bodies if isinstance(v := slice_view(b, DRIVER_NAME), SliceView)])
-    on = {"node": DEMO_NODE}
     demo = claims(
-        claim("share-a-gpu-x7k2p", results=[result("gpu", "gpu-0", "40Gi", "s-1", pool=DEMO_NODE)], **on),
-        claim("share-b-gpu-q9w4z", results=[result("gpu", "gpu-0", "40Gi", "s-2", pool=DEMO_NODE)], **on),
-        claim("whole-gpu-m3n8r", results=[result("gpu", "gpu-1", "80Gi", None, pool=DEMO_NODE)], **on),
+        claim("share-a-gpu-x7k2p", results=[result("gpu", "gpu-0", "40Gi", "s-1", pool=DEMO_NODE)], node=DEMO_NODE),
+        claim("share-b-gpu-q9w4z", results=[result("gpu", "gpu-0", "40Gi", "s-2", pool=DEMO_NODE)], node=DEMO_NODE),
+        claim("whole-gpu-m3n8r", results=[result("gpu", "gpu-1", "80Gi", None, pool=DEMO_NODE)], node=DEMO_NODE),
     )
     beat = {DEMO_NODE: Heartbeat(renew_time="r", seen_at=T0)}
     reporting = plan_plugin_reporting([DEMO_NODE], beat, {}, now=T0, timeout_s=60, namespace=NS)
