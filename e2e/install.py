@@ -17,13 +17,14 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from e2e.workloads import Cluster
+from api.mig import TYPE_ATTRIBUTE, TYPE_MIG
+from e2e.workloads import Cluster, gpu_table
 from harness import mocknvml
 from harness.cluster import binaries, nvidia_runtime
 from harness.cluster.mountns import NODE_ROOT
@@ -55,6 +56,8 @@ class Installation:
     image: str
     driver: DriverInstall  # the fake driver under driver_root
     workload_image: str  # glibc image with the CUDA probe
+    first_gpus: dict[str, dict[str, str]] = field(default_factory=dict)
+    """The first `kubectl get gpus` in which every published GPU has its object (`first_gpu_table`)."""
 
     @property
     def usage_control(self) -> Path:
@@ -152,7 +155,7 @@ def install(cluster: SingleNodeCluster, *, image_out: Path, timeout: float = 300
     installation = Installation(cluster, driver_root, nvml_dir, image.name, driver, workload.name)
     helm_install(cluster.kubeconfig, values, cluster.state_dir / "fracgpu-values.json", timeout)
     wait_serving(cluster, timeout)
-    return installation
+    return replace(installation, first_gpus=first_gpu_table(cluster, timeout))
 
 
 @dataclass(frozen=True)
@@ -276,6 +279,26 @@ def wait_serving(cluster: Cluster, timeout: float, nodes: frozenset[str] = froze
     raise TimeoutError(
         f"fracgpu did not publish GPUs / register its webhook in {timeout}s:\n{logs.stdout}{logs.stderr}"
     )
+
+
+def first_gpu_table(cluster: Cluster, timeout: float) -> dict[str, dict[str, str]]:
+    """The first `kubectl get gpus` (by column name) in which every GPU the node plugins publish (every device but a
+    MIG partition) has its GPU object with its status written (its TOTAL), as a user would first see it."""
+    deadline = time.monotonic() + timeout
+    table: dict[str, dict[str, str]] = {}
+    while time.monotonic() < deadline:
+        slices = json.loads(cluster.kubectl("get", "resourceslices", "-o", "json").stdout)["items"]
+        published = sum(
+            1
+            for s in slices
+            for d in s["spec"].get("devices") or []
+            if ((d.get("attributes") or {}).get(TYPE_ATTRIBUTE) or {}).get("string") != TYPE_MIG
+        )
+        table = gpu_table(cluster)
+        if published and len(table) == published and all(row["TOTAL"] for row in table.values()):
+            return table
+        time.sleep(0.2)
+    raise TimeoutError(f"the GPU objects of the published GPUs did not appear in {timeout}s: {table}")
 
 
 def remove_dev_char_links(driver_root: Path, dev_char: Path = Path("/dev/char")) -> None:

@@ -287,6 +287,13 @@ def test_a_non_root_container_opens_its_gpu(installation: Installation, ns: str)
     assert _told(seen, claim) == _allocated(claim), "the request file is readable by a non-root user"
 
 
+def test_the_first_kubectl_get_gpus_after_install_shows_every_gpu_reporting(installation: Installation) -> None:
+    # the first table in which the GPU objects exist (after helm's --wait and the slices): the plugin renewed its
+    # heartbeat Lease before publishing, and the controller read it before writing the objects' first status
+    first = installation.first_gpus
+    assert first and {row["REPORTING"] for row in first.values()} == {"True"}, first
+
+
 def test_shares_pack_onto_gpus_and_the_ledger_shows_them(installation: Installation, ns: str) -> None:
     cluster = installation.cluster
     w.apply(cluster, ns, w.claim_template("share-40gi", "40Gi"), w.claim_template("share-100gi", "100Gi"))
@@ -330,12 +337,8 @@ def test_shares_pack_onto_gpus_and_the_ledger_shows_them(installation: Installat
 
 
 def _gpu_table(installation: Installation) -> dict[str, dict[str, str]]:
-    """`kubectl get gpus -o wide`, each row by column name (kubectl aligns columns; MODEL has spaces)."""
-    header, *rows = installation.cluster.kubectl("get", "gpus", "-o", "wide").stdout.splitlines()
-    starts = [header.index(name) for name in header.split()]
-    ends = [*starts[1:], None]
-    return {row.split()[0]: {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
-            for row in rows}  # fmt: skip
+    """`kubectl get gpus -o wide`, each row by column name."""
+    return w.gpu_table(installation.cluster, "-o", "wide")
 
 
 def test_kubectl_get_gpus_shows_a_device_taint_rule_and_a_pod_lands_once_it_is_deleted(

@@ -94,7 +94,7 @@ def test_claims_land_on_both_nodes_and_the_ledger_lists_each_nodes_gpus(
     while listed(ledger := _ledger(cluster)) != expected_gpus and time.monotonic() < deadline:
         time.sleep(1)
     assert listed(ledger) == expected_gpus, ledger
-    table = cluster.kubectl("get", "gpus").stdout.splitlines()
+    table = cluster.kubectl("get", "gpus", "-o", "wide").stdout.splitlines()  # NODE is a wide column
     assert len(table) == 1 + len(ledger), table  # a header and a row per GPU
     for (node, model, total), count in expected_gpus.items():
         matching = [line for line in table if f" {node} " in line and f" {model} " in line and f" {total} " in line]

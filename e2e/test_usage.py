@@ -1,5 +1,5 @@
 """End to end (issue #11): GPU memory use of a pod's container, from NVML (the mock, reporting the container's
-real host PID) through the node plugin's cgroup mapping to its claim: the metric, `USED` in `kubectl get gpus`
+real host PID) through the node plugin's cgroup mapping to its claim: the metric, `USED` in `kubectl get gpus -o wide`
 and, over the grant, an Event on the claim and the pod; when the pod ends, its series go."""
 
 import json
@@ -79,10 +79,10 @@ def test_a_containers_gpu_memory_reaches_metric_ledger_and_event(installation: I
     assert _metric(installation, "fracgpu_plugin_claim_memory_granted_bytes", **labels) == 4 * GiB
 
     def used_in_ledger() -> bool:
-        table = cluster.kubectl("get", "gpu", gpu["gpu"]).stdout.splitlines()
+        table = cluster.kubectl("get", "gpu", gpu["gpu"], "-o", "wide").stdout.splitlines()
         return len(table) == 2 and table[1][table[0].index("USED") :].split()[0] == "6Gi"
 
-    _wait(used_in_ledger, "USED in kubectl get gpus")
+    _wait(used_in_ledger, "USED in kubectl get gpus -o wide")
 
     def over_grant_events() -> list[tuple[str, str]]:
         events = json.loads(cluster.kubectl("get", "events", "-n", ns, "-o", "json").stdout)["items"]

@@ -274,6 +274,19 @@ def get(cluster: Cluster, *args: str) -> Any:
     return json.loads(cluster.kubectl("get", *args, "-o", "json").stdout)
 
 
+def gpu_table(cluster: Cluster, *args: str) -> dict[str, dict[str, str]]:
+    """`kubectl get gpus [args]` (e.g. `-o wide`), each row by column name (kubectl aligns columns; MODEL has
+    spaces, and an empty cell is an empty string)."""
+    lines = cluster.kubectl("get", "gpus", *args).stdout.splitlines()
+    if not lines:
+        return {}  # "No resources found" (on stderr)
+    header, *rows = lines
+    starts = [header.index(name) for name in header.split()]
+    ends = [*starts[1:], None]
+    return {row.split()[0]: {header[a:b].strip(): row[a:b].strip() for a, b in zip(starts, ends, strict=True)}
+            for row in rows}  # fmt: skip
+
+
 def wait_running(cluster: Cluster, namespace: str, pods: list[str], timeout: float = 240) -> None:
     """Until every pod is Running. Generous: the kubelet backs off when the node authorizer has not yet
     linked a new pod to its claim ("no relationship found"), an upstream race that costs a retry."""

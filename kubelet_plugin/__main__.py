@@ -84,7 +84,9 @@ def start_usage_sampler(
 
 
 def start_heartbeat(settings: Settings, api: KubeConnection, stop: threading.Event) -> None:
-    """With a namespace (the pod's), renew the node's heartbeat Lease in a thread of its own until `stop`."""
+    """With a namespace (the pod's), renew the node's heartbeat Lease once now, then in a thread of its own until
+    `stop`. Called before the slices are published: the controller, which lists the Leases when a node's GPUs
+    appear, finds the Lease fresh and their GPU objects say REPORTING True from their first write."""
     if settings.namespace is None:
         return
     rest = KubeRest.bounded(api, settings.api_timeout_seconds)
@@ -95,7 +97,8 @@ def start_heartbeat(settings: Settings, api: KubeConnection, stop: threading.Eve
         settings.driver_name,
         interval_s=settings.heartbeat_interval_seconds,
     )
-    threading.Thread(target=beat.run, args=(stop,), name="heartbeat", daemon=True).start()
+    beat.renew()
+    threading.Thread(target=beat.keep, args=(stop,), name="heartbeat", daemon=True).start()
 
 
 def hand_over(server: PluginServer, http: HttpEndpoint | None, settings: Settings) -> None:
@@ -258,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
         repair=preparer.repair_mps_limits,
     )  # fmt: skip
     threading.Thread(target=mps_health.run, args=(stop,), name="mps-health", daemon=True).start()
+    start_heartbeat(settings, api, stop)  # the Lease before the slices (see start_heartbeat)
     publisher = SlicePublisher(
         api, settings, gpus, enforcement, taints=lambda: _merge(health.taints(), mps_health.taints()),
         changes=changes, on_write=health.metrics.slice_writes.inc, mig=mig,
@@ -276,7 +280,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     server.start()
     start_usage_sampler(settings, api, gpus, metrics, stop)
-    start_heartbeat(settings, api, stop)
     http = None
     if settings.metrics_port:  # /metrics, and /readyz: the chart's readiness probe
         http = HttpEndpoint(settings.metrics_address, settings.metrics_port, metrics.registry, lambda: server.ready)

@@ -14,7 +14,7 @@ GPUs marked for the next one.
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from typing import Any
 
 from api.gpu import GPU_CRD_NAME
@@ -98,11 +98,12 @@ class LedgerManager:
         marks: LedgerMarks,
         *,
         claims: ClaimIndex,
-        reporting: Callable[[], Reporting],
+        reporting: Callable[[Collection[str]], Awaitable[Reporting]],
         trust_domain: Callable[[DeviceKey], str | None] = lambda _: None,
     ) -> None:
         """`claims`: the claim index the entry keeps; `reporting`: each node's `PluginReporting` condition for one
-        pass (`NodeReporting.reporting`); `trust_domain`: the trust domain an MPS GPU serves
+        pass over the GPUs of the given nodes (`NodeReporting.reporting`, which lists the heartbeats first when
+        some node was not covered yet); `trust_domain`: the trust domain an MPS GPU serves
         (`MpsDomains.serving_id`)."""
         self._context = context
         self._catalogue = catalogue
@@ -171,9 +172,15 @@ class LedgerManager:
             self.marks.keep(full, names)
         return ok
 
-    def _desired(self, names: Collection[str] | None) -> dict[str, GpuObject]:
+    def _nodes(self, names: Collection[str] | None) -> set[str]:
+        """The nodes of the GPUs a pass recomputes (every published one's, or those of `names`)."""
+        if names is None:
+            return set(self._catalogue.nodes())
         devices = self._catalogue.devices()
-        reporting = self._reporting()
+        return {devices[k].node for n in names if (k := self._catalogue.device_of(n)) is not None and k in devices}
+
+    def _desired(self, names: Collection[str] | None, reporting: Reporting) -> dict[str, GpuObject]:
+        devices = self._catalogue.devices()
         driver = self._context.driver
         if names is None:
             by_node = {n: c for n in self._catalogue.nodes() if (c := reporting(n)) is not None}
@@ -212,7 +219,7 @@ class LedgerManager:
     async def reconcile(self, names: Collection[str] | None = None) -> bool:
         """Bring GPU objects in line with devices and claims, all of them or only the objects `names`; False
         if some write failed. An object of our driver whose device is not published is deleted."""
-        desired = self._desired(names)
+        desired = self._desired(names, await self._reporting(self._nodes(names)))
         if names is None:
             existing: dict[str, ExistingGpu] = {v.name: v for v in self._context.gpus()}
         else:

@@ -2,14 +2,18 @@
 
 With a namespace (`POD_NAMESPACE`), the heartbeat Leases are listed a few times per `--plugin-heartbeat-timeout`
 and each listing planned by `plan_plugin_reporting`; the nodes whose condition changed are handed to `on_changed`
-(the ledger marks their GPUs). A failed listing changes nothing: the controller's own outage says nothing about
-the plugins. Before the first listing the conditions the ledger holds stand (a restart keeps their times).
+(the ledger marks their GPUs). A ledger pass over a node that no listing covered yet (the controller's first
+pass, a node whose GPUs were just published) lists them first (`cover`), so that a GPU object's first status
+already says whether its plugin reports: the node plugin renews its Lease before it publishes its slices. A failed
+listing changes nothing: the controller's own outage says nothing about the plugins. Until a listing succeeds the
+conditions the ledger holds stand (a restart keeps their times).
 """
 
 import asyncio
 import datetime
 import logging
-from collections.abc import Callable, Iterable, Mapping
+import time
+from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any
 
 from api.gpu import PLUGIN_REPORTING_CONDITION
@@ -33,6 +37,8 @@ class NodeReporting:
         self._on_changed = on_changed
         self._heartbeats: dict[str, Heartbeat] = {}
         self._planned: dict[str, Condition] | None = None  # node -> condition; None: not listed yet
+        self._listing = asyncio.Lock()
+        self._failed_at: float | None = None  # monotonic time of the last failed listing
         self._tasks = Tasks()
 
     def start(self) -> None:
@@ -43,17 +49,40 @@ class NodeReporting:
     async def stop(self) -> None:
         await self._tasks.cancel()
 
+    def _period(self) -> float:
+        return min(15.0, max(0.5, self._context.settings.plugin_heartbeat_timeout_seconds / 4))
+
     async def _loop(self, namespace: str) -> None:
-        period = min(15.0, max(0.5, self._context.settings.plugin_heartbeat_timeout_seconds / 4))
         await self._context.ready.wait()  # the GPU index holds the conditions written before (their transition times)
         while True:
-            try:
-                leases = await self._context.run(self._context.writer.list_heartbeats, namespace)
-            except Exception as err:
-                log.warning("cannot list the node plugins' heartbeat Leases", extra={"error": describe(err)})
-            else:
-                self.listed(namespace, leases, datetime.datetime.now(datetime.UTC))
-            await asyncio.sleep(period)
+            async with self._listing:
+                await self._list(namespace)
+            await asyncio.sleep(self._period())
+
+    async def _list(self, namespace: str) -> None:
+        """One listing, planned (`listed`); a failure is logged and changes nothing."""
+        try:
+            leases = await self._context.run(self._context.writer.list_heartbeats, namespace)
+        except Exception as err:
+            self._failed_at = time.monotonic()
+            log.warning("cannot list the node plugins' heartbeat Leases", extra={"error": describe(err)})
+        else:
+            self._failed_at = None
+            self.listed(namespace, leases, datetime.datetime.now(datetime.UTC))
+
+    async def cover(self, nodes: Collection[str]) -> None:
+        """Before a ledger pass over the GPUs of `nodes`: list the heartbeat Leases now when some node is not
+        covered by a listing yet, rather than at the next periodic one (up to 15 s later), unless a listing failed
+        within that period. Without a namespace, or before the indexes are populated, nothing."""
+        namespace = self._context.settings.namespace
+        if namespace is None or not nodes or not self._context.ready.is_set():
+            return
+        async with self._listing:
+            if self._planned is not None and self._planned.keys() >= set(nodes):
+                return
+            if self._failed_at is not None and time.monotonic() - self._failed_at < self._period():
+                return
+            await self._list(namespace)
 
     def _written(self) -> dict[str, Condition]:
         """node -> the `PluginReporting` condition its GPU objects carry now (the GPU index)."""
@@ -82,10 +111,12 @@ class NodeReporting:
         if changed:
             self._on_changed(changed)
 
-    def reporting(self) -> Reporting:
-        """Each node's condition for one ledger pass: as planned from the heartbeats, else (before the first
-        listing) as the ledger holds it, else Unknown until a listing covers the node; without a namespace
-        (heartbeats not listed) only what a listing planned."""
+    async def reporting(self, nodes: Collection[str]) -> Reporting:
+        """Each node's condition for one ledger pass over the GPUs of `nodes`, after a listing covered them
+        (`cover`): as planned from the heartbeats, else (no listing succeeded yet) as the ledger holds it, else
+        Unknown until a listing covers the node; without a namespace (heartbeats not listed) only what a listing
+        planned."""
+        await self.cover(nodes)
         namespace = self._context.settings.namespace
         known = self._planned if self._planned is not None or namespace is None else self._written()
 

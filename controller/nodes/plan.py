@@ -133,9 +133,9 @@ def observe(
 
 
 def unchecked_reporting(node: str, namespace: str) -> dict[str, Any]:
-    """`PluginReporting` Unknown for a node whose heartbeat Lease the controller has not listed yet (a GPU object
-    written before the first listing after the controller's start, or of a node new since the last one), so that
-    `kubectl get gpus` shows a value from the start; the next listing replaces it."""
+    """`PluginReporting` Unknown for a node whose heartbeat Lease the controller could not list yet (a GPU object
+    written while the listings since the controller's start or since the node's GPUs were published failed), so
+    that `kubectl get gpus` shows a value from the start; the next listing that succeeds replaces it."""
     condition = GpuCondition(
         type=PLUGIN_REPORTING_CONDITION,
         status="Unknown",

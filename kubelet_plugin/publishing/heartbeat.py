@@ -55,16 +55,27 @@ class Heartbeat:
         )
         self._rest.apply(self._path, body, FIELD_MANAGER)
 
+    def renew(self) -> bool:
+        """One beat; a failure is logged (once until one succeeds again). Whether it succeeded."""
+        try:
+            self.beat()
+        except ApiError as err:
+            if not self._failing:
+                log.warning("cannot renew the heartbeat Lease", extra={"lease": self._path, "error": str(err)})
+            self._failing = True
+            return False
+        if self._failing:
+            log.info("heartbeat renewed again", extra={"lease": self._path})
+        self._failing = False
+        return True
+
+    def keep(self, stop: threading.Event) -> None:
+        """Beat every interval until `stop`, the first one an interval from now; a failed beat is retried at the
+        next interval."""
+        while not stop.wait(self._interval):
+            self.renew()
+
     def run(self, stop: threading.Event) -> None:
-        """Beat until `stop`; a failed beat is logged (once until one succeeds again) and retried next interval."""
-        while not stop.is_set():
-            try:
-                self.beat()
-                if self._failing:
-                    log.info("heartbeat renewed again", extra={"lease": self._path})
-                self._failing = False
-            except ApiError as err:
-                if not self._failing:
-                    log.warning("cannot renew the heartbeat Lease", extra={"lease": self._path, "error": str(err)})
-                self._failing = True
-            stop.wait(self._interval)
+        """Beat now, then every interval until `stop` (`renew`, `keep`)."""
+        self.renew()
+        self.keep(stop)

@@ -1303,29 +1303,29 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
     # `kubectl get gpus` reads like `kubectl inspect gpushare`: one row per GPU with its memory split
     table = _kubectl(control_plane, "get", "gpus", "-l", f"{NODE_LABEL}={node}").splitlines()
     assert table[0].split() == [
-        "NAME",
-        "NODE",
+        "NAME",  # <node>-<device>: NODE is in -o wide
         "MODEL",
         "TOTAL",
         "ALLOCATED",
-        "USED",
         "FREE",
         "SHARES",
         "ENFORCEMENT",
         "REPORTING",
-        "TAINTS",  # blank but on tainted GPUs: NoSchedule=1
-        "MIG",  # blank but on MIG GPUs (used/free slices, partitions)
-        "TRUST-DOMAIN",
         "AGE",
     ]
     rows = {line.split()[0]: line.split() for line in table[1:]}
     assert set(rows) == set(ledger)
+    wide = {
+        row["NAME"]: row
+        for row in _columns(_kubectl(control_plane, "get", "gpus", "-l", f"{NODE_LABEL}={node}", "-o", "wide"))
+    }
     for name, g in ledger.items():
         st = g["status"]
-        assert rows[name][1] == node and " ".join(rows[name][2:6]) == "NVIDIA H100 80GB HBM3"
+        assert " ".join(rows[name][1:5]) == "NVIDIA H100 80GB HBM3"
+        assert rows[name][5:9] == [st["totalMemory"], st["allocatedMemory"], st["freeMemory"], str(st["shares"])]
+        assert rows[name][9] == st["enforcement"] == "none"
         # USED is blank: no node plugin samples these simulated GPUs
-        assert rows[name][6:10] == [st["totalMemory"], st["allocatedMemory"], st["freeMemory"], str(st["shares"])]
-        assert rows[name][10] == st["enforcement"] == "none"
+        assert (wide[name]["NODE"], wide[name]["USED"], wide[name]["INDEX"]) == (node, "", str(st["index"]))
         assert "conditions" not in st  # REPORTING is blank too: this controller watches no heartbeats
 
     for i in range(10, 50):
@@ -1381,9 +1381,11 @@ def test_the_ledger_shows_the_slices_taints_and_a_device_taint_rule_until_it_is_
     for wide in (False, True):
         table = _kubectl(control_plane, "get", "gpus", "-l", f"{NODE_LABEL}={node}", *(["-o", "wide"] if wide else []))
         shown = {row["NAME"]: row for row in _columns(table)}
-        assert {n: (r["TAINTS"], r.get("TAINTED-BY")) for n, r in shown.items()} == {
-            f"{node}-gpu-0": ("NoExecute=1", "gpu.fracgpu.dev/xid=48-double-bit-ecc-error:NoExecute" if wide else None),
-            f"{node}-gpu-1": ("NoSchedule=1", "example.com/maintenance=planned:NoSchedule" if wide else None),
+        assert {n: (r.get("TAINTS"), r.get("TAINTED-BY")) for n, r in shown.items()} == {
+            f"{node}-gpu-0": ("NoExecute=1", "gpu.fracgpu.dev/xid=48-double-bit-ecc-error:NoExecute")
+            if wide
+            else (None, None),  # the default table leaves taints to -o wide
+            f"{node}-gpu-1": ("NoSchedule=1", "example.com/maintenance=planned:NoSchedule") if wide else (None, None),
         }
     described = _kubectl(control_plane, "describe", "gpu", f"{node}-gpu-1")
     assert f"DeviceTaintRule/{rule}" in described, described

@@ -29,20 +29,18 @@ def test_crd_shape() -> None:
     (version,) = spec["versions"]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"].upper() for c in version["additionalPrinterColumns"] if not c.get("priority")]
-    assert columns == [
-        "NODE",
-        "MODEL",
-        "TOTAL",
-        "ALLOCATED",
+    assert columns == ["MODEL", "TOTAL", "ALLOCATED", "FREE", "SHARES", "ENFORCEMENT", "REPORTING", "AGE"]
+    wide = [c["name"].upper() for c in version["additionalPrinterColumns"] if c.get("priority") == 1]
+    assert wide == [
+        "NODE",  # the object's name is <node>-<device>
         "USED",
-        "FREE",
-        "SHARES",
-        "ENFORCEMENT",
-        "REPORTING",
         "TAINTS",  # blank but on tainted GPUs: NoSchedule=1
         "MIG",
         "TRUST-DOMAIN",
-        "AGE",
+        "INDEX",
+        "UUID",
+        "SHARE-ENFORCEMENT",
+        "TAINTED-BY",
     ]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     assert {

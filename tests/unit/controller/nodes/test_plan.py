@@ -2,9 +2,11 @@
 
 import asyncio
 import datetime
+from typing import Any
 
 from api.gpu import DEVICE_GONE_CONDITION, PLUGIN_REPORTING_CONDITION
 from api.heartbeat import HEARTBEAT_LABEL, lease_body, lease_name
+from api.kube_errors import api_error
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.core.claims import ClaimView, claim_view
 from controller.core.settings import Settings
@@ -127,6 +129,14 @@ def test_a_renewal_is_timed_when_seen_and_the_first_one_by_its_own_time_when_old
     assert observe(later, [], at(30)) == {}  # Leases gone: no heartbeat
 
 
+def test_the_first_listing_of_a_fresh_lease_plans_reporting_true_at_once() -> None:
+    beats = observe({}, [lease("node-a", at(-3)), lease("node-b", at(-30))], T0)  # the first listing only
+    planned = plan_plugin_reporting(["node-a", "node-b"], beats, {}, now=T0, timeout_s=10, namespace=NS)
+    assert (planned["node-a"]["status"], planned["node-a"]["reason"]) == ("True", REASON_HEARTBEAT)
+    assert planned["node-a"]["lastTransitionTime"] == "2026-12-01T12:00:00Z"
+    assert planned["node-b"]["status"] == "False", "a Lease older than the timeout at the first listing: silent"
+
+
 def test_a_lease_naming_another_node_than_its_name_is_no_heartbeat() -> None:
     assert observe({}, [lease("node-a", T0, name=lease_name("node-b"))], T0) == {}
 
@@ -216,32 +226,98 @@ def test_the_controller_marks_a_silent_nodes_gpus_not_reporting_and_reporting_ag
     asyncio.run(main())
 
 
-def test_gpus_say_reporting_unknown_until_the_first_heartbeat_listing_and_a_restart_keeps_what_was_written() -> None:
+def _reporting_controller(writer: FakeWriter, world: World) -> Controller:
+    """A controller with heartbeats (a namespace) whose indexes are populated, not started: passes are run by hand."""
+    settings = Settings(ledger_delay_seconds=0.0, plugin_heartbeat_timeout_seconds=10, namespace=NS)
+    controller = Controller(settings, writer)
+    controller.bind(world.slices, world.claims, world.gpus)
+    controller.context.ready.set()  # kopf delivered the first event: every index is populated
+    return controller
+
+
+def _listings(writer: FakeWriter) -> list[str]:
+    """The namespaces of the heartbeat listings `writer` answers from now on, in order."""
+    calls: list[str] = []
+    answer = writer.list_heartbeats
+
+    def counted(namespace: str) -> list[dict[str, Any]]:
+        calls.append(namespace)
+        return answer(namespace)
+
+    writer.list_heartbeats = counted  # type: ignore[method-assign]
+    return calls
+
+
+def _conditions(writer: FakeWriter) -> set[tuple[str, str]]:
+    return {(c["status"], c["reason"]) for s in writer.gpu_status.values() for c in s["conditions"]}
+
+
+def test_a_gpu_object_says_reporting_true_from_its_first_write_when_the_plugins_lease_is_fresh() -> None:
     async def main() -> None:
         writer, world = FakeWriter(), World()
-        settings = Settings(ledger_delay_seconds=0.0, plugin_heartbeat_timeout_seconds=10, namespace=NS)
-        controller = Controller(settings, writer)
-        controller.bind(world.slices, world.claims, world.gpus)
-
-        async def reporting() -> set[tuple[str, str]]:
-            assert await controller.ledger.run_pass()
-            return {(c["status"], c["reason"]) for s in writer.gpu_status.values() for c in s["conditions"]}
-
-        assert await reporting() == {("Unknown", REASON_NOT_CHECKED)}, "a value from the start, before any listing"
+        writer.leases = [lease(NODE, datetime.datetime.now(datetime.UTC))]  # the plugin beats before it publishes
+        controller = _reporting_controller(writer, world)
+        listings = _listings(writer)
+        assert await controller.ledger.run_pass()  # the first pass, no periodic listing yet
         assert len(writer.gpu_status) == 2
-        controller.nodes.listed(NS, [lease(NODE, T0)], T0)
-        assert await reporting() == {("True", REASON_HEARTBEAT)}
-        written = dict(writer.gpu_status)
+        assert _conditions(writer) == {("True", REASON_HEARTBEAT)}, "True in the objects' first status"
+        assert listings == [NS], "the pass listed the heartbeats itself"
+        assert await controller.ledger.reconcile([f"{NODE}-gpu-0"])
+        assert listings == [NS], "a node already covered is not listed again"
+
+        world.slices.update(_other_node_slices())  # a new node's GPUs published
+        controller.slices_changed()
+        writer.leases.append(lease("node-b", datetime.datetime.now(datetime.UTC)))
+        writer.gpu_status.clear()
+        assert await controller.ledger.run_pass()
+        assert listings == [NS, NS], "a node new since the last listing is listed before its GPUs are written"
+        assert {n for n in writer.gpu_status if n.startswith("node-b")} and _conditions(writer) == {
+            ("True", REASON_HEARTBEAT)
+        }
         await controller.stop()
 
-        # A new controller (restart, takeover) whose GPU index holds the True conditions: nothing turns Unknown.
-        for name, status in written.items():
-            world.gpus[name] = [ExistingGpu(name=name, labels={}, spec={}, status=status)]
+    asyncio.run(main())
+
+
+def _other_node_slices() -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for body in slices(count=1, node="node-b"):
+        found = slice_view(body, DRIVER_NAME)
+        assert found is not None
+        out[found.name] = [found]
+    return out
+
+
+def test_gpus_say_unknown_without_a_lease_or_when_the_listing_fails_and_a_restart_keeps_what_was_written() -> None:
+    async def main() -> None:
+        writer, world = FakeWriter(), World()
+        controller = _reporting_controller(writer, world)
+        assert await controller.ledger.run_pass()
+        assert _conditions(writer) == {("Unknown", REASON_NO_HEARTBEAT)}, "listed: no Lease from the plugin yet"
+        await controller.stop()
+
         writer.gpu_status.clear()
-        restarted = Controller(settings, writer)
-        restarted.bind(world.slices, world.claims, world.gpus)
+        failing = _reporting_controller(writer, World())
+        listings = _listings(writer)
+        writer.fail = [api_error(503, "unavailable")]
+        assert await failing.ledger.run_pass()
+        assert _conditions(writer) == {("Unknown", REASON_NOT_CHECKED)}, "a value from the start, though unchecked"
+        assert await failing.ledger.reconcile([f"{NODE}-gpu-0"])
+        assert listings == [NS], "a failed listing is not tried again by every pass"
+        await failing.stop()
+
+        # A new controller (restart, takeover) whose GPU index holds True conditions: their times are kept.
+        fresh = datetime.datetime.now(datetime.UTC)
+        writer.leases = [lease(NODE, fresh)]
+        written = {"lastTransitionTime": "2026-12-01T12:00:00Z", "status": "True", "reason": REASON_HEARTBEAT}
+        for n in (f"{NODE}-gpu-0", f"{NODE}-gpu-1"):
+            status = {"node": NODE, "conditions": [{"type": PLUGIN_REPORTING_CONDITION, "message": "m", **written}]}
+            world.gpus[n] = [ExistingGpu(name=n, labels={}, spec={}, status=status)]
+        writer.gpu_status.clear()
+        restarted = _reporting_controller(writer, world)
         assert await restarted.ledger.run_pass()
-        assert {c["status"] for s in writer.gpu_status.values() for c in s["conditions"]} <= {"True"}
+        times = {c["lastTransitionTime"] for s in writer.gpu_status.values() for c in s["conditions"]}
+        assert _conditions(writer) <= {("True", REASON_HEARTBEAT)} and times <= {written["lastTransitionTime"]}
         await restarted.stop()
 
     asyncio.run(main())
