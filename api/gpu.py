@@ -257,6 +257,15 @@ ENFORCEMENT_REASONS: Final[dict[str, str]] = {
 """Tier -> condition reason (reasons must be CamelCase)."""
 
 
+COMPUTE_CONDITION: Final = "ComputeEnforcement"
+"""Condition the node plugin sets on each of its `status.devices` entries that reserved GPU compute
+(`consumedCapacity.compute` above 0): True where the tier enforces the share's compute ceiling (reason `Mps`,
+`HamiCore`), False where nothing does (`NotEnforced`); absent on entries that reserved no compute."""
+COMPUTE_REASONS: Final[dict[str, str]] = {"mps": "Mps", "hami-core": "HamiCore"}
+"""Tier -> reason of a True `COMPUTE_CONDITION`: the tiers that enforce a compute ceiling."""
+COMPUTE_NOT_ENFORCED: Final = "NotEnforced"
+
+
 def tier_of_reason(reason: object) -> str | None:
     """The tier an `ENFORCEMENT_CONDITION` reason stands for, or None for an unknown reason."""
     return next((tier for tier, r in ENFORCEMENT_REASONS.items() if r == reason), None)
