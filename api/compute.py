@@ -25,9 +25,10 @@ from api.quantity import parse_quantity
 
 TOTAL: Final = 100
 """A GPU's compute: 100 percent."""
-HAMI_ALIAS: Final = "cores"
-"""HAMi's name for the same capacity (``gpucores`` as its extended resource): refused at admission, naming
-``compute``."""
+HAMI_NAMES: Final = frozenset({"cores", "gpucores"})
+"""HAMi's names for the same share of a GPU (its DRA driver's capacity ``cores``, its device plugin's resource
+``gpucores``): not an alias here (a scheduler that reads them would find no such capacity on any device), refused
+at admission naming ``compute``."""
 
 
 def gpu_capacity() -> dict[str, object]:
