@@ -53,6 +53,7 @@ def test_crd_shape() -> None:
         "totalMemory",
         "allocatedMemory",
         "freeMemory",
+        "allocatedCompute",
         "shares",
         "claims",
     } <= set(status["properties"])
@@ -70,6 +71,7 @@ def test_crd_shape() -> None:
         "memory",
         "adminAccess",
         "enforcement",
+        "compute",
         "device",
         "profile",
         "placement",

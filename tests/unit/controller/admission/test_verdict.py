@@ -519,6 +519,7 @@ C = f'device.capacity["{DRIVER_NAME}"]'
         (f'{A}.model == "A100"', f"{A}.model", f"{A}.productName"),
         (f"{A}.Productname == 'A100'", f"{A}.Productname", f"{A}.productName"),  # a close spelling
         (f"{C}.gpumem.compareTo(quantity('10Gi')) >= 0", f"{C}.gpumem", f"{C}.memory"),  # HAMi's name
+        (f"{C}.cores.compareTo(quantity('30')) >= 0", f"{C}.cores", f"{C}.compute"),  # HAMi's name
         (f"{A}.memory.compareTo(quantity('10Gi')) >= 0", f"{A}.memory", f"{C}.memory"),  # a capacity, not attribute
         (f'{A}.pcieBusID == "0000:3b:00.0"', f"{A}.pcieBusID", 'device.attributes["resource.kubernetes.io"].pciBusID'),
         (
