@@ -13,6 +13,7 @@ import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -138,9 +139,7 @@ def test_three_pods_of_compute_50_two_land_on_the_gpu_each_capped_at_50_and_memo
         return found if "Ready" in found else None
 
     for claim in prepared[:2]:
-        compute = kube.wait_for(lambda claim=claim: conditions(claim), 30, what="the claim's conditions")[
-            COMPUTE_CONDITION
-        ]
+        compute = kube.wait_for(partial(conditions, claim), 30, what="the claim's conditions")[COMPUTE_CONDITION]
         assert (compute["status"], compute["reason"]) == ("True", "HamiCore")
         assert "ceiling 50 %" in compute["message"], compute["message"]
     assert COMPUTE_CONDITION not in kube.wait_for(lambda: conditions(prepared[2]), 30, what="memory-only conditions")

@@ -95,8 +95,12 @@ def test_only_memory_and_compute_capacities_are_offered_and_hamis_cores_is_named
         "spec.devices.requests[0].exactly.capacity.requests.gpumem: unknown capacity; gpu.fracgpu.dev devices offer "
         "only 'memory' and 'compute'",
     )
-    assert review(spec([req(None, **{f"{DRIVER_NAME}/gpucores": "30"})])).problems[0].endswith(
-        "HAMi's 'gpucores' is 'compute' here (percent of the GPU, 100 per GPU), write capacity.requests.compute: 30"
+    assert (
+        review(spec([req(None, **{f"{DRIVER_NAME}/gpucores": "30"})]))
+        .problems[0]
+        .endswith(
+            "HAMi's 'gpucores' is 'compute' here (percent of the GPU, 100 per GPU), write capacity.requests.compute: 30"
+        )
     )
     assert review(spec([req(None, **{f"{DRIVER_NAME}/memory": "1Gi"})])).allowed
     assert review(spec([req("1Gi", **{f"{DRIVER_NAME}/compute": "30"})])) == Review()

@@ -17,8 +17,8 @@ def with_compute(r: dict[str, Any], percent: str) -> dict[str, Any]:
 
 
 def test_a_results_reserved_compute_and_a_requests_asked_compute_are_read() -> None:
-    request = {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS_NAME}}
-    request["exactly"]["capacity"] = {"requests": {"memory": "1Gi", f"{DRIVER_NAME}/compute": "30"}}
+    capacity = {"requests": {"memory": "1Gi", f"{DRIVER_NAME}/compute": "30"}}
+    request: dict[str, Any] = {"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS_NAME, "capacity": capacity}}
     admin = with_compute(result("mon", "gpu-0", "0", "s-9"), "40") | {"adminAccess": True}
     body = claim("c", results=[with_compute(result("gpu", "gpu-0", "1Gi", "s-1"), "30"), admin], requests=[request])
     view = claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME)

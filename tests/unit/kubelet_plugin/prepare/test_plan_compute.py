@@ -16,6 +16,7 @@ from api.kube_rest import KubeRest
 from api.names import DRIVER_NAME
 from kubelet_plugin.core.settings import Settings
 from kubelet_plugin.kinds.mps import limits
+from kubelet_plugin.kinds.mps.control import Limits
 from kubelet_plugin.kinds.mps.plan import MPS_THREADS_ENV
 from kubelet_plugin.prepare.ready import apply_ready, is_ready
 from tests.unit.kubelet_plugin.prepare.test_plan import (
@@ -96,8 +97,8 @@ def test_a_memory_only_mps_share_gets_no_percentage_as_before(mps_settings: Sett
 
 
 def test_two_shares_of_50_hold_their_gpus_daemon_at_50_and_a_memory_only_share_lifts_it_to_100() -> None:
-    assert limits.ceiling([(10240, 50), (4096, 50)]) == limits.Limits(memory_mib=10240, percentage=50)
-    assert limits.ceiling([(10240, 50), (4096, None)]) == limits.Limits(memory_mib=10240, percentage=100)
+    assert limits.ceiling([(10240, 50), (4096, 50)]) == Limits(memory_mib=10240, percentage=50)
+    assert limits.ceiling([(10240, 50), (4096, None)]) == Limits(memory_mib=10240, percentage=100)
 
 
 @pytest.mark.parametrize(("limit", "expected"), [(None, "50"), (20, "20"), (90, "50")])
@@ -157,7 +158,7 @@ def test_a_share_that_reserved_compute_is_told_what_enforces_it(tier: str, statu
     assert (condition["status"], condition["reason"]) == (status, reason)
     assert condition["message"].startswith("50 % of the GPU's compute reserved"), condition["message"]
     assert said in condition["message"], condition["message"]
-    tiers = {("n", "gpu-0", "s1"): tier}
+    tiers: dict[tuple[str, str, str | None], str] = {("n", "gpu-0", "s1"): tier}
     body["status"]["devices"] = [{"driver": DRIVER_NAME, "pool": "n", "device": "gpu-0", "shareID": "s1"}]
     body["status"]["devices"][0]["conditions"] = list(applied_conditions(body, tier).values())
     assert is_ready(body, DRIVER_NAME, tiers)
