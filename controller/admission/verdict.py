@@ -3,15 +3,17 @@
 A claim spec concerns us when a request (or a `firstAvailable` alternative) names our DeviceClass, or an opaque
 config names our driver. Refused: GpuConfig parameters that do not decode strictly, configs that decode one by one
 but merge into an invalid one for some request (merged as the node plugin merges them, api/config_merge.py, with
-our DeviceClass's configs first), capacity requests other than `memory`, and memory amounts that are not positive
-whole numbers of bytes (an `adminAccess` request may ask for 0). Each problem names its field path, as `kubectl`
+our DeviceClass's configs first), capacity requests other than `memory` and `compute` (HAMi's `cores` and
+`gpucores` named as `compute`), memory amounts that are not positive whole numbers of bytes (an `adminAccess`
+request may ask for 0) and compute amounts that are not whole percentages from 0 to 100. Each problem names its field path, as `kubectl`
 users write it, and what is allowed. Warned: requests larger than any published GPU, `enforcement: hami-core`,
 `mps` or `nvml` while no published GPU offers it, and an `mps` request for more than one GPU (the node plugin
 refuses a claim whose MPS shares span GPUs: a CUDA process is the client of one MPS daemon). Warned too, since
 nothing else would say it: settings dropped or changed on the way, namely an opaque config of another driver that
 applies only to requests of our DeviceClasses (the kubelet hands it to no driver that reads it), a memory request
-the published GPUs' `requestPolicy` rounds up (naming the grant), and `computeLimitPercent` that no published GPU
-can apply (only the mps and hami-core tiers do). For users of other drivers: a request without
+the published GPUs' `requestPolicy` rounds up (naming the grant), reserved compute or `computeLimitPercent` that no published
+GPU can apply (only the mps and hami-core tiers do), how `computeLimitPercent` maps beside reserved compute, and
+compute asked without memory (which takes a whole GPU's memory). For users of other drivers: a request without
 `capacity.requests.memory` of a class shared by memory in a ResourceClaim that pods name directly (it takes a
 whole GPU that all of them share; templates, adminAccess requests, the MIG class and kube-scheduler's claim for an
 extended resource are not warned), and a CEL selector of a request of any of our classes that reads an attribute
