@@ -61,6 +61,9 @@ class GpuShare(_Wire):
         None,
         description="memory-enforcement tier the node plugin applied to this share (none, hami-core, mps, nvml, mig)",
     )
+    compute: int | None = Field(
+        None, description="GPU compute reserved by the request, in percent of the GPU (absent: none reserved)"
+    )
     device: str | None = Field(None, description="the MIG partition's device (absent: a share of the GPU itself)")
     profile: str | None = Field(None, description="the MIG partition's profile, e.g. 1g.10gb")
     placement: str | None = Field(None, description="the MIG partition's placement, start:size in memory slices")
@@ -129,6 +132,12 @@ class GpuStatus(_Wire):
     total_memory: str = Field(alias="totalMemory", description="memory offered for sharing, as a quantity")
     allocated_memory: str = Field(alias="allocatedMemory", description="sum of the granted memory of all shares")
     free_memory: str = Field(alias="freeMemory", description="totalMemory minus allocatedMemory (at least 0)")
+    allocated_compute: int | None = Field(
+        None,
+        alias="allocatedCompute",
+        description="sum of the compute its shares reserved (capacity compute), in percent of the GPU's 100; absent "
+        "while none is reserved",
+    )
     shares: int = Field(ge=0, description="number of allocations on this GPU")
     claims: list[GpuShare] = Field(default_factory=list, description="the allocations, sorted by claim")
     share_enforcement: str = Field(
@@ -192,6 +201,7 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
     {"name": "UUID", "type": "string", "jsonPath": ".status.uuid", "priority": 1},
     {"name": "Share-Enforcement", "type": "string", "jsonPath": ".status.shareEnforcement", "priority": 1},
     {"name": "Tainted-By", "type": "string", "jsonPath": ".status.taintedBy", "priority": 1},
+    {"name": "Compute", "type": "integer", "jsonPath": ".status.allocatedCompute", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
 
@@ -258,6 +268,15 @@ ENFORCEMENT_REASONS: Final[dict[str, str]] = {
     "mig": "Mig",
 }
 """Tier -> condition reason (reasons must be CamelCase)."""
+
+
+COMPUTE_CONDITION: Final = "ComputeEnforcement"
+"""Condition the node plugin sets on each of its `status.devices` entries that reserved GPU compute
+(`consumedCapacity.compute` above 0): True where the tier enforces the share's compute ceiling (reason `Mps`,
+`HamiCore`), False where nothing does (`NotEnforced`); absent on entries that reserved no compute."""
+COMPUTE_REASONS: Final[dict[str, str]] = {"mps": "Mps", "hami-core": "HamiCore"}
+"""Tier -> reason of a True `COMPUTE_CONDITION`: the tiers that enforce a compute ceiling."""
+COMPUTE_NOT_ENFORCED: Final = "NotEnforced"
 
 
 def tier_of_reason(reason: object) -> str | None:

@@ -10,6 +10,7 @@ from typing import Final
 
 from api import mig
 from api.names import (
+    COMPUTE_CAPACITY,
     MEMORY_CAPACITY,
     MPS_CLIENTS_CAPACITY,
     NUMA_NODE_ATTRIBUTE,
@@ -50,8 +51,8 @@ STANDARD_ATTRIBUTES: Final = frozenset(
 )
 """Attributes in `resource.kubernetes.io` (Kubernetes' standard attributes)."""
 
-DRIVER_CAPACITIES: Final = frozenset({MEMORY_CAPACITY, MPS_CLIENTS_CAPACITY})
-"""Capacities in the driver's domain (`mpsClients` on MPS GPUs only)."""
+DRIVER_CAPACITIES: Final = frozenset({MEMORY_CAPACITY, COMPUTE_CAPACITY, MPS_CLIENTS_CAPACITY})
+"""Capacities in the driver's domain (`mpsClients` on MPS GPUs only; `compute` on shared GPUs and MIG partitions)."""
 
 
 def attributes(driver: str) -> dict[str, frozenset[str]]:

@@ -50,6 +50,9 @@ _ALIASES: dict[str, tuple[Kind, str, str]] = {
         ),
         ("capacity", "", "memory"),
     ),
+    **dict.fromkeys(
+        ("cores", "gpucores", "computepercent", "sm", "smpercent", "corepercent"), ("capacity", "", "compute")
+    ),
 }
 """Names other drivers and device plugins publish (lowercased) -> fracgpu's: (kind, domain, name), domain ""
 for the driver's and "standard" for resource.kubernetes.io."""

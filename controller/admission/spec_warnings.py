@@ -2,8 +2,8 @@
 
 Each function phrases one kind of warning, prefixed with the field path `kubectl` users write, for
 `controller/admission/verdict.py` to gather: a memory request the published GPUs' `requestPolicy` rounds up
-(`rounding_warning`, naming each grant), `computeLimitPercent` that no published GPU can apply
-(`compute_warnings`), a request of a ResourceClaim that pods name directly that takes a whole GPU they all share
+(`rounding_warning`, naming each grant), reserved compute or `computeLimitPercent` that no published GPU can
+apply and how `computeLimitPercent` maps beside reserved compute (`compute_warnings`), a request of a ResourceClaim that pods name directly that takes a whole GPU they all share
 (`whole_gpu_warning`), and an opaque config of another driver that applies only to requests of our DeviceClasses
 (`foreign_config_warning`, over `request_owners`). Each returns a list, empty when there is nothing to say.
 """
@@ -11,6 +11,7 @@ Each function phrases one kind of warning, prefixed with the field path `kubectl
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from api import compute
 from api.gpu_config import GpuConfig
 from api.names import CONFIG_API_VERSION, CONFIG_KIND, MPS_DEVICE_CLASS_NAME
 from api.quantity import MiB, format_bytes, granted_in_range
@@ -42,25 +43,49 @@ def rounding_warning(
     ]
 
 
-def compute_warnings(merged: GpuConfig, path: str, request: str, offered: Mapping[str, bool | None]) -> list[str]:
-    """A warning when `merged` sets computeLimitPercent that no published GPU can apply to the request: only the
-    mps tier (an MPS GPU's active thread percentage) and the hami-core tier (CUDA_DEVICE_SM_LIMIT) apply it.
-    None for `enforcement` mps or hami-core (their own warnings say when no GPU offers them). `offered["mps-class"]`
-    False: the MPS DeviceClass the warning names is not in the cluster, and the warning says how to get it."""
+def compute_warnings(
+    merged: GpuConfig, path: str, request: str, offered: Mapping[str, bool | None], reserved: int = 0
+) -> list[str]:
+    """Warnings on a request's compute: how `computeLimitPercent` maps when it also reserves `reserved` compute
+    (`capacity.requests.compute`; the ceiling is the smaller, `api.compute.ceiling`), and a ceiling no published GPU
+    can apply to the request: only the mps tier (an MPS GPU's active thread percentage) and the hami-core tier
+    (CUDA_DEVICE_SM_LIMIT) apply one. Nothing on that for `enforcement` mps or hami-core (their own warnings say
+    when no GPU offers them). `offered["mps-class"]` False: the MPS DeviceClass the warning names is not in the
+    cluster, and the warning says how to get it."""
     percent = merged.compute_limit_percent
-    if percent is None or merged.enforcement in ("mps", "hami-core"):
-        return []
+    out = []
+    if reserved and percent is not None and percent > reserved:
+        out.append(
+            f"{path}: request {request!r} reserves compute {reserved} and sets computeLimitPercent {percent}, above "
+            f"it: the share's compute ceiling is its reservation, {reserved} % (the scheduler counts only the "
+            "reservation, so a higher ceiling would let the GPU's shares exceed 100 % together)"
+        )
+    elif reserved and percent is not None and percent < reserved:
+        out.append(
+            f"{path}: request {request!r} reserves compute {reserved} and sets computeLimitPercent {percent}: the "
+            f"share's compute ceiling is {percent} %, and the scheduler still counts {reserved} % of the GPU for it"
+        )
+    if compute.ceiling(reserved, percent) is None or merged.enforcement in ("mps", "hami-core"):
+        return out
     if merged.enforcement == "nvml":
         why = "enforcement 'nvml' does not apply it"
     elif offered.get("mps") is False and offered.get("hami-core") is False:
         why = "no published GPU can enforce it (none is an MPS GPU or offers hami-core)"
     else:
-        return []
+        return out
+    if percent is not None and not reserved:
+        said = f"sets computeLimitPercent {percent}, but {why}: the share gets the GPU's compute unlimited"
+    else:
+        said = (
+            f"reserves compute {reserved}, but {why}: the scheduler counts the reservation, and the share gets the "
+            "GPU's compute unlimited"
+        )
     return [
-        f"{path}: request {request!r} sets computeLimitPercent {percent}, but {why}: the share gets the GPU's "
-        "compute unlimited; only the mps tier applies it, as the MPS active thread percentage (MPS GPUs, attribute "
-        f"mps: ask the DeviceClass {MPS_DEVICE_CLASS_NAME}{_MPS_CLASS_MISSING if offered.get('mps-class') is False else ''}"
-        "), and the hami-core tier, as CUDA_DEVICE_SM_LIMIT"
+        *out,
+        f"{path}: request {request!r} {said}; only the mps tier applies it, as the MPS active thread percentage (MPS "
+        f"GPUs, attribute mps: ask the DeviceClass {MPS_DEVICE_CLASS_NAME}"
+        f"{_MPS_CLASS_MISSING if offered.get('mps-class') is False else ''}), and the hami-core tier, as "
+        "CUDA_DEVICE_SM_LIMIT",
     ]
 
 

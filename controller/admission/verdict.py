@@ -3,15 +3,17 @@
 A claim spec concerns us when a request (or a `firstAvailable` alternative) names our DeviceClass, or an opaque
 config names our driver. Refused: GpuConfig parameters that do not decode strictly, configs that decode one by one
 but merge into an invalid one for some request (merged as the node plugin merges them, api/config_merge.py, with
-our DeviceClass's configs first), capacity requests other than `memory`, and memory amounts that are not positive
-whole numbers of bytes (an `adminAccess` request may ask for 0). Each problem names its field path, as `kubectl`
+our DeviceClass's configs first), capacity requests other than `memory` and `compute` (HAMi's `cores` and
+`gpucores` named as `compute`), memory amounts that are not positive whole numbers of bytes (an `adminAccess`
+request may ask for 0) and compute amounts that are not whole percentages from 0 to 100. Each problem names its field path, as `kubectl`
 users write it, and what is allowed. Warned: requests larger than any published GPU, `enforcement: hami-core`,
 `mps` or `nvml` while no published GPU offers it, and an `mps` request for more than one GPU (the node plugin
 refuses a claim whose MPS shares span GPUs: a CUDA process is the client of one MPS daemon). Warned too, since
 nothing else would say it: settings dropped or changed on the way, namely an opaque config of another driver that
 applies only to requests of our DeviceClasses (the kubelet hands it to no driver that reads it), a memory request
-the published GPUs' `requestPolicy` rounds up (naming the grant), and `computeLimitPercent` that no published GPU
-can apply (only the mps and hami-core tiers do). For users of other drivers: a request without
+the published GPUs' `requestPolicy` rounds up (naming the grant), reserved compute or `computeLimitPercent` that no published
+GPU can apply (only the mps and hami-core tiers do), how `computeLimitPercent` maps beside reserved compute, and
+compute asked without memory (which takes a whole GPU's memory). For users of other drivers: a request without
 `capacity.requests.memory` of a class shared by memory in a ResourceClaim that pods name directly (it takes a
 whole GPU that all of them share; templates, adminAccess requests, the MIG class and kube-scheduler's claim for an
 extended resource are not warned), and a CEL selector of a request of any of our classes that reads an attribute
@@ -34,9 +36,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from api import compute
 from api.config_merge import ConfigEntry, EntryError, MergeError, config_for
 from api.gpu_config import GpuConfigError, decode_gpu_config
-from api.names import MEMORY_CAPACITY
+from api.names import COMPUTE_CAPACITY, MEMORY_CAPACITY
 from api.quantity import format_bytes, parse_quantity
 from controller.admission.selector_names import selector_warnings
 from controller.admission.spec_warnings import (
@@ -113,8 +116,13 @@ def _review_request(
         warnings.append(_ADMIN_WITHOUT_MEMORY.format(path=path, request=request))
     for name, value in requests.items():
         field = f"{path}.capacity.requests.{name}"
+        if name in (COMPUTE_CAPACITY, f"{driver}/{COMPUTE_CAPACITY}"):
+            p, w = _review_compute(value, field, request, admin=admin, memory=_named_memory(requests, driver))
+            problems += p
+            warnings += w
+            continue
         if name not in (MEMORY_CAPACITY, f"{driver}/{MEMORY_CAPACITY}"):
-            problems.append(f"{field}: unknown capacity; {driver} devices offer only {MEMORY_CAPACITY!r}")
+            problems.append(_unknown_capacity(field, name, value, driver))
             continue
         memory, problem = _check_memory(value, field, admin=admin)
         if problem is not None:
@@ -135,6 +143,57 @@ def _review_request(
     return problems, warnings
 
 
+def _named_memory(requests: Mapping[str, Any], driver: str) -> bool:
+    return any(n in (MEMORY_CAPACITY, f"{driver}/{MEMORY_CAPACITY}") for n in requests)
+
+
+def _unknown_capacity(field: str, name: str, value: object, driver: str) -> str:
+    """The refusal of a capacity no fracgpu device offers; HAMi's `cores` is named as `compute`, its equivalent."""
+    offered = f"{driver} devices offer only {MEMORY_CAPACITY!r} and {COMPUTE_CAPACITY!r}"
+    if name.rsplit("/", 1)[-1] in compute.HAMI_NAMES:
+        return (
+            f"{field}: unknown capacity; {offered}: HAMi's {name.rsplit('/', 1)[-1]!r} is {COMPUTE_CAPACITY!r} here "
+            f"(percent of the GPU, 100 per GPU), write capacity.requests.{COMPUTE_CAPACITY}: {value}"
+        )
+    return f"{field}: unknown capacity; {offered}"
+
+
+def _review_compute(
+    value: object, field: str, request: str, *, admin: bool, memory: bool
+) -> tuple[list[str], list[str]]:
+    """A `compute` amount must be a whole percentage of one GPU, 0 to 100; warned: one without `memory`, which takes
+    a whole GPU's memory, and one on an adminAccess request, which reserves nothing."""
+    try:
+        parsed: Decimal = parse_quantity(value)
+    except (ValueError, TypeError, InvalidOperation):
+        parsed = Decimal(-1)
+    if not 0 <= parsed <= compute.TOTAL or parsed != parsed.to_integral_value():
+        return [
+            f"{field}: must be a whole percentage of one GPU's compute from 0 to {compute.TOTAL} (a GPU offers "
+            f"{compute.TOTAL}), got {value!r}"
+        ], []
+    if admin and parsed:
+        return [], [
+            f"{field}: request {request!r} has adminAccess, which reserves no compute, but the scheduler places it "
+            f"only on a GPU with {value} compute free; leave compute out to reach any GPU, busy or not"
+        ]
+    if not memory and not admin:
+        return [], [
+            f"{field}: request {request!r} asks for compute but no capacity.requests.memory, so it is charged the "
+            "GPU's default memory request, all of its memory: it takes a whole GPU that no share can join; ask for "
+            "capacity.requests.memory too (e.g. 10Gi) for a share of compute and memory"
+        ]
+    return [], []
+
+
+def reserved_compute(exact: Mapping[str, Any], driver: str) -> int:
+    """The compute a request asks for (whole percent; 0 when none or not a valid amount)."""
+    requests = (exact.get("capacity") or {}).get("requests") or {}
+    return compute.consumed_percent(
+        {COMPUTE_CAPACITY: requests.get(COMPUTE_CAPACITY, requests.get(f"{driver}/{COMPUTE_CAPACITY}"))}
+    )
+
+
 def _config_problems(problems: tuple[str, ...], path: str) -> list[str]:
     """Prefix GpuConfig decode problems (`field: ...` or `parameters ...`) with the config's path."""
     return [f"{path}.{p}" if p.startswith("parameters") else f"{path}.parameters.{p}" for p in problems]
@@ -146,6 +205,8 @@ def _merged_problems(
     request: str,
     exact: Mapping[str, Any],
     offered: Mapping[str, bool | None],
+    *,
+    driver: str,
 ) -> tuple[list[str], list[str]]:
     """Problems and warnings of the merged GpuConfig of one request (entries that do not decode alone are
     reported where they are, not here)."""
@@ -161,7 +222,7 @@ def _merged_problems(
         if not err.entry.from_class:
             return [], []
         return [], [f"{err.entry.where} is invalid ({err}): claims of it fail to prepare until it is fixed"]
-    compute = compute_warnings(merged, path, request, offered)
+    said = compute_warnings(merged, path, request, offered, reserved_compute(exact, driver))
     if merged.enforcement == "mps":
         warnings = []
         if offered.get("mps") is False:
@@ -183,13 +244,13 @@ def _merged_problems(
             "plugin found the HAMi-core library): the claim's pod fails to start on any node until one does"
         ]
     if merged.enforcement == "nvml" and offered.get("nvml") is False:
-        compute.insert(
+        said.insert(
             0,
             f"{path}: request {request!r} asks for enforcement 'nvml', but no published GPU offers it (attribute "
             "memoryEnforcement; nvml needs cgroup v2, a driver with nvmlDeviceSetMemoryLimits_v1 and driverEdits: "
             "toolkit): the claim's pod fails to start on any node until one does",
         )
-    return [], compute
+    return [], said
 
 
 def is_extended_resource_claim(claim: Mapping[str, Any]) -> bool:
@@ -292,7 +353,7 @@ def review_claim_spec(
                     "mps": mps_offered,
                     "mps-class": mps_class,
                 }
-                p, w = _merged_problems(entries, path, request, exact, offered)
+                p, w = _merged_problems(entries, path, request, exact, offered, driver=driver)
                 problems += p
                 warnings += [x for x in w if x not in warnings]
     return Review(problems=(*problems, *decode_problems), warnings=tuple(warnings))

@@ -14,9 +14,10 @@ from pydantic import BaseModel, ConfigDict
 
 from api import mig
 from api.bounded_json import short_path, skipped_parts
+from api.compute import consumed_percent
 from api.gpu import DEVICE_GONE_CONDITION, ENFORCEMENT_CONDITION, tier_of_reason
 from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION
-from api.names import MEMORY_CAPACITY
+from api.names import COMPUTE_CAPACITY, MEMORY_CAPACITY
 from controller.core.parsing import quantity_bytes, shape_errors
 from controller.core.slices import DeviceKey
 
@@ -35,6 +36,8 @@ class Share(BaseModel):
     share_id: str | None = None
     memory: int | None = None
     """consumedCapacity.memory in bytes; None when the result does not say (then the whole device)."""
+    compute: int = 0
+    """consumedCapacity.compute in whole percent of the GPU (0: none reserved, or an adminAccess result)."""
     admin_access: bool = False
     """The result has `adminAccess: true`: monitoring access that the scheduler does not count against the
     device's capacity. Such a share reserves no memory: the ledger counts it as 0 (and marks it), and the
@@ -62,6 +65,8 @@ class GpuRequest(BaseModel):
     """Its name: `gpu`, or `gpu/large` for a subrequest of `firstAvailable`."""
     memory: int | None = None
     """Its memory amount in bytes; None: none named (each device's `default_request`, a whole GPU)."""
+    compute: int | None = None
+    """Its compute amount in whole percent of a GPU (`capacity.requests.compute`); None: none named (none reserved)."""
     count: int = 1
     """`count` of allocationMode ExactCount: that many distinct devices."""
     all: bool = False
@@ -155,10 +160,11 @@ def _allocated_node(allocation: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _memory(capacities: Mapping[str, Any], driver: str) -> Any:
-    """The `memory` capacity of a capacity map: plain or qualified by our driver's domain (the same capacity)."""
-    value = capacities.get(MEMORY_CAPACITY)
-    return value if value is not None else capacities.get(f"{driver}/{MEMORY_CAPACITY}")
+def _memory(capacities: Mapping[str, Any], driver: str, name: str = MEMORY_CAPACITY) -> Any:
+    """The `memory` (or `name`) capacity of a capacity map: plain or qualified by our driver's domain (the same
+    capacity)."""
+    value = capacities.get(name)
+    return value if value is not None else capacities.get(f"{driver}/{name}")
 
 
 def _cel_selectors(selectors: object) -> tuple[str, ...]:
@@ -173,14 +179,18 @@ def _cel_selectors(selectors: object) -> tuple[str, ...]:
 
 
 def _gpu_request(exact: Mapping[str, Any], name: str, driver: str) -> GpuRequest | None:
-    """The alternative `exact` (None: a memory amount that is not a quantity)."""
-    requested = _memory((exact.get("capacity") or {}).get("requests") or {}, driver)
+    """The alternative `exact` (None: a memory or compute amount that is not a quantity)."""
+    capacities = (exact.get("capacity") or {}).get("requests") or {}
+    requested = _memory(capacities, driver)
     memory = quantity_bytes(requested) if requested is not None else None
-    if requested is not None and memory is None:
+    asked = _memory(capacities, driver, COMPUTE_CAPACITY)
+    compute = quantity_bytes(asked) if asked is not None else None
+    if (requested is not None and memory is None) or (asked is not None and compute is None):
         return None
     return GpuRequest(
         request=name,
         memory=memory,
+        compute=compute,
         count=int(exact.get("count") or 1),
         all=exact.get("allocationMode") == "All",
         admin_access=bool(exact.get("adminAccess")),
@@ -246,6 +256,7 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str | tuple[s
             memory=quantity_bytes(consumed)
             if (consumed := _memory(r.get("consumedCapacity") or {}, driver)) is not None
             else None,
+            compute=0 if r.get("adminAccess") else consumed_percent(r.get("consumedCapacity")),
             admin_access=bool(r.get("adminAccess")),
             mps_binding=ADMITTED_CONDITION in (r.get("bindingConditions") or []),
         )

@@ -12,7 +12,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from api import mig
-from api.names import DRIVER_NAME, MEMORY_CAPACITY
+from api.names import COMPUTE_CAPACITY, DRIVER_NAME, MEMORY_CAPACITY
 from controller.core.parsing import quantity_bytes, shape_errors
 
 DeviceKey = tuple[str, str]
@@ -111,6 +111,9 @@ class DeviceRecord(BaseModel):
     default_request: int = 0
     """What an allocation that names no memory amount consumes of it: its requestPolicy's `default`, or, without a
     policy, all of its memory (0: a policy without a default, not known here)."""
+    compute_total: int | None = None
+    """Its `compute` capacity in percent (100 on a shared GPU, a MIG partition's share; None: not published, an
+    older plugin or a MIG GPU itself)."""
     node_local: bool = True
     """Its ResourceSlice names one node (`spec.nodeName`): a claim's devices of such slices all come from one node."""
 
@@ -177,6 +180,7 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
     for dev in spec.get("devices") or []:
         attributes = dev.get("attributes") or {}
         memory = (dev.get("capacity") or {}).get(MEMORY_CAPACITY) or {}
+        compute = ((dev.get("capacity") or {}).get(COMPUTE_CAPACITY) or {}).get("value")
         total = quantity_bytes(memory.get("value"))
         if total is None:
             continue  # not a GPU shareable by memory: nothing to account
@@ -214,6 +218,7 @@ def slice_view(body: Mapping[str, Any], driver: str) -> SliceView | None:
                 mig_state=_attribute(attributes, mig.STATE_ATTRIBUTE, driver, "string"),
                 taints=tuple(_taint(t, f"ResourceSlice/{slice_name}") for t in dev.get("taints") or []),
                 default_request=total if policy is None else quantity_bytes(policy.get("default")) or 0,
+                compute_total=quantity_bytes(compute) if compute is not None else None,
                 node_local=bool(spec.get("nodeName")),
             )
         )

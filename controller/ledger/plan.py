@@ -166,6 +166,7 @@ def desired_gpu(
     parts = partitions or {}
     claims_on = []
     allocated = 0
+    compute = 0  # percent reserved by the shares of a shared GPU
     used = [0, 0]  # compute, memory slices of the allocated partitions
     for claim, share in sorted(
         shares, key=lambda cs: (cs[0].namespace, cs[0].name, cs[1].request, cs[1].share_id or "")
@@ -175,6 +176,7 @@ def desired_gpu(
         # admin access is not counted against capacity by the scheduler: it reserves nothing
         granted = 0 if share.admin_access else share.memory if share.memory is not None else on.memory_total
         allocated += granted
+        compute += share.compute
         if part is not None and not share.admin_access:
             used[0] += part.compute_slices or 0
             used[1] += part.memory_slices or 0
@@ -188,6 +190,7 @@ def desired_gpu(
                 memory=format_bytes(granted),
                 admin_access=True if share.admin_access else None,
                 enforcement=claim.status_enforcement.get(share.entry_key),
+                compute=share.compute or None,
                 device=part.device if part else None,
                 profile=part.profile if part else None,
                 placement=part.placement if part else None,
@@ -204,6 +207,7 @@ def desired_gpu(
         total_memory=format_bytes(device.memory_total),
         allocated_memory=format_bytes(allocated),
         free_memory=format_bytes(max(0, device.memory_total - allocated)),
+        allocated_compute=compute or None,
         shares=len(claims_on),
         claims=claims_on,
         share_enforcement=share_enforcement(claims_on),

@@ -16,8 +16,11 @@ Every claim made is true over the published inventory (what is allocated already
 not an impossible one): a device is ruled out only by a selector that evaluates to false; a selector that cannot
 be evaluated (controller/status/selectors.py) is assumed to rule nothing out, which can only widen what is
 searched, so the conclusion holds whatever it decides; the message then says which selector was assumed so,
-counts the devices it leaves as "at most", and says the requests "would" fit alone only under that assumption. A constraint whose attribute some candidate does not carry as a bool, int or string (a version, a list)
-is left out of the search. Rounding up to a request policy's step is not counted (it only adds memory).
+counts the devices it leaves as "at most", and says the requests "would" fit alone only under that assumption. A
+constraint whose attribute some candidate does not carry as a bool, int or string (a version, a list) is left out
+of the search. Rounding up to a request policy's step is not counted (it only adds memory). A request that fits
+by memory and selectors but asks for more `compute` than any GPU it can use publishes (`compute_short`: none
+published by an older node plugin) is named too; compute is not part of the search of requests together.
 """
 
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
@@ -196,6 +199,22 @@ def _alone(m: GpuRequest, devices: Sequence[DeviceRecord], checks: _Checks) -> s
         f"{_asks(m)}, but a claim's GPUs all come from one node, and no node has {need} GPUs it can use (GPUs "
         f"its selectors and its DeviceClass's do not rule out{larger}): the most on one node is {up_to}{most} "
         f"(node {node}), of {up_to}{_gpus(sum(on_node.values()))} it can use{not_evaluated}"
+    )
+
+
+def compute_short(m: GpuRequest, devices: Sequence[DeviceRecord], checks: _Checks) -> str | None:
+    """Why no device the alternative may use offers the compute it asks for (a GPU offers 100, a MIG partition its
+    slices' share; a device of an older node plugin none); None when one does or it asks for none."""
+    if not m.compute:
+        return None
+    usable = [d for d in devices if checks.fits(m, d)]
+    if any(d.compute_total is not None and d.compute_total >= m.compute for d in usable):
+        return None
+    offered = [d.compute_total for d in usable if d.compute_total is not None]
+    most = f"the most any of them offers is {max(offered)}" if offered else "none of them publishes compute"
+    return (
+        f"{_asks(m)} and compute {m.compute} (percent of a GPU), but of the {_gpus(len(usable))} it can use {most} "
+        "(a shared GPU offers 100, a MIG partition its compute slices' share; an older node plugin publishes none)"
     )
 
 
@@ -400,7 +419,7 @@ def plan_unsatisfiable(
     for alternatives in claim.requests:
         if alternatives[0].request in told:
             continue
-        reasons = [_alone(m, devices, checks) for m in alternatives]
+        reasons = [_alone(m, devices, checks) or compute_short(m, devices, checks) for m in alternatives]
         if all(r is not None for r in reasons):
             because = "; or ".join(r for r in reasons if r is not None)
             out.append(Unsatisfiable(request=alternatives[0].request, message=prefix + because))

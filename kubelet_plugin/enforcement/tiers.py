@@ -7,7 +7,8 @@ Tiers, weakest first:
   soft: a workload can drop the preload;
 - ``mps``: the share is a CUDA MPS client of its GPU's control daemon (``kubelet_plugin/mps_supervisor``), which the
   GPU's EXCLUSIVE_PROCESS compute mode makes the only way onto that GPU. The grant is the client's pinned device
-  memory limit and ``computeLimitPercent`` its active thread percentage, both in the client's environment,
+  memory limit and its compute ceiling (reserved ``compute``, or ``computeLimitPercent``: ``api/compute.py``) its
+  active thread percentage, both in the client's environment,
   where CUDA lets a process lower them but not raise them above what the GPU's daemon sets: the daemon holds
   the ceiling (the largest grant and percentage on that GPU), the environment each share's own value. Stronger
   than hami-core (the driver applies it, no preload to drop), weaker than nvml (within the ceiling a workload

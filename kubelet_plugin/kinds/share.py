@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from api import compute
 from api.gpu_config import GpuConfig
 from kubelet_plugin.core.model import GpuInfo, MigRecord
 from kubelet_plugin.enforcement.tiers import Tier
@@ -37,6 +38,14 @@ class Share:
     partition: PreparedPartition | None = None
     attributes: Mapping[str, meta.Attribute] = field(default_factory=dict)
     """The device's attributes as its ResourceSlice publishes them, as device metadata says them."""
+    compute_percent: int = 0
+    """The GPU compute the scheduler reserved for it (``consumedCapacity.compute``, percent; 0: none asked)."""
+
+    @property
+    def compute_ceiling(self) -> int | None:
+        """The compute percentage a tier that enforces compute (mps, hami-core) gives it: the reservation, or
+        ``computeLimitPercent`` when no larger (``api.compute.ceiling``); None: neither, the GPU's default."""
+        return compute.ceiling(self.compute_percent, self.config.compute_limit_percent)
 
     @property
     def base_request(self) -> str:

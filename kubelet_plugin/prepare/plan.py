@@ -287,7 +287,7 @@ def _device_info(share: Share, driver: str, uid: str) -> info.DeviceInfo:
         cdi_device=cdi.cdi_device_id(driver, uid, share.device, share.share_id),
         env_prefix=prefix,
         enforcement=share.tier,
-        active_thread_percentage=share.config.compute_limit_percent if share.tier == "mps" else None,
+        active_thread_percentage=share.compute_ceiling if share.tier == "mps" else None,
         mig=_mig_info(share.partition.record) if share.partition is not None else None,
         admin_access=share.admin,
     )

@@ -1,5 +1,6 @@
-"""The node plugin's part of a claim's `status.devices`: the `Ready` and `MemoryEnforcement` conditions and, for a
-MIG partition, `MigPartition`, by server-side apply.
+"""The node plugin's part of a claim's `status.devices`: the `Ready` and `MemoryEnforcement` conditions, for a share
+that reserved GPU compute `ComputeEnforcement` (its ceiling, or that nothing enforces it) and, for a MIG partition,
+`MigPartition`, by server-side apply.
 
 Field manager `fracgpu-kubelet-plugin` owns only the conditions of this driver's entries; the controller
 (`fracgpu-controller`) owns their `data` (an atomic field) and copies the tier of `MemoryEnforcement` and the MIG
@@ -23,8 +24,15 @@ from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from api import compute
 from api.config_merge import EntryError, allocation_entries, config_for
-from api.gpu import ENFORCEMENT_CONDITION, ENFORCEMENT_REASONS
+from api.gpu import (
+    COMPUTE_CONDITION,
+    COMPUTE_NOT_ENFORCED,
+    COMPUTE_REASONS,
+    ENFORCEMENT_CONDITION,
+    ENFORCEMENT_REASONS,
+)
 from api.gpu_config import GpuConfigError
 from api.kube_errors import ApiError, ApiTransient, UndecodableResponse
 from api.kube_rest import KubeRest, claim_path
@@ -64,7 +72,8 @@ def is_ready(
     claim: dict[str, Any], driver: str, tiers: Tiers | None = None, partitions: Partitions | None = None
 ) -> bool:
     """True when every entry of `driver` in status.devices already has Ready=True, covers the results and
-    (given `tiers`) reports the same MemoryEnforcement tier and (given `partitions`) the same MIG UUID."""
+    (given `tiers`) reports the same MemoryEnforcement tier, for a result that reserved compute the same
+    ComputeEnforcement status, and (given `partitions`) the same MIG UUID."""
     results = [r for r in claim["status"]["allocation"]["devices"]["results"] if r["driver"] == driver]
     ready = {
         _key(d)
@@ -74,7 +83,26 @@ def is_ready(
         and (tiers is None or _has(d, ENFORCEMENT_CONDITION, *_enforcement_status(tiers.get(_key(d), "none"))))
         and _has_partition(d, (partitions or {}).get(_key(d)))
     }
-    return all(_key(r) in ready for r in results)
+    entries = {_key(d): d for d in claim["status"].get("devices") or []} if tiers is not None else {}
+    return all(
+        _key(r) in ready
+        and (
+            tiers is None
+            or not _reserved(r)
+            or _has(entries[_key(r)], COMPUTE_CONDITION, *_compute_status(tiers.get(_key(r), "none")))
+        )
+        for r in results
+    )
+
+
+def _reserved(result: Mapping[str, Any]) -> int:
+    """The compute a result reserved (percent; 0 for none, and for an adminAccess result, which reserves nothing)."""
+    return 0 if result.get("adminAccess") is True else compute.consumed_percent(result.get("consumedCapacity"))
+
+
+def _compute_status(tier: str) -> tuple[str, str]:
+    reason = COMPUTE_REASONS.get(tier)
+    return ("True", reason) if reason is not None else ("False", COMPUTE_NOT_ENFORCED)
 
 
 def _enforcement_status(tier: str) -> tuple[str, str]:
@@ -95,7 +123,8 @@ def _enforcement_message(tier: str) -> str:
     if tier == "mps":
         return (
             "GPU memory and compute limited by CUDA MPS: the grant is the client's pinned device memory limit and "
-            "computeLimitPercent its active thread percentage (CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, "
+            "the compute ceiling (reserved compute, or computeLimitPercent) its active thread percentage "
+            "(CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, "
             "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); a process that rewrites them gets at most the largest grant and "
             "percentage on its GPU, which its MPS daemon holds"
         )
@@ -134,10 +163,53 @@ def _compute_not_enforced(percent: int) -> str:
 
 
 def _mps_limits(claim: dict[str, Any], result: Mapping[str, Any], driver: str) -> str:
-    """`MPS limits: memory <grant>, active threads <percentage>` of one mps share, from its allocation."""
+    """`MPS limits: memory <grant>, active threads <percentage>` of one mps share, from its allocation (the
+    percentage: its compute ceiling, ``api.compute.ceiling``)."""
     memory = (result.get("consumedCapacity") or {}).get("memory", "the whole GPU")
-    percent = _compute_percent(claim, result, driver)
+    percent = compute.ceiling(_reserved(result), _compute_percent(claim, result, driver))
     return f"MPS limits: memory {memory}, active threads {f'{percent} %' if percent else 'the GPU default'}"
+
+
+def _compute_condition(
+    claim: dict[str, Any], result: Mapping[str, Any], driver: str, tier: str
+) -> tuple[str, str, str]:
+    """(status, reason, message) of the ComputeEnforcement condition of a result that reserved compute."""
+    reserved = _reserved(result)
+    limit = _compute_percent(claim, result, driver)
+    top = compute.ceiling(reserved, limit)
+    status, reason = _compute_status(tier)
+    said = f"{reserved} % of the GPU's compute reserved (consumedCapacity.compute: the scheduler places at most 100 % on a GPU)"
+    if limit is not None and limit < reserved:
+        said += f"; computeLimitPercent {limit} sets the ceiling below it"
+    elif limit is not None and limit > reserved:
+        said += f"; computeLimitPercent {limit} is above the reservation, so the ceiling is the reservation"
+    if tier == "mps":
+        return (
+            status,
+            reason,
+            (
+                f"{said}; ceiling {top} % as the MPS client's active thread percentage "
+                "(CUDA_MPS_ACTIVE_THREAD_PERCENTAGE), which a process can lower but not raise above the largest "
+                "percentage on its GPU, held by the GPU's MPS daemon"
+            ),
+        )
+    if tier == "hami-core":
+        return (
+            status,
+            reason,
+            (
+                f"{said}; ceiling {top} % of the GPU's streaming multiprocessors as HAMi-core's CUDA_DEVICE_SM_LIMIT, "
+                "in the process (a workload that drops the preload is not limited)"
+            ),
+        )
+    return (
+        status,
+        reason,
+        (
+            f"{said}; not enforced on tier {tier}: nothing limits this share's compute (only mps, on MPS GPUs of "
+            f"DeviceClass {MPS_DEVICE_CLASS_NAME}, and hami-core apply a compute ceiling)"
+        ),
+    )
 
 
 def apply_ready(
@@ -151,7 +223,8 @@ def apply_ready(
     admin_on_mps: AdminOnMps = (),
 ) -> None:
     """Set Ready=True, MemoryEnforcement (from `tiers`, default none; an adminAccess result's message says what
-    admin access gives, on an MPS GPU (`admin_on_mps`) also what it does not) and, for a MIG partition
+    admin access gives, on an MPS GPU (`admin_on_mps`) also what it does not), ComputeEnforcement on a result
+    that reserved compute (its ceiling on mps and hami-core, else that nothing enforces it) and, for a MIG partition
     (`partitions`), MigPartition (message: its MIG UUID) on each of `driver`'s status.devices entries of `claim`
     (server-side apply)."""
     now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
@@ -190,6 +263,18 @@ def apply_ready(
                 "observedGeneration": generation,
             },
         ]
+        if _reserved(result):
+            status, reason, message = _compute_condition(claim, result, driver, tier)
+            entry["conditions"].append(
+                {
+                    "type": COMPUTE_CONDITION,
+                    "status": status,
+                    "reason": reason,
+                    "message": message,
+                    "lastTransitionTime": now,
+                    "observedGeneration": generation,
+                }
+            )
         record = (partitions or {}).get(_key(result))
         if record is not None:
             entry["conditions"].append(

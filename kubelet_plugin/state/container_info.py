@@ -5,7 +5,8 @@ their env (the last device wins a name) and keeps one mount per container path. 
 each container that gets the device, and nothing is an aggregate over "all GPUs of the container":
 
 - per-device env ``FRACGPU_DEV_<KEY>_{UUID,MEMORY_LIMIT_MIB,CLAIM,REQUEST,ENFORCEMENT,SHARE_ID}`` (and
-  ``ACTIVE_THREAD_PERCENTAGE`` for an mps share with computeLimitPercent, ``MIG_DEVICE`` and ``MIG_PROFILE`` for a
+  ``ACTIVE_THREAD_PERCENTAGE`` for an mps share with a compute ceiling (reserved compute or computeLimitPercent),
+  ``MIG_DEVICE`` and ``MIG_PROFILE`` for a
   MIG partition: its MIG UUID and profile; its ``UUID`` is the physical GPU's as for any device; ``ADMIN_ACCESS=true``
   for an adminAccess allocation, whose ``MEMORY_LIMIT_MIB`` is the whole GPU's, none of it reserved), ``<KEY>`` being
   the CDI device name (``<claimUID>-<device>[-<shareID>]``) upper-cased with ``-`` as ``_``: unique per device,
@@ -99,7 +100,8 @@ class DeviceInfo(_Model):
     active_thread_percentage: int | None = Field(
         None,
         alias="activeThreadPercentage",
-        description="mps tier: the client's active thread percentage (computeLimitPercent; None: the GPU's default)",
+        description="mps tier: the client's active thread percentage (its compute ceiling: the reserved compute, or "
+        "computeLimitPercent when no larger; None: the GPU's default)",
     )
     mig: MigInfo | None = Field(None, description="a MIG partition: which (memoryMiB is then its memory)")
     admin_access: bool = Field(

@@ -533,7 +533,9 @@ BAD_CLAIMS: list[tuple[str, dict[str, Any], str]] = [
                 }
             ],
         ),
-        "spec.devices.requests[0].exactly.capacity.requests.cores: unknown capacity; gpu.fracgpu.dev devices offer only 'memory'",
+        "spec.devices.requests[0].exactly.capacity.requests.cores: unknown capacity; gpu.fracgpu.dev devices offer only "
+        "'memory' and 'compute': HAMi's 'cores' is 'compute' here (percent of the GPU, 100 per GPU), write "
+        "capacity.requests.compute: 2",
     ),
     (
         "bad alternative",

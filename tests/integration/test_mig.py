@@ -209,6 +209,31 @@ def test_the_scheduler_takes_the_smallest_partition_that_holds_the_request(
     _release(api_client, dyn, namespace)
 
 
+def test_a_compute_request_on_the_mig_class_selects_a_partition_with_at_least_that_share(
+    node: MigNode, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+) -> None:
+    """A partition publishes `compute` (its compute slices' share of its GPU, in percent) but is allocated whole: the
+    scheduler reads a request's `compute` as a floor, as it reads `memory` there, and the smallest partition that
+    has it is the first fit (1g: 14, 2g: 28, 3g: 42 of an H100's 7 slices)."""
+    body = kube.claim_template("compute30", MIG_DEVICE_CLASS_NAME, None)
+    body["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": {"compute": "30"}}
+    kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaimTemplate").create(namespace=namespace, body=body)
+    core = client.CoreV1Api(api_client)
+    core.create_namespaced_pod(namespace, kube.pod_with_claim("compute30", "compute30", node.node))
+    claims = kube.resource(dyn, "resource.k8s.io/v1", "ResourceClaim")
+    allocated = kube.wait_for(
+        lambda: [
+            c for c in claims.get(namespace=namespace).to_dict()["items"] if (c.get("status") or {}).get("allocation")
+        ],
+        60,
+        what="the compute claim",
+    )
+    assert _device(allocated[0]) == mig.partition_device_name(1, "3g.40gb", 4)
+    (result,) = allocated[0]["status"]["allocation"]["devices"]["results"]
+    assert not result.get("consumedCapacity"), "a partition is allocated whole: nothing is consumed of it"
+    _release(api_client, dyn, namespace)
+
+
 def test_prepare_makes_the_partition_and_unprepare_destroys_it(
     node: MigNode, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
 ) -> None:

@@ -1,5 +1,5 @@
-"""A whole GPU's part of a claim's plan (pure): the share of a result on a GPU (its grant, config and published
-attributes), the enforcement tier of each share from what the node offers, and the edits of the tiers this kind
+"""A whole GPU's part of a claim's plan (pure): the share of a result on a GPU (its memory grant, reserved compute,
+config and published attributes), the enforcement tier of each share from what the node offers, and the edits of the tiers this kind
 applies itself (``nvml``: NVIDIA's memory-limit hook; ``hami-core``: HAMi-core's preload, cache and limits).
 The ``mps`` tier's edits are the MPS kind's (``kinds/mps/plan.py``).
 
@@ -11,6 +11,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
+from api.compute import consumed_percent
 from api.gpu_config import GpuConfig
 from api.names import MEMORY_CAPACITY
 from api.quantity import MiB, to_bytes
@@ -58,14 +59,17 @@ def gpu_share(
             "(DeviceClass mig.gpu.fracgpu.dev); a claim that tolerates its taint gpu.fracgpu.dev/mig-parent "
             "gets nothing: ask for a MIG partition, or a GPU not named in mig.gpus",
         )
-    consumed = (result.get("consumedCapacity") or {}).get(MEMORY_CAPACITY)
+    capacities = result.get("consumedCapacity")
+    consumed = (capacities or {}).get(MEMORY_CAPACITY)
+    admin = result.get("adminAccess") is True
     granted = (
         to_bytes(consumed)
-        if consumed is not None and result.get("adminAccess") is not True
+        if consumed is not None and not admin
         else usable_memory(gpu, settings.memory_step_bytes, settings.memory_reserve_bytes)
     )  # an adminAccess result reaches the whole GPU, whatever it asked the scheduler for
     attributes = published_attributes(gpu, hami_core_installed, published)
-    return Share(result, gpu, granted // MiB, config, attributes=attributes)
+    reserved = 0 if admin else consumed_percent(capacities)  # a monitor reserves nothing
+    return Share(result, gpu, granted // MiB, config, attributes=attributes, compute_percent=reserved)
 
 
 def with_tiers(shares: list[Share], settings: Settings, tiers: Mapping[str, GpuTiers], uid: str) -> list[Share]:
@@ -127,8 +131,8 @@ def tier_edits(share: Share, group: Sequence[Share], settings: Settings, claim_u
         for i, s in enumerate(group):
             edits.env[f"CUDA_DEVICE_MEMORY_LIMIT_{i}"] = f"{s.memory_mib}m"
         edits.env["CUDA_DEVICE_MEMORY_SHARED_CACHE"] = f"{HAMI_CACHE_IN_CONTAINER}/vgpu.cache"
-        if share.config.compute_limit_percent is not None:
-            edits.env["CUDA_DEVICE_SM_LIMIT"] = str(share.config.compute_limit_percent)
+        if (percent := share.compute_ceiling) is not None:
+            edits.env["CUDA_DEVICE_SM_LIMIT"] = str(percent)
     return edits
 
 

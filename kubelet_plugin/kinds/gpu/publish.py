@@ -1,4 +1,5 @@
-"""What a whole GPU publishes (pure): a device shareable by ``memory`` in steps, with its identity, place,
+"""What a whole GPU publishes (pure): a device shareable by ``memory`` in steps and by ``compute`` in percent
+(``api/compute.py``), with its identity, place,
 enforcement tier and HAMi-core availability. The attributes are also what a claim's device metadata says
 (``prepare/plan.py`` reads them through ``GpuAttributes``, computed once per GPU and tier).
 
@@ -7,8 +8,9 @@ May import: ``enforcement``, ``core``, ``api``.
 
 from typing import Any
 
+from api import compute
 from api import mig as names
-from api.names import MEMORY_CAPACITY
+from api.names import COMPUTE_CAPACITY, MEMORY_CAPACITY
 from api.quantity import format_bytes
 from kubelet_plugin.core.attributes import identity_attributes
 from kubelet_plugin.core.model import GpuInfo
@@ -30,7 +32,8 @@ def gpu_entry(
     *,
     taints: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
-    """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes; `hami_core`: the
+    """One `spec.devices[]` entry: a GPU shareable by `memory` in steps of `step` bytes and by `compute` (100,
+    consumed only when a request asks for it: ``api.compute.gpu_capacity``); `hami_core`: the
     node can enforce limits with HAMi-core (its library is installed), published as attribute `hamiCore`;
     `enforcement`: the GPU's memory-enforcement tier (``GpuTiers.published``), attribute `memoryEnforcement`, and
     whether it is an MPS GPU, attribute `mps` (an MPS GPU's server capacity: ``kinds/mps/publish.py``);
@@ -57,7 +60,7 @@ def gpu_entry(
             ENFORCEMENT_ATTRIBUTE: {"string": enforcement},
             MPS_ATTRIBUTE: {"bool": enforcement == "mps"},
         },
-        "capacity": {MEMORY_CAPACITY: capacity},
+        "capacity": {MEMORY_CAPACITY: capacity, COMPUTE_CAPACITY: compute.gpu_capacity()},
     }
     if taints:
         entry["taints"] = taints

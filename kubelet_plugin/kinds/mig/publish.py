@@ -11,8 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from api import compute
 from api import mig as names
-from api.names import MEMORY_CAPACITY
+from api.names import COMPUTE_CAPACITY, MEMORY_CAPACITY
 from api.quantity import format_bytes
 from kubelet_plugin.core.attributes import identity_attributes
 from kubelet_plugin.core.model import GpuInfo, MigGpu, MigProfile
@@ -30,11 +31,18 @@ class MigDevice:
     gpu: GpuInfo
     profile: MigProfile
     start: int
+    total_compute_slices: int = 0
+    """Its GPU's compute slices (0: not known)."""
 
     @property
     def memory(self) -> int:
         """The published `memory` capacity (bytes): exactly the partition's memory."""
         return names.partition_memory(self.profile.memory_mib)
+
+    @property
+    def compute(self) -> int:
+        """The published `compute` capacity (percent): its compute slices' share of its GPU's, rounded down."""
+        return compute.partition_percent(self.profile.compute_slices, self.total_compute_slices)
 
 
 def mig_devices(gpus: list[GpuInfo], mig: Mapping[str, MigGpu]) -> list[MigDevice]:
@@ -45,7 +53,7 @@ def mig_devices(gpus: list[GpuInfo], mig: Mapping[str, MigGpu]) -> list[MigDevic
     leave the low placements, where the large profiles fit. On one GPU a profile's memory grows with its memory
     slices, so the first partition that holds a request is also the one of least memory that does."""
     out = [
-        MigDevice(names.partition_device_name(g.index, p.name, start), g, p, start)
+        MigDevice(names.partition_device_name(g.index, p.name, start), g, p, start, facts.compute_slices)
         for g in gpus
         if (facts := mig.get(g.device_name)) is not None and facts.state == "enabled"
         for p in facts.profiles
@@ -95,7 +103,9 @@ def parent_entry(
 
 
 def partition_entry(device: MigDevice, *, taints: list[dict[str, str]] | None = None) -> dict[str, Any]:
-    """One possible partition: its profile, placement and memory, consuming its slices of its GPU's counters."""
+    """One possible partition: its profile, placement, memory and compute (its slices' share of its GPU, in percent,
+    as a whole GPU's `compute` capacity counts it, so that one selector or capacity request reads both kinds),
+    consuming its slices of its GPU's counters."""
     p = device.profile
     counters = {
         names.memory_slice_counter(i): {"value": "1"} for i in range(device.start, device.start + p.memory_slices)
@@ -113,7 +123,10 @@ def partition_entry(device: MigDevice, *, taints: list[dict[str, str]] | None = 
             names.PARTITION_MEMORY_ATTRIBUTE: {"int": p.memory_mib},
             names.MULTIPROCESSORS_ATTRIBUTE: {"int": p.multiprocessors},
         },
-        "capacity": {MEMORY_CAPACITY: {"value": format_bytes(device.memory)}},
+        "capacity": {
+            MEMORY_CAPACITY: {"value": format_bytes(device.memory)},
+            COMPUTE_CAPACITY: {"value": str(device.compute)},
+        },
         "consumesCounters": [{"counterSet": names.counter_set_name(device.gpu.index), "counters": counters}],
     }
     if taints:

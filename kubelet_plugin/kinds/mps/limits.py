@@ -5,7 +5,7 @@ CUDA lets an MPS client lower its pinned device memory limit and active thread p
 environment, never raise them above what its server was given. The node plugin therefore keeps each MPS GPU's
 daemon defaults (which reach servers started later) and its running servers' values (which reach their clients
 that attach later) at the largest grant and the largest percentage among the MPS shares prepared on that GPU
-(100 % when one has none): a share's own environment then gives it its grant, and a workload that rewrites that
+(100 % when one has none; a share's percentage is its compute ceiling, ``api/compute.py``): a share's own environment then gives it its grant, and a workload that rewrites that
 environment gets at most the largest grant of its trust domain on its GPU (only one domain's claims share a
 GPU's daemon). Set before a new share's files are written, lowered after an unprepare, set again when the
 daemon comes back (it starts without one), and read back every refresh: a daemon whose limits differ from what

@@ -55,7 +55,7 @@ def client_edits(share: Share, settings: Settings) -> Edits:
     """What an ``mps`` share's device adds: the client's variables and its GPU's pipe directory and /dev/shm."""
     if share.tier != "mps":
         return Edits()
-    env = mps_env(share.gpu.uuid, share.memory_mib, share.config.compute_limit_percent)
+    env = mps_env(share.gpu.uuid, share.memory_mib, share.compute_ceiling)
     return Edits(env=env, mounts=mps_mounts(settings, share.gpu.uuid))
 
 

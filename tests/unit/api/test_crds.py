@@ -51,6 +51,7 @@ def test_crd_shape() -> None:
         "totalMemory",
         "allocatedMemory",
         "freeMemory",
+        "allocatedCompute",
         "shares",
         "claims",
     } <= set(status["properties"])
@@ -68,6 +69,7 @@ def test_crd_shape() -> None:
         "memory",
         "adminAccess",
         "enforcement",
+        "compute",
         "device",
         "profile",
         "placement",

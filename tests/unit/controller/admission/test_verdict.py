@@ -82,12 +82,24 @@ def test_memory_must_be_a_positive_whole_number_of_bytes(memory: str, expected: 
     assert expected in out.message
 
 
-def test_only_memory_capacity_is_offered() -> None:
-    out = review(spec([req("1Gi", cores="2")]))
+def test_only_memory_and_compute_capacities_are_offered_and_hamis_cores_is_named_compute() -> None:
+    out = review(spec([req("1Gi", cores="30", gpumem="2")]))
     assert out.problems == (
-        "spec.devices.requests[0].exactly.capacity.requests.cores: unknown capacity; gpu.fracgpu.dev devices offer only 'memory'",
+        "spec.devices.requests[0].exactly.capacity.requests.cores: unknown capacity; gpu.fracgpu.dev devices offer "
+        "only 'memory' and 'compute': HAMi's 'cores' is 'compute' here (percent of the GPU, 100 per GPU), write "
+        "capacity.requests.compute: 30",
+        "spec.devices.requests[0].exactly.capacity.requests.gpumem: unknown capacity; gpu.fracgpu.dev devices offer "
+        "only 'memory' and 'compute'",
+    )
+    assert (
+        review(spec([req(None, **{f"{DRIVER_NAME}/gpucores": "30"})]))
+        .problems[0]
+        .endswith(
+            "HAMi's 'gpucores' is 'compute' here (percent of the GPU, 100 per GPU), write capacity.requests.compute: 30"
+        )
     )
     assert review(spec([req(None, **{f"{DRIVER_NAME}/memory": "1Gi"})])).allowed
+    assert review(spec([req("1Gi", **{f"{DRIVER_NAME}/compute": "30"})])) == Review()
 
 
 def test_gpu_config_problems_name_the_field_inside_the_claim() -> None:
@@ -525,6 +537,7 @@ C = f'device.capacity["{DRIVER_NAME}"]'
         (f'{A}.model == "A100"', f"{A}.model", f"{A}.productName"),
         (f"{A}.Productname == 'A100'", f"{A}.Productname", f"{A}.productName"),  # a close spelling
         (f"{C}.gpumem.compareTo(quantity('10Gi')) >= 0", f"{C}.gpumem", f"{C}.memory"),  # HAMi's name
+        (f"{C}.cores.compareTo(quantity('30')) >= 0", f"{C}.cores", f"{C}.compute"),  # HAMi's name
         (f"{A}.memory.compareTo(quantity('10Gi')) >= 0", f"{A}.memory", f"{C}.memory"),  # a capacity, not attribute
         (f'{A}.pcieBusID == "0000:3b:00.0"', f"{A}.pcieBusID", 'device.attributes["resource.kubernetes.io"].pciBusID'),
         (

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 
 from api.names import (
+    COMPUTE_CAPACITY,
     DRIVER_NAME,
     MEMORY_CAPACITY,
     MPS_CLIENTS_CAPACITY,
@@ -79,7 +80,7 @@ def test_device_memory_capacity_and_policy() -> None:
     assert to_bytes(valid["min"]) == 0  # an adminAccess request of memory 0 fits a full GPU
     assert to_bytes(valid["max"]) == to_bytes(cap["value"])
     assert to_bytes(valid["step"]) == STEP
-    assert set(entry["capacity"]) == {MEMORY_CAPACITY}
+    assert set(entry["capacity"]) == {MEMORY_CAPACITY, COMPUTE_CAPACITY}
 
 
 def test_device_memory_with_reserve_and_other_step() -> None:
