@@ -190,6 +190,7 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
     {"name": "Total", "type": "string", "jsonPath": ".status.totalMemory"},
     {"name": "Allocated", "type": "string", "jsonPath": ".status.allocatedMemory"},
     {"name": "Used", "type": "string", "jsonPath": ".status.usage.usedMemory", "priority": 1},
+    {"name": "Compute", "type": "integer", "jsonPath": ".status.allocatedCompute", "priority": 1},
     {"name": "Free", "type": "string", "jsonPath": ".status.freeMemory"},
     {"name": "Shares", "type": "integer", "jsonPath": ".status.shares"},
     {"name": "Enforcement", "type": "string", "jsonPath": ".status.enforcement"},
@@ -201,7 +202,6 @@ PRINTER_COLUMNS: Final[tuple[dict[str, object], ...]] = (
     {"name": "UUID", "type": "string", "jsonPath": ".status.uuid", "priority": 1},
     {"name": "Share-Enforcement", "type": "string", "jsonPath": ".status.shareEnforcement", "priority": 1},
     {"name": "Tainted-By", "type": "string", "jsonPath": ".status.taintedBy", "priority": 1},
-    {"name": "Compute", "type": "integer", "jsonPath": ".status.allocatedCompute", "priority": 1},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 )
 

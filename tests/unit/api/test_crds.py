@@ -34,6 +34,7 @@ def test_crd_shape() -> None:
     assert wide == [
         "NODE",  # the object's name is <node>-<device>
         "USED",
+        "COMPUTE",  # allocated compute, percent of the GPU; blank where no share reserves any
         "TAINTS",  # blank but on tainted GPUs: NoSchedule=1
         "MIG",
         "TRUST-DOMAIN",
