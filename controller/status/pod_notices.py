@@ -1,12 +1,12 @@
 """A claim's Events told on the pods that use it (`ClaimEvents` forwards each Event it posts about a claim here).
 
 Which pods: those the claim names (its owner; when allocated, the pods of `status.reservedFor`), each read by name,
-else (a claim pods name, not allocated) the pods of its namespace not bound to a node, one paged list: no watch of
-every pod in the cluster. `controller.status.pod_events` plans whom to tell; a pod gone is skipped. Each pod is told
+else (a claim pods name, not allocated) the pods of its namespace not bound to a node, one paged list, listed again
+(`RELIST_SECONDS`) while the reason holds (nothing on the claim changes when a pod that names it is made): no
+watch of every pod in the cluster. `controller.status.pod_events` plans whom to tell; a pod gone is skipped. Each pod is told
 each (claim, key) once: the Event's name is derived from (claim uid, key, pod uid), so a post repeated after a
 restart meets AlreadyExists. A pod over its `PodRateLimit` is told later, once the limit allows and if the reason
-still holds (the claim is reconciled again then); the list for a claim pods name is read again at most every half
-`--resync`, so a pod made after the Event was posted hears it by the next resync.
+still holds (the claim is reconciled again then).
 """
 
 import dataclasses
@@ -22,6 +22,10 @@ from controller.core.kube import describe
 from controller.status.pod_events import PodRateLimit, PodView, claim_pods, plan_pod_events, pod_view
 
 log = logging.getLogger(__name__)
+RELIST_SECONDS = (5.0, 30.0)
+"""When the unbound pods of a namespace are listed again for a claim they may name that still has a reason to tell:
+the first time after this long (pods applied with their claim are made just after it), then every so long (a pod
+made later hears the reason within that)."""
 
 
 @dataclasses.dataclass
@@ -29,11 +33,13 @@ class _Told:
     """Where telling one (claim, key) to its pods stands."""
 
     pods: set[str] = dataclasses.field(default_factory=set)
-    """Uids of the pods told (or read and found not concerned)."""
-    looked: float = -math.inf
-    """When the claim's pods were last read (monotonic)."""
+    """Uids of the pods told (or read by name and found gone or not concerned)."""
+    lists: int = 0
+    """How many times the namespace's unbound pods were listed for it (a claim pods name, not allocated)."""
+    due: float = -math.inf
+    """When to list them again (monotonic)."""
     complete: bool = False
-    """Every pod planned at that read was told."""
+    """Every pod planned at the last read was told."""
 
 
 class PodNotices:
@@ -45,6 +51,7 @@ class PodNotices:
         self._recheck = recheck
         self._told: dict[str, dict[tuple[str, ...], _Told]] = {}
         self.limit = PodRateLimit()
+        self.relist = RELIST_SECONDS
 
     def forget(self, uid: str) -> None:
         """The claim is deleted."""
@@ -60,7 +67,7 @@ class PodNotices:
             unread = [p for p in named if p.uid not in told.pods]
             if told.complete and not unread:
                 return True
-        elif told.complete and now - told.looked < self._context.settings.resync_seconds / 2:
+        elif told.complete and now < told.due:
             return True
         try:
             pods = await self._read(claim, [p.name for p in unread] if named is not None else None)
@@ -69,7 +76,11 @@ class PodNotices:
                 "could not read the pods of a claim", extra={"claim": "/".join(claim.key), "error": describe(err)}
             )
             return False
-        told.looked = now
+        if named is None:  # pods made since: no claim event will say so
+            told.lists += 1
+            delay = self.relist[min(told.lists, len(self.relist)) - 1]
+            told.due = now + delay
+            self._recheck(claim.key, delay)
         planned = {e.pod.uid: e for e in plan_pod_events(claim, key, reason, message, pods)}
         if named is not None:  # read by name and gone, or not concerned: nothing to tell
             told.pods |= {p.uid for p in unread if p.uid not in planned}

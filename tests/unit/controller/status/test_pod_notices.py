@@ -73,8 +73,9 @@ def test_a_pod_gone_or_bound_is_skipped_quietly_and_not_read_again() -> None:
     run(test)
 
 
-def test_the_pods_that_name_a_pending_claim_hear_it_and_one_made_later_by_the_next_resync() -> None:
+def test_the_pods_that_name_a_pending_claim_hear_it_and_one_made_later_within_a_relist() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        controller.status.events.pods.relist = (0.3, 0.6)
         for body in (
             pod_body("a", named={"data": "shared"}),
             pod_body("b", named={"data": "shared"}),
@@ -82,18 +83,23 @@ def test_the_pods_that_name_a_pending_claim_hear_it_and_one_made_later_by_the_ne
             pod_body("other", named={"data": "another"}),
         ):
             put_pod(writer, body)
-        key = world.put(claim("shared", requests=TOO_BIG))
-        assert await controller.status.reconcile(key)
+        await controller.start()
+        controller.claim_changed(world.put(claim("shared", requests=TOO_BIG)))
+        await eventually(lambda: bool(writer.pod_events))
         assert on_pods(writer) == [("a", REASON_UNSATISFIABLE), ("b", REASON_UNSATISFIABLE)]
         assert writer.pod_reads == [("list", "ns")]
-        put_pod(writer, pod_body("late", named={"data": "shared"}))
-        assert await controller.status.reconcile(key)
-        assert len(writer.pod_reads) == 1, "not listed again before half a resync"
-        await asyncio.sleep(0.11)
-        assert await controller.status.reconcile(key)
+        put_pod(writer, pod_body("late", named={"data": "shared"}))  # nothing on the claim changes
+        await asyncio.sleep(0.1)
+        assert len(writer.pod_reads) == 1, "not listed again before the relist"
+        await eventually(lambda: len(writer.pod_events) == 3)
         assert on_pods(writer) == [(p, REASON_UNSATISFIABLE) for p in ("a", "b", "late")]
+        assert len(writer.pod_reads) == 2
+        await asyncio.sleep(0.3)
+        assert len(writer.pod_reads) == 2, "then less often"
+        await eventually(lambda: len(writer.pod_reads) == 3)
+        assert len(writer.pod_events) == 3, "listed again, nobody told twice"
 
-    run(test, resync_seconds=0.2)
+    run(test)
 
 
 def test_a_device_gone_is_told_to_the_pods_that_hold_the_claim() -> None:
