@@ -39,7 +39,7 @@ class _Told:
     due: float = -math.inf
     """When to list them again (monotonic)."""
     complete: bool = False
-    """Every pod planned at the last read was told."""
+    """Every pod planned at the last list was told (a pod read by name stays unread until it is told)."""
 
 
 class PodNotices:
@@ -65,7 +65,7 @@ class PodNotices:
         now = time.monotonic()
         if named is not None:
             unread = [p for p in named if p.uid not in told.pods]
-            if told.complete and not unread:
+            if not unread:
                 return True
         elif told.complete and now < told.due:
             return True
