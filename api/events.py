@@ -1,7 +1,9 @@
 """core/v1 Events, built and posted one way by both components (what `kubectl describe` shows under Events).
 
 `event_body` builds an Event about one object; `post_event` creates it and says whether it exists now. An Event
-goes to the namespace of the object it is about (`default` for a cluster-scoped one, as kubectl looks there).
+goes to the namespace of the object it is about (`default` for a cluster-scoped one, as kubectl looks there). Its
+message is made one line here, for every Event of both components (`one_line`: `kubectl get events` shows a
+message up to its first newline).
 Imports only `api.kube_rest`.
 """
 
@@ -16,6 +18,12 @@ from api.kube_rest import KubeRest
 log = logging.getLogger(__name__)
 MESSAGE_LIMIT = 1024
 """The longest message the API server keeps in an Event (longer ones are cut here)."""
+
+
+def one_line(message: str) -> str:
+    """`message` with every run of whitespace (newlines and tabs included, as in a CEL selector quoted from a
+    claim that spans lines) made one space, and none at either end."""
+    return " ".join(message.split())
 
 
 def involved_object(
@@ -53,7 +61,8 @@ def event_body(
 ) -> dict[str, Any]:
     """The Event `reason` about `involved`, reported by `component` (`instance`: which replica or node; `host`:
     the node, for a node agent). `name`: the Event's name (a deterministic one makes a repeated post meet
-    AlreadyExists); None: the API server picks one after `<involved name>.`."""
+    AlreadyExists); None: the API server picks one after `<involved name>.`. The message is made one line
+    (`one_line`) and cut to `MESSAGE_LIMIT`."""
     at = (now or datetime.datetime.now(datetime.UTC)).astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     namespace = involved.get("namespace") or "default"
     metadata = {"name": name} if name else {"generateName": f"{involved['name']}."}
@@ -61,7 +70,7 @@ def event_body(
         "metadata": {**metadata, "namespace": namespace},
         "involvedObject": dict(involved),
         "reason": reason,
-        "message": message[:MESSAGE_LIMIT],
+        "message": one_line(message)[:MESSAGE_LIMIT],
         "type": type_,
         "source": {"component": component, **({"host": host} if host else {})},
         "reportingComponent": component,

@@ -101,6 +101,15 @@ class DeviceClassView(BaseModel):
     """`opaque.parameters` of its config entries for our driver, in order."""
 
 
+class PodRef(BaseModel):
+    """A pod a claim names: its controlling owner, or one its `status.reservedFor` lists."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    uid: str
+
+
 class ClaimView(BaseModel):
     """The part of a ResourceClaim that concerns our driver."""
 
@@ -118,6 +127,10 @@ class ClaimView(BaseModel):
     extended_resource: bool = False
     """kube-scheduler made it for the pod's extended resource (annotation
     `resource.kubernetes.io/extended-resource-claim: "true"`): whole GPUs by design, its spec the scheduler's."""
+    pod_uid: str = ""
+    """The uid of that owner pod (empty when there is none)."""
+    reserved: tuple[PodRef, ...] = ()
+    """The pods `status.reservedFor` lists: those that hold the claim (allocated, and being bound or running)."""
     shares: tuple[Share, ...] = ()
     requests: tuple[tuple[GpuRequest, ...], ...] = ()
     """Per request all of whose alternatives name one of our classes: its alternatives (one for `exactly`, several
@@ -229,12 +242,21 @@ def device_class_view(body: Mapping[str, Any], driver: str) -> DeviceClassView:
     )
 
 
-def _owner_pod(meta: Mapping[str, Any]) -> str | None:
-    """The name of the pod a `metadata` names as its controlling owner, if any."""
+def _owner_pod(meta: Mapping[str, Any]) -> PodRef | None:
+    """The pod a `metadata` names as its controlling owner, if any."""
     for ref in meta.get("ownerReferences") or []:
         if ref.get("controller") and ref.get("kind") == "Pod" and ref.get("apiVersion") == "v1":
-            return str(ref["name"])
+            return PodRef(name=str(ref["name"]), uid=str(ref.get("uid") or ""))
     return None
+
+
+def _reserved_pods(status: Mapping[str, Any]) -> tuple[PodRef, ...]:
+    """The pods of `status.reservedFor` (entries of other resources are left out)."""
+    return tuple(
+        PodRef(name=str(r["name"]), uid=str(r.get("uid") or ""))
+        for r in status.get("reservedFor") or []
+        if isinstance(r, Mapping) and r.get("resource") == "pods" and not r.get("apiGroup") and r.get("name")
+    )
 
 
 @shape_errors("ResourceClaim")
@@ -318,14 +340,17 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str | tuple[s
         for c in d.get("conditions") or []
         if isinstance(c, Mapping) and c.get("type") in (ADMITTED_CONDITION, CONFLICT_CONDITION)
     }
+    owner = _owner_pod(meta)
     return ClaimView(
         namespace=str(meta.get("namespace", "")),
         name=str(meta.get("name", "")),
         uid=str(meta.get("uid", "")),
         allocated=allocation is not None,
         node=_allocated_node(allocation) if allocation else None,
-        pod=_owner_pod(meta),
         extended_resource=(meta.get("annotations") or {}).get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true",
+        pod=owner.name if owner else None,
+        pod_uid=owner.uid if owner else "",
+        reserved=_reserved_pods(status),
         shares=shares,
         requests=tuple(requests),
         constraints=_constraints(spec_devices.get("constraints")),

@@ -11,7 +11,7 @@ from collections.abc import Callable, Collection, Coroutine, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol, TypeVar
 
-from controller.core.claims import ClaimView, DeviceClassView
+from controller.core.claims import ClaimView, DeviceClassView, PodRef
 from controller.core.settings import Settings
 from controller.core.slices import SliceView, TaintRuleView
 
@@ -32,6 +32,19 @@ class Writer(Protocol):
 
         True once it exists (or can never be posted); False when a retry may succeed.
         """
+        ...
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The Pod `name` as the API server has it now (None: there is none). Raises on other API errors."""
+        ...
+
+    def list_unbound_pods(self, namespace: str) -> list[dict[str, Any]]:
+        """The Pods of `namespace` not bound to a node (`spec.nodeName` empty). Raises on API errors."""
+        ...
+
+    def post_pod_event(self, namespace: str, pod: PodRef, about: tuple[str, ...], reason: str, message: str) -> bool:
+        """Post the Event `about` (a claim uid and its Event's key) on `pod` (idempotent per pod uid and `about`);
+        never raises. True once it exists (or can never be posted); False when a retry may succeed."""
         ...
 
     def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:

@@ -1,9 +1,10 @@
 """The controller's writes to the API server (blocking calls; run them in threads).
 
 Reads come from kopf's watches and indexes (but for a DeviceTaintRule read back by name after a create met
-AlreadyExists); everything written goes through here: server-side apply of claim status and GPU objects, GPU
-deletion, the MPS GPUs' DeviceTaintRules, and Events on claims and on those rules. Plain JSON through `api.kube_rest`
-(the generated per-method client layer costs tens of MiB of memory).
+AlreadyExists, and the pods a claim's Event concerns: read by name, or a namespace's pods not bound to a node);
+everything written goes through here: server-side apply of claim status and GPU objects, GPU deletion, the MPS
+GPUs' DeviceTaintRules, and Events on claims, on the pods that use them and on those rules. Plain JSON through
+`api.kube_rest` (the generated per-method client layer costs tens of MiB of memory).
 """
 
 import contextlib
@@ -24,7 +25,7 @@ from api.kube_errors import ApiError, ApiNotFound
 from api.kube_rest import KubeConnection, KubeRest, claim_path
 from api.mps_trust import TAINT_RULES_PATH as TAINT_RULES
 from api.names import API_GROUP
-from controller.core.claims import ClaimView
+from controller.core.claims import ClaimView, PodRef
 from controller.core.settings import COMPONENT, FIELD_MANAGER, Settings
 
 
@@ -96,8 +97,19 @@ def event_name(claim: ClaimView, key: tuple[str, ...]) -> str:
     The same claim (uid) and key always give the same name, so a retried or restarted post meets
     AlreadyExists instead of duplicating the Event.
     """
-    digest = hashlib.sha256("\x00".join((claim.uid, *key)).encode()).hexdigest()[:16]
-    return f"{claim.name[: 253 - 17].rstrip('-.')}.{digest}"
+    return _derived_name(claim.name, (claim.uid, *key))
+
+
+def _derived_name(name: str, parts: tuple[str, ...]) -> str:
+    """`<name>.<hash of parts>`, at most 253 characters."""
+    digest = hashlib.sha256("\x00".join(parts).encode()).hexdigest()[:16]
+    return f"{name[: 253 - 17].rstrip('-.')}.{digest}"
+
+
+def pod_event_name(pod: PodRef, about: tuple[str, ...]) -> str:
+    """Deterministic name of the Event `about` (a claim uid and its Event's key) on `pod`: `<pod>.<hash>` of the
+    pod's uid and `about`, so a repeated post meets AlreadyExists."""
+    return _derived_name(pod.name, (pod.uid, *about))
 
 
 def post_claim_event(
@@ -114,6 +126,17 @@ def post_claim_event(
     body = event_body(
         involved, reason, message, component=COMPONENT, instance=_INSTANCE, type_=type_, name=event_name(claim, key)
     )
+    return post_event(rest, body)
+
+
+def post_pod_event(
+    rest: KubeRest, namespace: str, pod: PodRef, about: tuple[str, ...], *, reason: str, message: str
+) -> bool:
+    """Post a Warning core/v1 Event about a Pod (what `kubectl describe pod` shows), named after (pod uid,
+    `about`); never raises. True and False as `post_claim_event`."""
+    involved = involved_object("v1", "Pod", pod.name, namespace=namespace, uid=pod.uid)
+    name = pod_event_name(pod, about)
+    body = event_body(involved, reason, message, component=COMPONENT, instance=_INSTANCE, name=name)
     return post_event(rest, body)
 
 
@@ -152,6 +175,25 @@ class KubeWriter:
 
     def post_claim_event(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
         return post_claim_event(self.rest, claim, key, reason=reason, message=message)
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            return self.rest.get(f"/api/v1/namespaces/{namespace}/pods/{name}")
+        except ApiNotFound:
+            return None
+
+    def list_unbound_pods(self, namespace: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        query: dict[str, Any] = {"fieldSelector": "spec.nodeName=", "limit": 500}
+        while True:
+            page = self.rest.get(f"/api/v1/namespaces/{namespace}/pods", **query)
+            items += page.get("items") or []
+            query["continue"] = (page.get("metadata") or {}).get("continue")
+            if not query["continue"]:
+                return items
+
+    def post_pod_event(self, namespace: str, pod: PodRef, about: tuple[str, ...], reason: str, message: str) -> bool:
+        return post_pod_event(self.rest, namespace, pod, about, reason=reason, message=message)
 
     def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:
         selector = f"{HEARTBEAT_LABEL}={self.driver}"

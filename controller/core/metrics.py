@@ -45,6 +45,16 @@ LOOP_LAG_SECONDS = Histogram(
 )
 LEDGER_OBJECTS = Gauge("fracgpu_controller_gpus", "GPU objects in the desired ledger")
 EVENTS = Counter("fracgpu_controller_events_total", "Events posted on claims", ["reason"])
+POD_EVENTS = Counter(
+    "fracgpu_controller_pod_events_total",
+    "Events posted on pods: a claim's Event told to a pod it concerns",
+    ["reason"],
+)
+POD_EVENTS_DEFERRED = Counter(
+    "fracgpu_controller_pod_events_deferred_total",
+    "Events on pods held back by the per-pod rate limit (told later if still true)",
+    ["reason"],
+)
 OBJECTS_SKIPPED = Counter(
     "fracgpu_controller_objects_skipped_total",
     "Objects read with parts skipped (reason deep: nested deeper than the decoder keeps; number: an integer too "

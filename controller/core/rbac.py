@@ -43,8 +43,11 @@ def cluster_role_rules(
             "verbs": ["get", "list", "watch", "create", "patch", "delete"],
         },
         {"apiGroups": [API_GROUP], "resources": [f"{GPU_PLURAL}/status"], "verbs": ["patch"]},
-        # Events on claims
+        # Events on claims and on the pods that use them
         {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+        # the pods a claim's Event concerns: its owner and those holding it by name, a namespace's unbound pods by a
+        # list (no watch: the controller keeps no copy of the cluster's pods)
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
         # DeviceTaintRules: the taints they put on our devices (the ledger's status.taints); with mps, each MPS GPU's
         # rule, its trust domain (read back by name as a list: no get)
         {"apiGroups": ["resource.k8s.io"], "resources": ["devicetaintrules"], "verbs": ["list", "watch"]},

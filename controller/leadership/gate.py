@@ -14,7 +14,7 @@ from typing import Any
 from api.events import event_body, involved_object, post_event
 from api.kube_errors import ApiError
 from api.kube_rest import KubeRest
-from controller.core.claims import ClaimView
+from controller.core.claims import ClaimView, PodRef
 from controller.core.context import Writer
 from controller.core.settings import COMPONENT
 from controller.leadership.election import LeaderElector
@@ -84,6 +84,17 @@ class GatedWriter:
         if not self._leading():
             return False  # the next leader posts it (Event names are deterministic: no duplicate)
         return self.writer.post_claim_event(claim, key, reason, message)
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return self.writer.read_pod(namespace, name)  # a read: not gated
+
+    def list_unbound_pods(self, namespace: str) -> list[dict[str, Any]]:
+        return self.writer.list_unbound_pods(namespace)  # a read: not gated
+
+    def post_pod_event(self, namespace: str, pod: PodRef, about: tuple[str, ...], reason: str, message: str) -> bool:
+        if not self._leading():
+            return False  # as post_claim_event
+        return self.writer.post_pod_event(namespace, pod, about, reason, message)
 
 
 def lease_event(lease: dict[str, Any], identity: str, now: datetime.datetime) -> dict[str, Any]:

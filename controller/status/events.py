@@ -8,7 +8,9 @@ request that names no memory and so waits for a whole GPU while shares hold ever
 `WholeGpuRequested` are told once per request.
 
 Event names are derived from (claim uid, key), so a post repeated after a restart meets AlreadyExists and counts as
-posted; a key is remembered only once its post succeeded.
+posted; a key is remembered only once its post succeeded. Every Event posted here (the MPS trust domains' through
+`tell`), but for `UnreadableClaimParts` (about the claim's text, not what its pods wait for), is also told to the
+pods it concerns (`controller.status.pod_notices`).
 """
 
 import logging
@@ -24,6 +26,7 @@ from controller.nodes.plan import NodeGonePlan, node_gone_message
 from controller.status.feasibility import plan_unsatisfiable, selected_by
 from controller.status.mig_only import plan_mig_unpublished
 from controller.status.mig_room import plan_mig_fragmented
+from controller.status.pod_notices import PodNotices
 from controller.status.whole_gpu import plan_whole_gpu
 
 log = logging.getLogger(__name__)
@@ -49,11 +52,13 @@ class ClaimEvents:
         self._posted: dict[str, set[tuple[str, ...]]] = {}  # claim uid -> event keys already posted
         self._missing_since: dict[tuple[str, str, str], float] = {}  # (uid, pool, device) -> monotonic
         self._whole: dict[str, ClaimKey] = {}  # uid -> key of pending claims with requests that name no memory
+        self.pods = PodNotices(context, recheck)
 
     def forget(self, uid: str, *, posted: bool) -> None:
         """The claim left the index (`posted=False`: it may come back; its Events stay told) or is deleted."""
         if posted:
             self._posted.pop(uid, None)
+            self.pods.forget(uid)
         self._whole.pop(uid, None)
         for k in [k for k in self._missing_since if k[0] == uid]:
             del self._missing_since[k]
@@ -73,16 +78,23 @@ class ClaimEvents:
         for a whole GPU changes when a share of a GPU is allocated or freed."""
         return list(self._whole.values())
 
-    async def _post_once(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
-        """Post the Event `key` unless it was posted already; False when the post failed (retry later)."""
-        if key in self._posted.get(claim.uid, ()):
-            return True
-        if not await self._context.run(self._context.writer.post_claim_event, claim, key, reason, message):
-            return False
-        self._posted.setdefault(claim.uid, set()).add(key)
-        metrics.EVENTS.labels(reason).inc()
-        log.warning(message, extra={"claim": f"{claim.namespace}/{claim.name}", "reason": reason})
-        return True
+    async def tell(self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str) -> bool:
+        """Post the Event `key` about `claim` once and tell it to the pods it concerns; False when some post failed
+        (retry later)."""
+        return await self._post_once(claim, key, reason, message)
+
+    async def _post_once(
+        self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str, *, pods: bool = True
+    ) -> bool:
+        """Post the Event `key` unless it was posted already, then (`pods`) tell it to the pods it concerns
+        (`PodNotices`); False when a post failed (retry later)."""
+        if key not in self._posted.get(claim.uid, ()):
+            if not await self._context.run(self._context.writer.post_claim_event, claim, key, reason, message):
+                return False
+            self._posted.setdefault(claim.uid, set()).add(key)
+            metrics.EVENTS.labels(reason).inc()
+            log.warning(message, extra={"claim": f"{claim.namespace}/{claim.name}", "reason": reason})
+        return not pods or await self.pods.tell(claim, key, reason, message)
 
     async def _device_gone(self, claim: ClaimView, missing: tuple[Share, ...]) -> bool:
         ok = True
@@ -183,4 +195,5 @@ class ClaimEvents:
             + f". The rest of the claim is handled as usual; GpuConfig parameters may nest at most "
             f"{MAX_PARAMETERS_DEPTH} levels"
         )
-        return await self._post_once(claim, (REASON_SKIPPED_PARTS, *claim.skipped), REASON_SKIPPED_PARTS, message)
+        key = (REASON_SKIPPED_PARTS, *claim.skipped)
+        return await self._post_once(claim, key, REASON_SKIPPED_PARTS, message, pods=False)

@@ -3,7 +3,7 @@
 `controller.mps`: the trust domain and the binding condition decided) from the indexes, applies them when they
 differ, and posts the Events the claim needs (`ClaimEvents`, and `MpsTrustDomainConflict` for a refused share,
 `MpsTrustDomainWaiting` for a pending claim that only other trust domains' MPS GPUs have room for, among the GPUs
-its selectors leave it: `controller.status.feasibility.selected_by`).
+its selectors leave it: `controller.status.feasibility.selected_by`; each told to the claim's pods too).
 
 A failed write or Event post is retried with the queue's backoff, up to `MAX_ATTEMPTS` times; a write the API server
 could not take now (`ApiTransient`: throttled, unavailable, no answer) is delayed, not dropped: retried without
@@ -138,7 +138,6 @@ class StatusManager:
             metrics.STATUS_WRITE_SECONDS.observe(time.monotonic() - started)
         missing = tuple(s for s in plan.missing if s not in gone.shares)
         posted = await self.events.post(claim, missing, gone) and told
-        post = self._context.writer.post_claim_event
         notices: list[tuple[tuple[str, ...], str, str]] = [
             ((CONFLICT_REASON, pool, device, share), CONFLICT_REASON, message)
             for (pool, device, share), message in refusals(mps)
@@ -147,5 +146,5 @@ class StatusManager:
             selected = selected_by(self._context.claim_classes(), driver)
             notices += [((WAITING_REASON, r, m), WAITING_REASON, m) for r, m in self._mps.waiting(claim, selected)]
         for about, reason, message in notices:
-            posted = await self._context.run(post, claim, about, reason, message) and posted
+            posted = await self.events.tell(claim, about, reason, message) and posted
         return posted

@@ -1043,6 +1043,9 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
         # the controller: reads claims and slices, writes its driver's status.devices data on any node's claims
         controller.get(f"/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims")
         controller.get(SLICES)
+        # ... reads pods (those a claim's Event concerns: by name, a namespace's unbound ones), never watches them
+        controller.get(f"/api/v1/namespaces/{ns}/pods", fieldSelector="spec.nodeName=")
+        refused(partial(next, controller.watch(f"/api/v1/namespaces/{ns}/pods", 1)))
         own = {k: v for k, v in ours.items() if k in ("driver", "pool", "device", "shareID")} | {
             "data": {"node": node_a}
         }

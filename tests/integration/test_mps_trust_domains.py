@@ -131,8 +131,10 @@ def device_of(claim: dict[str, Any]) -> str:
     return str(result["device"])
 
 
-def events(api_client: client.ApiClient, namespace: str, reason: str) -> list[str]:
-    listed = client.CoreV1Api(api_client).list_namespaced_event(namespace, field_selector=f"reason={reason}")
+def events(api_client: client.ApiClient, namespace: str, reason: str, kind: str = "ResourceClaim") -> list[str]:
+    """The messages of the Events `reason` about objects of `kind` (claims; the pods hear each one too)."""
+    selector = f"reason={reason},involvedObject.kind={kind}"
+    listed = client.CoreV1Api(api_client).list_namespaced_event(namespace, field_selector=selector)
     return [e.message for e in listed.items]
 
 
@@ -183,6 +185,10 @@ def test_namespaces_are_kept_apart_on_mps_gpus_and_a_third_waits_until_one_frees
     assert (
         f"this claim of namespace {c} waits" in told[0] and f"namespace {a}" in told[0] and f"namespace {b}" in told[0]
     )
+    on_pod = wait(controller, lambda: events(api_client, c, "MpsTrustDomainWaiting", "Pod"), 30, "it on the pod")
+    claim_c = claim_of(dyn, c, "p-c")["metadata"]["name"]
+    on_claim = events(api_client, c, "MpsTrustDomainWaiting")
+    assert {f"claim 'gpu' (ResourceClaim {claim_c}): {m}" for m in on_claim} >= set(on_pod), on_pod
     assert not bound(api_client, c, "p-c")
 
     core = client.CoreV1Api(api_client)

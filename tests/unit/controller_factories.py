@@ -9,7 +9,8 @@ from typing import Any
 from api.kube_errors import api_error
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from api.quantity import GiB, MiB
-from controller.core.claims import ClaimView, claim_view
+from controller.core.claims import ClaimView, PodRef, claim_view
+from controller.core.kube import pod_event_name
 from controller.core.slices import SliceView, TaintRuleView, slice_view
 from controller.ledger.plan import ExistingGpu
 from kubelet_plugin.core.model import GpuInfo
@@ -114,6 +115,18 @@ class FakeWriter:
         """(verb, name) of each DeviceTaintRule write, in order: create, apply, delete."""
         self.rule_events: list[tuple[str, str, str, str]] = []
         """(rule name, uid, reason, message) of each Event posted about a DeviceTaintRule."""
+        self.pods: dict[tuple[str, str], dict[str, Any]] = {}
+        """The Pods as the API server has them, by (namespace, name): what `read_pod` and `list_unbound_pods`
+        answer."""
+        self.pod_reads: list[tuple[str, str]] = []
+        """("get", name) or ("list", namespace) of each pod read, in order."""
+        self.pod_fail: list[Exception] = []
+        """Errors the next pod reads raise, in turn."""
+        self.pod_events: dict[str, tuple[str, str, str, str]] = {}
+        """Events on pods as the API server keeps them, by Event name: (pod name, pod uid, reason, message); a post
+        of an existing name creates nothing (AlreadyExists counts as posted)."""
+        self.pod_event_results: list[bool] = []
+        """The next pod Event posts answer these in turn (False: failed, nothing created)."""
 
     def _maybe_fail(self) -> None:
         if self.fail:
@@ -138,6 +151,24 @@ class FakeWriter:
         if self.event_results and not self.event_results.pop(0):
             return False
         self.events.append((claim.name, reason, message))
+        return True
+
+    def read_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        self.pod_reads.append(("get", name))
+        if self.pod_fail:
+            raise self.pod_fail.pop(0)
+        return self.pods.get((namespace, name))
+
+    def list_unbound_pods(self, namespace: str) -> list[dict[str, Any]]:
+        self.pod_reads.append(("list", namespace))
+        if self.pod_fail:
+            raise self.pod_fail.pop(0)
+        return [b for (ns, _), b in self.pods.items() if ns == namespace and not b["spec"].get("nodeName")]
+
+    def post_pod_event(self, namespace: str, pod: PodRef, about: tuple[str, ...], reason: str, message: str) -> bool:
+        if self.pod_event_results and not self.pod_event_results.pop(0):
+            return False
+        self.pod_events.setdefault(pod_event_name(pod, about), (pod.name, pod.uid, reason, message))
         return True
 
     def list_heartbeats(self, namespace: str) -> list[dict[str, Any]]:

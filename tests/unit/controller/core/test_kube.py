@@ -6,8 +6,15 @@ from typing import Any
 
 from api.kube_errors import api_error
 from api.kube_rest import KubeRest
-from controller.core.claims import ClaimView
-from controller.core.kube import KubeWriter, event_name, post_claim_event, post_taint_rule_event
+from controller.core.claims import ClaimView, PodRef
+from controller.core.kube import (
+    KubeWriter,
+    event_name,
+    pod_event_name,
+    post_claim_event,
+    post_pod_event,
+    post_taint_rule_event,
+)
 
 #: kube-apiserver's answer to a create in a namespace being deleted (its NamespaceLifecycle admission plugin)
 TERMINATING = {
@@ -108,3 +115,48 @@ def test_an_event_about_a_taint_rule_names_it_in_namespace_default() -> None:
         "uid": "uid-r",
     }
     assert (body["type"], body["reason"], body["message"]) == ("Warning", "MpsTaintRuleRestored", "was deleted")
+
+
+def test_pod_events_are_named_after_the_pod_uid_and_the_claims_event_and_are_one_line() -> None:
+    rest = FakeRest()
+    pod = PodRef(name="p", uid="uid-p")
+    about = ("uid-1", *KEY)
+    fake: KubeRest = rest  # type: ignore[assignment]  # duck-typed: only create() is used
+    assert post_pod_event(fake, "ns", pod, about, reason=KEY[0], message="selector a ==\n  1 matches none")
+    ((path, body),) = rest.created
+    assert path == "/api/v1/namespaces/ns/events"
+    assert body["metadata"] == {"name": pod_event_name(pod, about), "namespace": "ns"}
+    assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "ns", "uid": "uid-p"}
+    assert body["message"] == "selector a == 1 matches none"
+    assert pod_event_name(pod, about).startswith("p.")
+    assert pod_event_name(PodRef(name="p", uid="uid-p2"), about) != pod_event_name(pod, about), "a new pod"
+    assert pod_event_name(pod, ("uid-2", *KEY)) != pod_event_name(pod, about), "another claim"
+    exists: KubeRest = FakeRest(api_error(409, "AlreadyExists"))  # type: ignore[assignment]
+    assert post_pod_event(exists, "ns", pod, about, reason="R", message="m"), "posted before: counts as posted"
+
+
+class PagedPods:
+    """Answers pod reads as the API server does: a GET of a missing pod is NotFound, a list comes in pages."""
+
+    def __init__(self, pages: list[list[str]]) -> None:
+        self.pages = pages
+        self.queries: list[tuple[str, dict[str, Any]]] = []
+
+    def get(self, path: str, **query: Any) -> dict[str, Any]:
+        self.queries.append((path, query))
+        if not path.endswith("/pods"):
+            raise api_error(404, "NotFound")
+        page = int(query.get("continue") or 0)
+        more = {"continue": str(page + 1)} if page + 1 < len(self.pages) else {}
+        return {"metadata": more, "items": [{"metadata": {"name": n}} for n in self.pages[page]]}
+
+
+def test_unbound_pods_are_listed_page_by_page_and_a_missing_pod_reads_as_none() -> None:
+    rest = PagedPods([["a", "b"], ["c"]])
+    writer = KubeWriter.__new__(KubeWriter)
+    writer.rest = rest  # type: ignore[assignment]  # duck-typed: get()
+    assert [p["metadata"]["name"] for p in writer.list_unbound_pods("ns")] == ["a", "b", "c"]
+    assert [q.get("continue") for _, q in rest.queries] == [None, "1"]
+    assert all(q["fieldSelector"] == "spec.nodeName=" for _, q in rest.queries)
+    assert writer.read_pod("ns", "gone") is None
+    assert rest.queries[-1][0] == "/api/v1/namespaces/ns/pods/gone"
