@@ -10,78 +10,35 @@ not: the driver (harness/mocknvml: the daemon, the server and libcuda enforce th
 
 import json
 import os
+import re
 import signal
-import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from e2e import workloads as w
-from e2e.install import CHART, NAMESPACE, PROFILE, RELEASE, Installation
-from harness.mocknvml import read_profile
-
-MPS_CLASS = "mps.gpu.fracgpu.dev"
-UUID = read_profile(PROFILE)["gpu.0.uuid"]
-SMS = int(read_profile(PROFILE)["gpu.0.sm_count"])
-SUPERVISOR = "app.kubernetes.io/component=mps"
-PLUGIN = "app.kubernetes.io/component=kubelet-plugin"
-
-
-def mps_root(installation: Installation) -> Path:
-    return installation.cluster.short_dir / "mps"
-
-
-def _upgrade(installation: Installation, gpus: str) -> None:
-    """`helm upgrade --reuse-values` with `mps.gpus` = `gpus`, then until the plugin has rolled."""
-    root = mps_root(installation)
-    values = [
-        f"mps.gpus={gpus}", f"mps.root={root}", "mps.hostNetwork=true", "mps.metricsPort=0",
-        "deviceClass.mps.create=true",
-        f"mps.extraEnv[0].name=FRACGPU_MOCK_NVML_PROFILE,mps.extraEnv[0].value=/opt/fracgpu/nvml-host/{PROFILE.name}",
-        # the mock driver's "kernel" state (compute modes, which server holds a GPU) and its device nodes
-        f"mps.extraEnv[1].name=FRACGPU_MOCK_NVML_STATE_DIR,mps.extraEnv[1].value={root}",
-        "mps.extraEnv[2].name=FRACGPU_MOCK_NVML_DEV_ROOT,mps.extraEnv[2].value=/driver-root",
-        "mps.extraEnv[3].name=FRACGPU_REFRESH,mps.extraEnv[3].value=1",
-    ]  # fmt: skip
-    installation.helm(
-        "upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values",
-        *[arg for v in values for arg in ("--set-string" if v.startswith(("mps.gpus", "mps.extraEnv")) else "--set", v)],
-        "--wait", "--timeout=300s",
-    )  # fmt: skip
-    installation.cluster.kubectl("rollout", "status", "-n", NAMESPACE, plugin_daemonset(installation), "--timeout=300s")
-
-
-def plugin_daemonset(installation: Installation) -> str:
-    (name,) = installation.cluster.kubectl(
-        "get", "daemonset", "-n", NAMESPACE, "-l", PLUGIN, "-o", "name"
-    ).stdout.split()
-    return name
-
-
-def status(installation: Installation) -> dict[str, Any]:
-    found: dict[str, Any] = json.loads((mps_root(installation) / UUID / "status.json").read_text())
-    return found
-
-
-def wait_for(what: str, check: Any, timeout: float = 120) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            value = check()
-        except (OSError, ValueError, KeyError):
-            value = None
-        if value:
-            return value
-        time.sleep(0.5)
-    raise TimeoutError(f"not within {timeout} s: {what}")
-
-
-def compute_mode(installation: Installation) -> int:
-    path = mps_root(installation) / f"compute_mode.{UUID}"
-    return int(path.read_text().strip()) if path.exists() else 0
+from e2e.install import NAMESPACE, Installation
+from e2e.mps import (
+    MPS_CLASS,
+    PLUGIN,
+    SMS,
+    SUPERVISOR,
+    UUID,
+    compute_mode,
+    control,
+    control_of,
+    gpu_status,
+    mps_gpu_of,
+    mps_root,
+    mps_template,
+    plugin_daemonset,
+    status,
+    upgrade,
+    wait_for,
+)
 
 
 @pytest.fixture(scope="module")
@@ -89,33 +46,16 @@ def mps_gpu0(installation: Installation) -> Iterator[None]:
     """The release with both GPUs MPS GPUs (GPU 0 takes the first namespace's pods); MPS off again afterwards,
     whatever happened."""
     try:
-        _upgrade(installation, "all")
+        upgrade(installation, "all")
         wait_for("GPU 0's daemon running", lambda: status(installation)["state"] == "running")
         yield
     finally:
-        _upgrade(installation, "")
+        upgrade(installation, "")
         cluster = installation.cluster
         wait_for(
             "the fracgpu-mps pod gone",
             lambda: not cluster.kubectl("get", "pods", "-n", NAMESPACE, "-l", SUPERVISOR, "-o", "name").stdout,
         )
-
-
-def control(installation: Installation, *commands: str) -> str:
-    """The host's (mock) driver control client against GPU 0's daemon."""
-    env = {"CUDA_MPS_PIPE_DIRECTORY": str(mps_root(installation) / UUID / "pipe"), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(
-        [str(installation.driver.mps_control)], input="".join(f"{c}\n" for c in commands), env=env,
-        capture_output=True, text=True, timeout=10, check=True,
-    )  # fmt: skip
-    return done.stdout
-
-
-def mps_template(name: str, memory: str, percent: int) -> dict[str, Any]:
-    config = {"apiVersion": "fracgpu.dev/v1alpha1", "kind": "GpuConfig", "computeLimitPercent": percent}
-    template = w.claim_template(name, memory, config)
-    template["spec"]["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = MPS_CLASS
-    return template
 
 
 def probe_script(grant_mib: int, raised_mib: int, above_mib: int) -> str:
@@ -285,28 +225,6 @@ sleep 100000
 """
 
 
-def mps_gpu_of(installation: Installation, namespace: str, pod: str) -> tuple[str, str]:
-    """(device, UUID) of the MPS GPU the pod's claim got."""
-    claim = w.claim_of(installation.cluster, namespace, pod)
-    (result,) = claim["status"]["allocation"]["devices"]["results"]
-    device = str(result["device"])
-    return device, read_profile(PROFILE)[f"gpu.{device.removeprefix('gpu-')}.uuid"]
-
-
-def gpu_status(installation: Installation, uuid: str) -> dict[str, Any]:
-    found: dict[str, Any] = json.loads((mps_root(installation) / uuid / "status.json").read_text())
-    return found
-
-
-def control_of(installation: Installation, uuid: str, *commands: str) -> list[str]:
-    env = {"CUDA_MPS_PIPE_DIRECTORY": str(mps_root(installation) / uuid / "pipe"), "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(
-        [str(installation.driver.mps_control)], input="".join(f"{c}\n" for c in commands), env=env,
-        capture_output=True, text=True, timeout=10, check=True,
-    )  # fmt: skip
-    return done.stdout.split()
-
-
 def test_two_namespaces_are_two_trust_domains_that_cannot_reach_each_other(
     installation: Installation, mps_gpu0: None, ns: str
 ) -> None:
@@ -375,3 +293,92 @@ def test_two_namespaces_are_two_trust_domains_that_cannot_reach_each_other(
                           "get_default_active_thread_percentage") == limits_b  # fmt: skip
         again = cluster.kubectl("exec", "-n", other, "tenant-b", "--", "cuda-probe", "1024").stdout
         assert json.loads(again.splitlines()[0])["alloc"]["result"] == "CUDA_SUCCESS", "b lost its MPS server"
+
+
+MIGRATING = Path(__file__).resolve().parents[1] / "docs" / "migrating.md"
+COMPUTE_SCRIPT = """
+echo "PERCENT ${CUDA_MPS_ACTIVE_THREAD_PERCENTAGE-}"
+echo "PROBE $(cuda-probe 1024 2>&1 | tr '\\n' ' ')"
+echo END
+sleep 100000
+"""
+
+
+def compute_template(name: str, percent: int) -> dict[str, Any]:
+    """A 10Gi MPS share of GPU 0 (a selector on its index) reserving `percent` of its compute."""
+    template = w.claim_template(name, "10Gi")
+    exactly = template["spec"]["spec"]["devices"]["requests"][0]["exactly"]
+    exactly["deviceClassName"] = MPS_CLASS
+    exactly["capacity"]["requests"]["compute"] = str(percent)
+    exactly["selectors"] = [{"cel": {"expression": f'device.attributes["{w.DEVICE_CLASS}"].index == 0'}}]
+    return template
+
+
+def page_compute_template() -> dict[str, Any]:
+    """The migration page's ResourceClaimTemplate that asks for `compute` (HAMi-DRA's `cores`, translated), as the
+    page's ```yaml blocks hold it."""
+    blocks = re.findall(r"^```yaml\n(.*?)^```", MIGRATING.read_text(), re.MULTILINE | re.DOTALL)
+    docs = [d for b in blocks for d in yaml.safe_load_all(b) if isinstance(d, dict)]
+    (found,) = [
+        d
+        for d in docs
+        if d.get("kind") == "ResourceClaimTemplate"
+        and any("compute" in r.get("exactly", {}).get("capacity", {}).get("requests", {})
+                for r in d["spec"]["spec"]["devices"]["requests"])
+    ]  # fmt: skip
+    return found
+
+
+def compute_condition(claim: dict[str, Any]) -> dict[str, Any]:
+    """The claim's ComputeEnforcement condition (KeyError while the plugin has not set it)."""
+    conditions = {c["type"]: c for d in claim["status"].get("devices", []) for c in d.get("conditions", [])}
+    found: dict[str, Any] = conditions["ComputeEnforcement"]
+    return found
+
+
+def test_compute_50_twice_fills_an_mps_gpu_and_the_migration_pages_compute_claim_gets_its_percentage(
+    installation: Installation, mps_gpu0: None, ns: str
+) -> None:
+    """Three pods of `compute: 50` (and 10Gi) aimed at GPU 0: two run as MPS clients capped at 50 % (their
+    environment, the SMs the mock libcuda gives them, the daemon's ceiling, ComputeEnforcement), the third stays
+    Pending with its claim unallocated. The migration page's claim (HAMi-DRA's `cores` as `compute`) then lands
+    on GPU 1, GPU 0's compute being spent, and runs at the page's percentage (its `enforcement: hami-core` is
+    below an MPS GPU's floor, so it runs there as an MPS client)."""
+    cluster = installation.cluster
+    page = page_compute_template()
+    (request,) = page["spec"]["spec"]["devices"]["requests"]
+    percent = int(request["exactly"]["capacity"]["requests"]["compute"])
+    w.apply(cluster, ns, compute_template("half", 50), page)
+
+    def pod(name: str, template: str) -> dict[str, Any]:
+        return w.pod(name, {"gpu": template}, {"app": ["gpu"]}, image=installation.workload_image,
+                     script=COMPUTE_SCRIPT)  # fmt: skip
+
+    w.apply(cluster, ns, pod("half-a", "half"), pod("half-b", "half"))
+    w.wait_running(cluster, ns, ["half-a", "half-b"])
+    w.apply(cluster, ns, pod("half-c", "half"))
+    assert "cannot allocate all claims" in w.unschedulable(cluster, ns, "half-c")
+    assert "allocation" not in w.claim_of(cluster, ns, "half-c").get("status", {}), "the third claim is allocated"
+
+    def capped(name: str, share: int) -> str:
+        """The UUID of the pod's GPU, once its container and claim say `share` % of it."""
+        seen = w.cuda_report(cluster, ns, name, timeout=60)
+        assert seen["PERCENT"] == [str(share)], seen
+        probe = json.loads(seen["PROBE"][0])
+        (device,) = probe["devices"]
+        assert probe["alloc"]["result"] == "CUDA_SUCCESS", probe
+        assert device["multiprocessor_count"] == SMS * share // 100, probe
+        condition = wait_for("ComputeEnforcement", lambda: compute_condition(w.claim_of(cluster, ns, name)), 60)
+        assert (condition["status"], condition["reason"]) == ("True", "Mps"), condition
+        assert f"ceiling {share} %" in condition["message"], condition
+        return str(device["uuid"])
+
+    assert [capped(name, 50) for name in ("half-a", "half-b")] == [UUID, UUID]
+    assert control(installation, "get_default_active_thread_percentage").strip() == "50.0"
+
+    w.apply(cluster, ns, pod("page", page["metadata"]["name"]))
+    w.wait_running(cluster, ns, ["page"])
+    device, uuid = mps_gpu_of(installation, ns, "page")
+    assert device == "gpu-1", "GPU 0's compute is all reserved"
+    assert capped("page", percent) == uuid
+    assert control_of(installation, uuid, "get_default_active_thread_percentage") == [f"{percent}.0"]
