@@ -38,7 +38,7 @@ def plan_class_missing(
         if not names or any(n in existing or n not in chart_classes for n in names):
             continue
         clauses = "; ".join(
-            f"DeviceClass {n} selects {chart_classes[n].selects} and is created by the chart value "
+            f"DeviceClass {n} selects {chart_classes[n].selects}, and is created by the chart value "
             f"{chart_classes[n].value}=true"
             for n in names
         )

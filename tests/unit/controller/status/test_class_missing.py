@@ -53,7 +53,7 @@ def test_a_request_of_a_class_the_cluster_lacks_names_it_and_its_chart_value() -
     assert messages(view(exactly("gpu", MPS_DEVICE_CLASS_NAME))) == [
         f"request 'gpu' asks for DeviceClass {MPS_DEVICE_CLASS_NAME}, which this cluster does not have, so no device "
         f"can be allocated to it: DeviceClass {MPS_DEVICE_CLASS_NAME} selects only MPS GPUs, those of chart value "
-        "mps.gpus and is created by the chart value deviceClass.mps.create=true"
+        "mps.gpus, and is created by the chart value deviceClass.mps.create=true"
     ]
     (enforced,) = messages(view(exactly("gpu", ENFORCED)))
     assert "deviceClass.enforced.create=true" in enforced and "\n" not in enforced
