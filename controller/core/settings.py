@@ -4,7 +4,7 @@ import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from api.mps_trust import TrustScope
@@ -173,9 +173,11 @@ class Settings(OptionSettings):
 
     @property
     def claim_classes(self) -> tuple[str, ...]:
-        """Every DeviceClass of ours a claim may name: shares of GPUs (`device_class`), MIG partitions, and the
-        further classes (--extra-device-classes: the chart's enforced and MPS classes), each once."""
-        extra = sorted(self.device_classes - {self.device_class, self.mig_device_class})
+        """Every DeviceClass of ours a claim may name, each once: shares of GPUs (`device_class`), MIG partitions,
+        the further classes (--extra-device-classes) and the chart's optional MPS and enforced classes by their
+        default names, installed or not (a claim of one the cluster lacks is told so: `chart_classes`)."""
+        optional = {f"mps.{self.driver_name}", f"enforced.{self.driver_name}"}
+        extra = sorted({*self.device_classes, *optional} - {self.device_class, self.mig_device_class})
         return (self.device_class, self.mig_device_class, *extra)
 
     @property
@@ -195,6 +197,34 @@ class Settings(OptionSettings):
     def liveness_endpoint(self) -> str | None:
         """kopf's liveness URL, or None when disabled."""
         return f"http://{self.health_address}:{self.health_port}/healthz" if self.health_port else None
+
+
+class ChartClass(BaseModel):
+    """A DeviceClass of ours the chart may create: the chart value that does, and what the class selects."""
+
+    model_config = ConfigDict(frozen=True)
+
+    value: str
+    """The chart value that creates it (`deviceClass.mps.create`)."""
+    selects: str
+    """What it selects, as the message says it (`only the MPS GPUs, those of chart value mps.gpus`)."""
+
+
+def chart_classes(s: Settings) -> dict[str, ChartClass]:
+    """The optional DeviceClasses of `s.claim_classes` the chart creates (all but the GPU class, without which
+    nothing of the driver is allocated), by name, each with its chart value."""
+    return {
+        s.mig_device_class: ChartClass(
+            value="deviceClass.mig.create", selects="only MIG partitions, those of the GPUs of chart value mig.gpus"
+        ),
+        f"mps.{s.driver_name}": ChartClass(
+            value="deviceClass.mps.create", selects="only MPS GPUs, those of chart value mps.gpus"
+        ),
+        f"enforced.{s.driver_name}": ChartClass(
+            value="deviceClass.enforced.create",
+            selects="only GPUs whose memory grants are enforced (attribute memoryEnforcement not none)",
+        ),
+    }
 
 
 def parse_settings(argv: list[str] | None = None) -> Settings:

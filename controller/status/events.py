@@ -4,8 +4,10 @@ told again when its reason changes), a MIG request that waits because every alig
 overlaps an allocated partition (`MigPlacementsFragmented`, told again when the GPUs' state changes), a request for
 MIG partitions where none is published (`MigPartitionsNotPublished`, in place of `UnsatisfiableGpuRequest`), a
 request that names no memory and so waits for a whole GPU while shares hold every GPU it may use
-(`WholeGpuRequested`), parts that could not be decoded (`UnreadableClaimParts`). `MigPartitionsNotPublished` and
-`WholeGpuRequested` are told once per request.
+(`WholeGpuRequested`), a request of a DeviceClass of ours that the cluster lacks (`DeviceClassNotInstalled`, in
+place of every other pending reason: nothing can be allocated before the class exists), parts that could not be
+decoded (`UnreadableClaimParts`). `MigPartitionsNotPublished`, `WholeGpuRequested` and `DeviceClassNotInstalled`
+are told once per request.
 
 Event names are derived from (claim uid, key), so a post repeated after a restart meets AlreadyExists and counts as
 posted; a key is remembered only once its post succeeded. Every Event posted here (the MPS trust domains' through
@@ -21,8 +23,10 @@ from api.gpu_config import MAX_PARAMETERS_DEPTH
 from controller.core import metrics
 from controller.core.claims import ClaimView, Share
 from controller.core.context import ClaimKey, Context
+from controller.core.settings import chart_classes
 from controller.devices.catalogue import DeviceCatalogue
 from controller.nodes.plan import NodeGonePlan, node_gone_message
+from controller.status.class_missing import plan_class_missing
 from controller.status.feasibility import plan_unsatisfiable, selected_by
 from controller.status.mig_only import plan_mig_unpublished
 from controller.status.mig_room import plan_mig_fragmented
@@ -37,6 +41,7 @@ REASON_SKIPPED_PARTS = "UnreadableClaimParts"
 REASON_MIG_FRAGMENTED = "MigPlacementsFragmented"
 REASON_MIG_UNPUBLISHED = "MigPartitionsNotPublished"
 REASON_WHOLE_GPU = "WholeGpuRequested"
+REASON_CLASS_MISSING = "DeviceClassNotInstalled"
 
 
 class ClaimEvents:
@@ -68,6 +73,10 @@ class ClaimEvents:
         those on a deleted node, `gone`); False when some post failed and a later try may succeed."""
         posted = await self._device_gone(claim, missing)
         posted = await self._node_gone(claim, gone) and posted
+        no_class, ok = await self._class_missing(claim)
+        if no_class:
+            self._whole.pop(claim.uid, None)
+            return ok and posted
         told, ok = await self._mig_unpublished(claim)
         posted = await self._unsatisfiable(claim, told) and ok and posted
         posted = await self._fragmented(claim) and posted
@@ -123,6 +132,17 @@ class ClaimEvents:
             return True
         message = node_gone_message(claim, gone.node, self._context.driver)
         return await self._post_once(claim, (REASON_DEVICE_GONE, "node", gone.node), REASON_DEVICE_GONE, message)
+
+    async def _class_missing(self, claim: ClaimView) -> tuple[bool, bool]:
+        """Tell each request of a DeviceClass of ours that the cluster lacks; (whether there is one, whether every
+        post succeeded). Nothing is known before the indexes are populated."""
+        if claim.allocated or not self._context.ready.is_set():
+            return False, True
+        found = plan_class_missing(claim, self._context.claim_classes(), chart_classes(self._context.settings))
+        ok = True
+        for f in found:
+            ok = await self._post_once(claim, (REASON_CLASS_MISSING, f.request), REASON_CLASS_MISSING, f.message) and ok
+        return bool(found), ok
 
     async def _mig_unpublished(self, claim: ClaimView) -> tuple[frozenset[str], bool]:
         """Tell each request that asks for MIG partitions where none is published; (those requests, whether every

@@ -425,7 +425,7 @@ def test_admission_facts_are_published_when_devices_or_the_class_change() -> Non
         classes[MPS_DEVICE_CLASS_NAME] = [DeviceClassView(name=MPS_DEVICE_CLASS_NAME)]
         controller.classes_changed()
         assert controller.admission.mps_class is True
-        assert MPS_DEVICE_CLASS_NAME not in controller.context.claim_classes(), "indexed for advice only"
+        assert MPS_DEVICE_CLASS_NAME in controller.context.claim_classes(), "claims may name it: its selectors apply"
         world.slices.clear()
         controller.slices_changed()
         assert controller.admission.largest is None and controller.admission.nvml is None

@@ -38,7 +38,20 @@ def test_claims_of_every_device_class_of_ours_are_watched() -> None:
         "enforced.gpu.fracgpu.dev",
         "mps.gpu.fracgpu.dev",
     ), "each class once: the default, the MIG class, then the further ones"
-    assert parse_settings([]).claim_classes == ("gpu.fracgpu.dev", "mig.gpu.fracgpu.dev")
+    assert parse_settings([]).claim_classes == (
+        "gpu.fracgpu.dev",
+        "mig.gpu.fracgpu.dev",
+        "enforced.gpu.fracgpu.dev",
+        "mps.gpu.fracgpu.dev",
+    ), "the chart's optional classes are watched without the flag: a claim of one the cluster lacks is told so"
+    assert parse_settings(
+        ["--driver-name=x.dev", "--device-class=x.dev", "--mig-device-class=mig.x.dev"]
+    ).claim_classes == (
+        "x.dev",
+        "mig.x.dev",
+        "enforced.x.dev",
+        "mps.x.dev",
+    )
 
 
 def test_empty_device_gone_grace_falls_back_to_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
