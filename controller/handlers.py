@@ -102,9 +102,11 @@ def operator_settings(
                 fail=settings.webhook_failure_policy == "Fail",
                 check_seconds=settings.webhook_check_seconds,
                 mps_classes=settings.device_classes if settings.mps else (),
+                driver=settings.driver_name,
             ),
             shared=shared,
             shared_check_seconds=settings.webhook_cert_check_seconds,
+            driver=settings.driver_name,
         )
     return out
 

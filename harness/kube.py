@@ -305,18 +305,14 @@ def apply_crd(api_client: client.ApiClient, body: dict[str, Any], timeout: float
 
 
 @contextlib.contextmanager
-def chart_made_webhook_configuration(
-    api_client: client.ApiClient, name: str, *, mutating: bool = False
-) -> Iterator[None]:
-    """The empty ValidatingWebhookConfiguration the chart makes (the controller may only patch it), and with
-    `mutating` the MutatingWebhookConfiguration of MPS GPUs, removed afterwards so that a later `helm install` of
-    the chart can create its own."""
+def chart_made_webhook_configuration(api_client: client.ApiClient, name: str) -> Iterator[None]:
+    """The empty Validating- and MutatingWebhookConfiguration the chart makes (the controller may only patch them),
+    removed afterwards so that a later `helm install` of the chart can create its own."""
     admission = client.AdmissionregistrationV1Api(api_client)
     kinds = [
         (admission.create_validating_webhook_configuration, admission.delete_validating_webhook_configuration),
-        *([(admission.create_mutating_webhook_configuration, admission.delete_mutating_webhook_configuration)]
-          if mutating else []),
-    ]  # fmt: skip
+        (admission.create_mutating_webhook_configuration, admission.delete_mutating_webhook_configuration),
+    ]
     for create, _ in kinds:
         try:
             create({"metadata": {"name": name}})

@@ -4,7 +4,9 @@ kopf generates and serves the certificate; this subclass adds a certificate buil
 here (kopf's uses `certbuilder`), a Service reference instead of a URL, the registration of its client
 config (CA bundle included) in the chart-made webhook configuration (`controller.admission.webhook_config`), and its
 own thread: the server and kopf's admission handling run on an event loop of their own, so that a busy main
-loop (watch events, indexes, the ledger) does not queue admission reviews behind it.
+loop (watch events, indexes, the ledger) does not queue admission reviews behind it. The webhook that rewrites a
+claim's opaque parameters in canonical bytes (`CANONICAL_CLAIMS`) is answered here, not by kopf: kopf builds a
+mutation's JSON-patch by comparing decoded objects, where bytes and key order do not show.
 
 A refusal (`refuse`) is logged by the controller itself; kopf logs every handler's permanent error, and
 `kopf.AdmissionError` is one, at ERROR on `kopf.objects`, formatted into the message, and has neither a setting
@@ -26,8 +28,9 @@ import aiohttp.web
 import kopf
 
 from api import bounded_json
+from controller.admission.canonical import canonical_review
 from controller.admission.certificate import SharedCertificate, self_signed_certificate
-from controller.admission.webhook_config import Registration
+from controller.admission.webhook_config import CANONICAL_CLAIMS, Registration
 from controller.core import kopf_json, metrics
 
 _REFUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("fracgpu_admission_refused", default=False)
@@ -69,7 +72,8 @@ class WebhookServer(kopf.WebhookServer):
     (controller/admission/certificate.py, kept current by `shared.keep` while it serves) or the files `certfile` and
     `pkeyfile` (`--webhook-cert-dir`: the Secret the chart's value `certSecretName` names, mounted in every replica).
     Then the configuration stays registered when one replica stops: the others serve the same CA bundle behind the
-    same Service, and a webhook that fails closed (`webhook_config`) stays closed while none does.
+    same Service, and a webhook that fails closed (`webhook_config`) stays closed while none does. With `driver`, it
+    answers the reviews of `CANONICAL_CLAIMS` for that driver's opaque configs (`controller.admission.canonical`).
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class WebhookServer(kopf.WebhookServer):
         registration: Registration | None = None,
         shared: "SharedCertificate | None" = None,
         shared_check_seconds: float = 3600.0,
+        driver: str | None = None,
         **kwargs: Any,
     ) -> None:
         if shared is not None:
@@ -90,6 +95,7 @@ class WebhookServer(kopf.WebhookServer):
         self.service = service
         self.service_port = service_port
         self.registration = registration
+        self.driver = driver
 
     @staticmethod
     def build_certificate(hostnames: Collection[str], password: str | None = None) -> tuple[bytes, bytes]:
@@ -128,6 +134,25 @@ class WebhookServer(kopf.WebhookServer):
             _REFUSED.reset(refused)
         return served
 
+    def _answering(self, fn: kopf.WebhookFn) -> kopf.WebhookFn:
+        """`fn` (kopf's handling), with the reviews of `CANONICAL_CLAIMS` answered by `canonical_review` instead."""
+        driver = self.driver
+        if driver is None:
+            return fn
+
+        async def answer(request: Any, *, webhook: str | None = None, **kwargs: Any) -> Any:
+            if webhook != CANONICAL_CLAIMS.id:
+                return await fn(request, webhook=webhook, **kwargs)
+            try:
+                answer = canonical_review(request, driver)
+            except ValueError as err:  # not an admission review: as kopf answers those
+                raise aiohttp.web.HTTPBadRequest(reason=str(err)) from err
+            if "patch" in answer["response"]:
+                metrics.ADMISSION.labels("ResourceClaim", "canonical").inc()
+            return answer
+
+        return answer
+
     async def _serve_in_thread(self, fn: kopf.WebhookFn) -> AsyncIterator[kopf.WebhookClientConfig]:
         """kopf's serving (`kopf.WebhookServer.__call__`) on an event loop in a thread of its own; yields its
         client configs here. Admission handlers then run on that loop: they may only read what the main loop
@@ -164,7 +189,7 @@ class WebhookServer(kopf.WebhookServer):
         configs: "asyncio.Queue[kopf.WebhookClientConfig | BaseException]",
     ) -> None:
         try:
-            async for config in super().__call__(fn):
+            async for config in super().__call__(self._answering(fn)):
                 main.call_soon_threadsafe(configs.put_nowait, config)
         except asyncio.CancelledError:
             raise

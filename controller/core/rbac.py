@@ -19,8 +19,8 @@ def cluster_role_rules(
     namespaces: bool = False,
 ) -> list[dict[str, Any]]:
     """ClusterRole rules for a controller of `driver` registering its webhooks (unless `admission` is off)
-    in the configuration `webhook_config` (default: `driver`); `mps`: it keeps MPS trust domains apart (a
-    DeviceTaintRule per MPS GPU, a mutating webhook); `namespaces`: it reads namespace labels (MPS trust scope
+    in the configurations `webhook_config` (default: `driver`), validating and mutating; `mps`: it keeps MPS trust
+    domains apart (a DeviceTaintRule per MPS GPU); `namespaces`: it reads namespace labels (MPS trust scope
     namespaceLabel)."""
     rules = [
         # claims: watch; write our status.devices data (server-side apply) -- 1.36+ also checks the
@@ -69,13 +69,13 @@ def cluster_role_rules(
     if namespaces:
         rules.append({"apiGroups": [""], "resources": ["namespaces"], "verbs": ["list", "watch"]})
     if admission:
-        # the webhooks of the chart-made configuration (controller/admission/webhook_config.py): get and patch of that
-        # one name. No create: RBAC cannot scope create to a name, and create of any name would let it
+        # the webhooks of the chart-made configurations (controller/admission/webhook_config.py): get and patch of
+        # that one name. No create: RBAC cannot scope create to a name, and create of any name would let it
         # intercept every request in the cluster.
         rules.append(
             {
                 "apiGroups": ["admissionregistration.k8s.io"],
-                "resources": ["validatingwebhookconfigurations", *(["mutatingwebhookconfigurations"] if mps else [])],
+                "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
                 "verbs": ["get", "patch"],
                 "resourceNames": [webhook_config or driver],
             }

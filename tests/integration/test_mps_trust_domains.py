@@ -47,7 +47,7 @@ def controller(
         api_client, server=control_plane.server, ca_cert=control_plane.ca_cert, namespace=SA_NAMESPACE,
         name="fracgpu-controller-mps-it", rules=cluster_role_rules(mps=True), path=workdir / "controller.kubeconfig",
     )  # fmt: skip
-    with kube.chart_made_webhook_configuration(api_client, DRIVER_NAME, mutating=True):
+    with kube.chart_made_webhook_configuration(api_client, DRIVER_NAME):
         proc = kube.ControllerProcess(workdir, kubeconfig, "--mps", "--ledger-delay=0.2")
         proc.start()
         probe = kube.claim_template("probe", DEVICE_CLASS_NAME, "1Gi")["spec"]
