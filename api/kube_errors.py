@@ -7,6 +7,7 @@ message) and the `Retry-After` header. Callers decide by type, never by the text
   `ApiGone` (410: a resourceVersion too old to watch or list from);
   `ApiUidMismatch` (an apply whose `metadata.uid` names an object that was replaced or deleted);
   `ApiForbidden` (403), with `ApiNamespaceTerminating` (a create in a namespace being deleted);
+  `ApiAllocationImmutable` (422 on a ResourceClaim's `status.allocation`: see `UNWRITABLE_STATUS`);
 - `ApiTransient`, the answers that say "not now" (`retry_after`: the wait the server asked, if any):
   `ApiThrottled` (429), `ApiServerError` (5xx) with `ApiUnavailable` (503), and `ApiUnreachable` (no answer:
   the connection was lost or TLS failed; status 0) with `ApiNoConnection` (no connection could be made, so
@@ -120,6 +121,25 @@ class ApiUidMismatch(ApiError):  # noqa: N818
         return f"the object was replaced or deleted ({self.status}: its uid is not the one applied){self.said()}"
 
 
+class ApiAllocationImmutable(ApiError):  # noqa: N818
+    """422 with a cause on `status.allocation`: the write would change a ResourceClaim's allocation, which no write
+    may change once set. To a write that leaves the allocation alone (the driver's applies of `status.devices` and
+    its conditions), it means what `UNWRITABLE_STATUS` says: no status write to that claim can succeed."""
+
+
+UNWRITABLE_STATUS = (
+    "the API server refuses every status write to this claim (422: status.allocation cannot be modified once set): "
+    "its allocation copies the opaque parameters of spec.devices.config, stored byte for byte as sent, and each "
+    "status write encodes them again as the API server writes JSON (compact, keys sorted), so they differ. The "
+    "driver's mutating webhook rewrites them so at admission but did not for this claim (it was off or unreachable, "
+    "the config is another driver's, or the claim predates it). Delete and create the claim again with its "
+    "parameters sent as compact JSON with sorted keys, as kubectl apply and helm send them (one made from a "
+    "ResourceClaimTemplate: fix the template, then recreate the pod)"
+)
+"""What `ApiAllocationImmutable` means to a write of a claim's status that leaves its allocation alone, and what to
+do (one line, for an Event or a log line)."""
+
+
 class Cause(NamedTuple):
     """One of a `Status`'s `details.causes`: its machine-readable reason and the field it is about."""
 
@@ -207,6 +227,7 @@ STATUS_REASON_ALREADY_EXISTS = "AlreadyExists"
 CAUSE_NAMESPACE_TERMINATING = "NamespaceTerminating"
 CAUSE_FIELD_MANAGER_CONFLICT = "FieldManagerConflict"
 UID_FIELD = "metadata.uid"
+ALLOCATION_FIELD = "status.allocation"
 _BY_STATUS: dict[int, type[ApiError]] = {
     403: ApiForbidden,
     404: ApiNotFound,
@@ -259,6 +280,8 @@ def api_error(
         or (status == 422 and any(c.field == UID_FIELD for c in causes))
     ):
         kind = ApiUidMismatch
+    elif status == 422 and any(c.field == ALLOCATION_FIELD for c in causes):
+        kind = ApiAllocationImmutable
     elif kind is ApiForbidden and CAUSE_NAMESPACE_TERMINATING in reasons:
         kind = ApiNamespaceTerminating
     wait = _seconds(retry_after) if retry_after is not None else _seconds(details.get("retryAfterSeconds"))

@@ -6,7 +6,8 @@ MIG partitions where none is published (`MigPartitionsNotPublished`, in place of
 request that names no memory and so waits for a whole GPU while shares hold every GPU it may use
 (`WholeGpuRequested`), a request of a DeviceClass of ours that the cluster lacks (`DeviceClassNotInstalled`, in
 place of every other pending reason: nothing can be allocated before the class exists), parts that could not be
-decoded (`UnreadableClaimParts`). `MigPartitionsNotPublished`, `WholeGpuRequested` and `DeviceClassNotInstalled`
+decoded (`UnreadableClaimParts`), a status the API server refuses every write to (`ClaimStatusUnwritable`:
+`api.kube_errors.UNWRITABLE_STATUS`). `MigPartitionsNotPublished`, `WholeGpuRequested` and `DeviceClassNotInstalled`
 are told once per request.
 
 Event names are derived from (claim uid, key), so a post repeated after a restart meets AlreadyExists and counts as
@@ -20,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from api.gpu_config import MAX_PARAMETERS_DEPTH
+from api.kube_errors import UNWRITABLE_STATUS
 from controller.core import metrics
 from controller.core.claims import ClaimView, Share
 from controller.core.context import ClaimKey, Context
@@ -42,6 +44,7 @@ REASON_MIG_FRAGMENTED = "MigPlacementsFragmented"
 REASON_MIG_UNPUBLISHED = "MigPartitionsNotPublished"
 REASON_WHOLE_GPU = "WholeGpuRequested"
 REASON_CLASS_MISSING = "DeviceClassNotInstalled"
+REASON_STATUS_UNWRITABLE = "ClaimStatusUnwritable"
 
 
 class ClaimEvents:
@@ -91,6 +94,15 @@ class ClaimEvents:
         """Post the Event `key` about `claim` once and tell it to the pods it concerns; False when some post failed
         (retry later)."""
         return await self._post_once(claim, key, reason, message)
+
+    async def status_unwritable(self, claim: ClaimView) -> bool:
+        """Tell once that the API server refuses every write to the claim's status (`ApiAllocationImmutable` to the
+        controller's apply of its entries), to the claim and its pods; False when a post failed."""
+        message = (
+            f"{self._context.driver}: {UNWRITABLE_STATUS}. The controller cannot write its status.devices entries "
+            "(nor an MPS GPU's binding condition, which its pod waits for)"
+        )
+        return await self._post_once(claim, (REASON_STATUS_UNWRITABLE,), REASON_STATUS_UNWRITABLE, message)
 
     async def _post_once(
         self, claim: ClaimView, key: tuple[str, ...], reason: str, message: str, *, pods: bool = True

@@ -3,7 +3,9 @@
 `controller.mps`: the trust domain and the binding condition decided) from the indexes, applies them when they
 differ, and posts the Events the claim needs (`ClaimEvents`, and `MpsTrustDomainConflict` for a refused share,
 `MpsTrustDomainWaiting` for a pending claim that only other trust domains' MPS GPUs have room for, among the GPUs
-its selectors leave it: `controller.status.feasibility.selected_by`; each told to the claim's pods too).
+its selectors leave it: `controller.status.feasibility.selected_by`; each told to the claim's pods too). A write the
+API server refuses because it would change the allocation (`ApiAllocationImmutable`: it refuses every status write to
+that claim) is told once as `ClaimStatusUnwritable` and not retried; the claim's other Events are posted as usual.
 
 A failed write or Event post is retried with the queue's backoff, up to `MAX_ATTEMPTS` times; a write the API server
 could not take now (`ApiTransient`: throttled, unavailable, no answer) is delayed, not dropped: retried without
@@ -17,7 +19,7 @@ import datetime
 import logging
 import time
 
-from api.kube_errors import ApiNotFound, ApiTransient, ApiUidMismatch
+from api.kube_errors import ApiAllocationImmutable, ApiNotFound, ApiTransient, ApiUidMismatch
 from controller.core import metrics
 from controller.core.context import ClaimKey, Context, Tasks
 from controller.core.kube import describe
@@ -131,11 +133,15 @@ class StatusManager:
             try:
                 body = apply_body(claim, gone.entries)
                 await self._context.run(self._context.writer.apply_claim_status, claim.namespace, claim.name, body)
+            except ApiAllocationImmutable:
+                metrics.STATUS_WRITES.labels("error").inc()
+                told = await self.events.status_unwritable(claim) and told
             except Exception:
                 metrics.STATUS_WRITES.labels("error").inc()
                 raise
-            metrics.STATUS_WRITES.labels("ok").inc()
-            metrics.STATUS_WRITE_SECONDS.observe(time.monotonic() - started)
+            else:
+                metrics.STATUS_WRITES.labels("ok").inc()
+                metrics.STATUS_WRITE_SECONDS.observe(time.monotonic() - started)
         missing = tuple(s for s in plan.missing if s not in gone.shares)
         posted = await self.events.post(claim, missing, gone) and told
         notices: list[tuple[tuple[str, ...], str, str]] = [

@@ -34,7 +34,7 @@ from api.gpu import (
     ENFORCEMENT_REASONS,
 )
 from api.gpu_config import GpuConfigError
-from api.kube_errors import ApiError, ApiTransient, UndecodableResponse
+from api.kube_errors import UNWRITABLE_STATUS, ApiAllocationImmutable, ApiError, ApiTransient, UndecodableResponse
 from api.kube_rest import KubeRest, claim_path
 from api.mig import PARTITION_CONDITION, PARTITION_REASON
 from api.names import MPS_DEVICE_CLASS_NAME
@@ -309,6 +309,8 @@ MAX_DELAY_S = 30.0
 
 
 def _describe(err: Exception) -> str:
+    if isinstance(err, ApiAllocationImmutable):
+        return f"{err}; {UNWRITABLE_STATUS}"  # a write of conditions only: every status write to the claim fails
     return str(err) if isinstance(err, ApiError) else f"{type(err).__name__}: {err}"
 
 
