@@ -16,6 +16,7 @@ from api.kube_errors import (
     ApiConflict,
     ApiError,
     ApiForbidden,
+    ApiAllocationImmutable,
     ApiNamespaceTerminating,
     ApiNoConnection,
     ApiNotFound,
@@ -233,6 +234,21 @@ ANSWERS: list[tuple[str, int, bytes, dict[str, str], type[ApiError]]] = [
     ),
     ("internal", 500, status_body(500, "InternalError", "etcd: boom"), {}, ApiServerError),
     ("invalid", 422, status_body(422, "Invalid", "spec.x: Invalid value"), {}, ApiError),
+    (
+        "allocation immutable",
+        422,
+        status_body(
+            422,
+            "Invalid",
+            'ResourceClaim.resource.k8s.io "c1" is invalid: status.allocation: Invalid value: null: field cannot be '
+            "modified once set",
+            causes=[
+                {"reason": "FieldValueInvalid", "message": "field cannot be modified", "field": "status.allocation"}
+            ],
+        ),
+        {},
+        ApiAllocationImmutable,
+    ),
     ("not a status", 400, b"<html>bad gateway</html>", {}, ApiError),
 ]
 

@@ -19,7 +19,7 @@ from controller.devices.facts import AdmissionFacts
 from controller.ledger import manager as ledger_manager
 from controller.ledger.plan import MANAGED_BY_LABEL, ExistingGpu, GpuObject, desired_gpu
 from controller.loops import Controller
-from controller.status.events import REASON_DEVICE_GONE, REASON_UNSATISFIABLE
+from controller.status.events import REASON_DEVICE_GONE, REASON_STATUS_UNWRITABLE, REASON_UNSATISFIABLE
 from tests.unit.controller_factories import NODE, FakeWriter, World, claim, eventually, memory_request, result, slices
 
 
@@ -66,6 +66,52 @@ def test_failed_writes_are_retried_and_gone_claims_are_not() -> None:
         controller.claim_changed(other)
         await asyncio.sleep(1.0)  # longer than the first retry delay
         assert [name for _, name, _ in writer.claims] == ["c1"]
+
+    run(test)
+
+
+ALLOCATION_IMMUTABLE = (
+    b'{"kind":"Status","apiVersion":"v1","status":"Failure","message":"ResourceClaim.resource.k8s.io \\"c1\\" is '
+    b'invalid: status.allocation: Invalid value: null: field cannot be modified once set","reason":"Invalid",'
+    b'"details":{"name":"c1","group":"resource.k8s.io","kind":"ResourceClaim","causes":[{"reason":'
+    b'"FieldValueInvalid","message":"Invalid value: null: field cannot be modified once set",'
+    b'"field":"status.allocation"}]},"code":422}'
+)
+"""kube-apiserver v1.37's answer to any status write of a claim whose stored opaque parameters it encodes otherwise."""
+
+
+def test_a_status_the_api_server_refuses_every_write_to_is_told_once_and_not_retried() -> None:
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        await controller.start()
+        controller.status.queue.base_delay = controller.status.queue.max_delay = 0.01
+        refused = api_error(422, "Unprocessable Entity", ALLOCATION_IMMUTABLE.decode())
+        tries: list[str] = []
+        record = writer.apply_claim_status
+
+        def apply(namespace: str, name: str, body: dict[str, Any]) -> None:
+            tries.append(name)
+            if refusing:
+                raise refused
+            record(namespace, name, body)
+
+        refusing = True
+        writer.apply_claim_status = apply  # type: ignore[method-assign]
+        key = world.put(claim(results=[result("a", "gpu-0", "1Gi", "s-1")]))
+        controller.claim_changed(key)
+        await eventually(lambda: len(writer.events) == 1)
+        await asyncio.sleep(0.3)  # many retry delays
+        assert tries == ["c1"], "tried once: no retry can succeed"
+        ((name, reason, message),) = writer.events
+        assert (name, reason) == ("c1", REASON_STATUS_UNWRITABLE)
+        assert message.startswith(f"{DRIVER_NAME}: the API server refuses every status write to this claim (422")
+        assert "compact JSON with sorted keys" in message and "\n" not in message and len(message) < 900
+        controller.claim_changed(key)  # a later change: tried again, told no more
+        await eventually(lambda: len(tries) == 2)
+        await asyncio.sleep(0.1)
+        assert len(writer.events) == 1 and not writer.claims
+        refusing = False
+        controller.claim_changed(key)  # a claim the API server takes a write to again: written
+        await eventually(lambda: len(writer.claims) == 1)
 
     run(test)
 

@@ -17,9 +17,11 @@ import pytest
 from cryptography import x509
 
 from api.kube_errors import api_error
+from api.names import DRIVER_NAME
+from controller.admission.canonical import canonical_json, canonical_review
 from controller.admission.certificate import SharedCertificate, self_signed_certificate
 from controller.admission.webhook import WebhookServer
-from controller.admission.webhook_config import CONFIGS, MERGE, VALIDATED, Registration, webhooks
+from controller.admission.webhook_config import CANONICAL_CLAIMS, CONFIGS, MERGE, VALIDATED, Registration, webhooks
 from controller.core import metrics
 from tests.unit.fake_objects import FakeObjects
 
@@ -36,18 +38,21 @@ def test_certificate_covers_names_and_ips_but_not_unspecified_addresses() -> Non
     assert b"ENCRYPTED" in encrypted
 
 
-def _serve_once(server: WebhookServer, request: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Start the server, POST one admission review over TLS trusting only its CA bundle; (config, answer)."""
+def _serve_once(
+    server: WebhookServer, request: dict[str, Any], path: str = "handler"
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Start the server, POST one admission review to `path` over TLS trusting only its CA bundle; (config,
+    answer). Its kopf handling answers with the review's `uid` and the webhook (path) it was called for."""
 
-    async def fn(data: Any, **_: Any) -> Any:
-        return {"echo": data["uid"]}
+    async def fn(data: Any, *, webhook: str | None = None, **_: Any) -> Any:
+        return {"echo": data["uid"], "webhook": webhook}
 
     async def main() -> tuple[dict[str, Any], dict[str, Any]]:
         configs = server(fn)  # type: ignore[arg-type]
         config: dict[str, Any] = dict(await anext(configs))
         try:
             context = ssl.create_default_context(cadata=base64.b64decode(config["caBundle"]).decode())
-            url = f"https://127.0.0.1:{server.port}/handler"
+            url = f"https://127.0.0.1:{server.port}/{path}"
             req = urllib.request.Request(url, data=json.dumps(request).encode(), method="POST")
 
             def post() -> dict[str, Any]:
@@ -75,7 +80,27 @@ def test_server_serves_tls_with_the_ca_it_registers_by_url() -> None:
     port = _free_port()
     config, answer = _serve_once(WebhookServer(addr="127.0.0.1", port=port), {"uid": "u1"})
     assert config["url"] == f"https://127.0.0.1:{port}"
-    assert answer == {"echo": "u1"}
+    assert answer == {"echo": "u1", "webhook": "handler"}
+
+
+def test_the_server_of_a_driver_answers_the_canonical_webhook_itself_and_the_rest_through_kopf() -> None:
+    parameters = {"kind": "GpuConfig", "apiVersion": "fracgpu.dev/v1alpha1", "enforcement": "nvml"}
+    config = {"requests": ["gpu"], "opaque": {"driver": DRIVER_NAME, "parameters": parameters}}
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "uid": "u3",  # where the stand-in kopf handling reads it
+        "request": {"uid": "r3", "object": {"spec": {"devices": {"config": [config]}}}},
+    }
+    server = WebhookServer(addr="127.0.0.1", port=_free_port(), driver=DRIVER_NAME)
+    _, answer = _serve_once(server, review, CANONICAL_CLAIMS.id)
+    assert answer == canonical_review(review, DRIVER_NAME)
+    patch = base64.b64decode(answer["response"]["patch"]).decode()
+    assert json.loads(patch)[0]["value"] == parameters and canonical_json(parameters) in patch
+    _, other = _serve_once(WebhookServer(addr="127.0.0.1", port=_free_port(), driver=DRIVER_NAME), review, "x")
+    assert other == {"echo": "u3", "webhook": "x"}
+    _, without = _serve_once(WebhookServer(addr="127.0.0.1", port=_free_port()), review, CANONICAL_CLAIMS.id)
+    assert without == {"echo": "u3", "webhook": CANONICAL_CLAIMS.id}, "no driver: nothing answered apart"
 
 
 def _reviews_timed() -> float:
@@ -85,7 +110,7 @@ def _reviews_timed() -> float:
 def test_each_review_served_is_timed_into_the_webhooks_own_histogram() -> None:
     before = _reviews_timed()
     _, answer = _serve_once(WebhookServer(addr="127.0.0.1", port=_free_port()), {"uid": "u2"})
-    assert answer == {"echo": "u2"}
+    assert answer == {"echo": "u2", "webhook": "handler"}
     assert _reviews_timed() == before + 1
 
 
@@ -105,7 +130,7 @@ def test_server_registers_a_service_reference_when_asked() -> None:
     cert = x509.load_pem_x509_certificate(base64.b64decode(config["caBundle"]))
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value.get_values_for_type(x509.DNSName)
     assert names == ["hook.sys.svc"]
-    assert answer == {"echo": "u2"}
+    assert answer == {"echo": "u2", "webhook": "handler"}
 
 
 class FakeConfigurations:
@@ -242,7 +267,7 @@ def test_server_registers_its_client_config_and_unregisters_when_it_stops() -> N
     registration = Registration(fake, "hooks", fail=True)  # type: ignore[arg-type]
     port = _free_port()
     config, answer = _serve_once(WebhookServer(addr="127.0.0.1", port=port, registration=registration), {"uid": "u3"})
-    assert answer == {"echo": "u3"}
+    assert answer == {"echo": "u3", "webhook": "handler"}
     registered = [body["webhooks"] for _, body in fake.patches if body["webhooks"]]
     assert registered == [webhooks("hooks", cast(kopf.WebhookClientConfig, config), fail=True)]
     assert registered[0][0]["clientConfig"]["caBundle"] == config["caBundle"]
@@ -299,7 +324,7 @@ def test_a_replica_on_the_shared_certificate_leaves_the_configuration_registered
         shared=shared,
     )
     config, answer = _serve_once(server, {"uid": "u4"})
-    assert answer == {"echo": "u4"}
+    assert answer == {"echo": "u4", "webhook": "handler"}
     assert base64.b64decode(config["caBundle"]) == shared.current.bundle
     assert fake.patches and all(body["webhooks"] for _, body in fake.patches), "emptied at the end"
 
@@ -322,5 +347,5 @@ def test_a_replica_on_a_certificate_from_files_leaves_the_configuration_register
         registration=Registration(fake, "hooks", fail=False),  # type: ignore[arg-type]
     )
     config, answer = _serve_once(server, {"uid": "u5"})
-    assert answer == {"echo": "u5"} and base64.b64decode(config["caBundle"]) == cert
+    assert answer == {"echo": "u5", "webhook": "handler"} and base64.b64decode(config["caBundle"]) == cert
     assert fake.patches and all(body["webhooks"] for _, body in fake.patches), "emptied at the end"

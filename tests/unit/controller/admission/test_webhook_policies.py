@@ -1,7 +1,8 @@
 """The failure policies and match conditions of the controller's webhooks (controller/admission/webhook_config.py):
 with MPS GPUs, the claims of the driver's DeviceClasses are mutated and reviewed by webhooks that fail closed, and
 only those (a matchCondition the API server evaluates, here evaluated by CEL's own runtime); every other claim and
-template keeps the configured policy."""
+template keeps the configured policy, as does the webhook that rewrites the opaque parameters of the driver's configs
+(called for the claims that have one)."""
 
 import asyncio
 from typing import Any
@@ -11,9 +12,10 @@ import pytest
 from cel_expr_python import cel
 from kubernetes import client
 
-from api.names import DEVICE_CLASS_NAME
+from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
 from controller.admission.webhook import WebhookServer
 from controller.admission.webhook_config import (
+    CANONICAL_CLAIMS,
     CONFIGS,
     MUTATING_CONFIGS,
     VALIDATED,
@@ -30,7 +32,7 @@ CONFIG = kopf.WebhookClientConfig(url="https://h", caBundle="Q0E=")
 
 def hooks(fail: bool) -> dict[str, dict[str, Any]]:
     """Name -> webhook, validating and mutating, as registered with MPS GPUs."""
-    mps = registered(frozenset(CLASSES))
+    mps = registered(frozenset(CLASSES), DRIVER_NAME)
     out = {}
     for kind in ("validating", "mutating"):
         for hook in webhooks("hooks", CONFIG, fail=fail, validated=tuple(v for v in mps if v.kind == kind)):
@@ -50,6 +52,7 @@ def test_with_mps_gpus_the_claims_of_our_classes_fail_closed_and_the_rest_keep_t
         "mps-resourceclaims.hooks": ("Fail", "https://h/resourceclaims"),  # the same kopf handler
         "resourceclaimtemplates.hooks": (configured, "https://h/resourceclaimtemplates"),
         "mutate-resourceclaims.hooks": ("Fail", "https://h/mutate-resourceclaims"),
+        "canonical-resourceclaims.hooks": (configured, "https://h/canonical-resourceclaims"),
     }
     ours = names_classes(CLASSES)
     assert found["mps-resourceclaims.hooks"]["matchConditions"] == [
@@ -63,17 +66,27 @@ def test_with_mps_gpus_the_claims_of_our_classes_fail_closed_and_the_rest_keep_t
     ]
     assert "matchConditions" not in found["resourceclaimtemplates.hooks"], "templates are never mutated"
     assert found["mutate-resourceclaims.hooks"]["reinvocationPolicy"] == "Never"
+    assert found["canonical-resourceclaims.hooks"]["reinvocationPolicy"] == "Never"
     assert all(h["rules"][0]["operations"] == ["CREATE"] for h in found.values())
 
 
-def test_without_mps_gpus_nothing_changes_and_nothing_fails_closed_unless_configured() -> None:
+@pytest.mark.parametrize("fail", [False, True])
+def test_without_mps_gpus_nothing_fails_closed_unless_configured(fail: bool) -> None:
     assert registered() == VALIDATED
-    plain = webhooks("hooks", CONFIG, fail=False)
+    ours = registered(driver=DRIVER_NAME)
+    assert ours[:2] == VALIDATED
+    plain = webhooks("hooks", CONFIG, fail=fail, validated=VALIDATED)
+    configured = "Fail" if fail else "Ignore"
     assert [(h["name"], h["failurePolicy"]) for h in plain] == [
-        ("resourceclaims.hooks", "Ignore"),
-        ("resourceclaimtemplates.hooks", "Ignore"),
+        ("resourceclaims.hooks", configured),
+        ("resourceclaimtemplates.hooks", configured),
     ]
     assert not any("matchConditions" in h for h in plain)
+    (canonical,) = webhooks("hooks", CONFIG, fail=fail, validated=ours[2:])
+    assert (canonical["name"], canonical["failurePolicy"]) == ("canonical-resourceclaims.hooks", configured)
+    assert canonical["rules"][0]["operations"] == ["CREATE"] and canonical["rules"][0]["resources"] == [
+        "resourceclaims"
+    ]
 
 
 def evaluate(expression: str, claim: Any) -> bool:
@@ -133,6 +146,34 @@ def test_the_match_condition_selects_exactly_the_claims_of_our_classes_and_never
     assert evaluate(rest["expression"], body) is not ours, "every claim is reviewed by exactly one claim webhook"
 
 
+def configured(driver: str, parameters: Any = None) -> dict[str, Any]:
+    config: dict[str, Any] = {"requests": ["g"], "opaque": {"driver": driver}}
+    if parameters is not None:
+        config["opaque"]["parameters"] = parameters
+    return config
+
+
+CONFIGURED: list[tuple[dict[str, Any], bool]] = [
+    (claim({"devices": {"config": [configured(DRIVER_NAME, {"kind": "GpuConfig"})]}}), True),
+    (claim({"devices": {"config": [configured("nic.example.com", {}), configured(DRIVER_NAME, {"b": 1})]}}), True),
+    (claim({"devices": {"config": [configured(DRIVER_NAME)]}}), True),  # no parameters: nothing to rewrite, harmless
+    (claim({"devices": {"config": [configured("nic.example.com", {"b": 1})]}}), False),
+    (claim({"devices": {"config": [{"requests": ["g"]}]}}), False),
+    (claim({"devices": {"config": []}}), False),
+    (claim({"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.fracgpu.dev"}}]}}), False),
+    (claim({}), False),
+    ({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "c"}}, False),
+]
+
+
+@pytest.mark.parametrize(("body", "ours"), CONFIGURED)
+def test_the_canonical_webhook_is_called_for_exactly_the_claims_with_an_opaque_config_of_the_driver(
+    body: dict[str, Any], ours: bool
+) -> None:
+    (condition,) = hooks(fail=True)[f"{CANONICAL_CLAIMS.id}.hooks"]["matchConditions"]
+    assert evaluate(condition["expression"], body) is ours
+
+
 class Recorder:
     """`KubeRest.request` that records every call and answers an empty configuration."""
 
@@ -150,14 +191,14 @@ def test_the_controller_with_mps_registers_the_closed_webhooks_for_its_device_cl
     server = operator_settings(settings, api).admission.server
     assert isinstance(server, WebhookServer) and server.registration is not None
     registration = server.registration
-    assert registration.resources == registered(settings.device_classes)
+    assert registration.resources == registered(settings.device_classes, DRIVER_NAME)
     closed = [v for v in registration.resources if v.scope == "classes"]
     assert [v.kind for v in closed] == ["validating", "mutating"]
     assert all(set(v.classes) == {DEVICE_CLASS_NAME, "mps.gpu.fracgpu.dev", "enforced.gpu.fracgpu.dev"} for v in closed)
     assert "mig.gpu.fracgpu.dev" not in closed[0].classes, "a MIG partition is never an MPS GPU"
     plain = operator_settings(Settings(), api).admission.server
     assert isinstance(plain, WebhookServer) and plain.registration is not None
-    assert plain.registration.resources == VALIDATED
+    assert plain.registration.resources == registered(driver=DRIVER_NAME)
 
     recorder = Recorder()
     registration.rest = recorder  # type: ignore[assignment]
@@ -168,5 +209,8 @@ def test_the_controller_with_mps_registers_the_closed_webhooks_for_its_device_cl
         f"mps-resourceclaims.{registration.name}",
         f"resourceclaimtemplates.{registration.name}",
     }
-    (mutating,) = patched[f"{MUTATING_CONFIGS}/{registration.name}"]
+    mutating, canonical = patched[f"{MUTATING_CONFIGS}/{registration.name}"]
     assert mutating["failurePolicy"] == "Fail" and mutating["name"] == f"mutate-resourceclaims.{registration.name}"
+    assert (
+        canonical["failurePolicy"] == "Ignore" and canonical["name"] == f"canonical-resourceclaims.{registration.name}"
+    )
