@@ -275,11 +275,13 @@ def test_default_values_render_as_documented(tools: dict[str, Path], tmp_path: P
         ]
     }  # fmt: skip
     assert len([d for d in docs if d["kind"] == "DeviceClass"]) == 2
-    # the webhook configuration: made by the chart without webhooks (the controller patches them in; a
-    # `webhooks` field here would fight it on `helm upgrade`), no mutating one
-    (config,) = [d for d in docs if d["kind"].endswith("WebhookConfiguration")]
-    assert config["kind"] == "ValidatingWebhookConfiguration" and config["metadata"]["name"] == "gpu.fracgpu.dev"
-    assert set(config) == {"apiVersion", "kind", "metadata"}, "no webhooks: the controller owns them"
+    # the webhook configurations, validating and mutating (a new claim's GpuConfig bytes): made by the chart without
+    # webhooks (the controller patches them in; a `webhooks` field here would fight it on `helm upgrade`)
+    configs = [d for d in docs if d["kind"].endswith("WebhookConfiguration")]
+    assert sorted(c["kind"] for c in configs) == ["MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"]
+    for config in configs:
+        assert config["metadata"]["name"] == "gpu.fracgpu.dev"
+        assert set(config) == {"apiVersion", "kind", "metadata"}, "no webhooks: the controller owns them"
 
     # controller: two replicas (a leader elected), surge updates, a PDB, spread over nodes, probes, non-root,
     # read-only root, no capabilities, webhook via Service
@@ -603,8 +605,8 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
         assert [r["resourceNames"] for r in rules if r["resources"] == ["resourceclaims/driver"]] == [
             ["gpu.example.test"]
         ]
-    (config,) = [d for d in docs if d["kind"] == "ValidatingWebhookConfiguration"]
-    assert config["metadata"]["name"] == "example-gpu-webhook"
+    configs = [d for d in docs if d["kind"].endswith("WebhookConfiguration")]
+    assert [c["metadata"]["name"] for c in configs] == ["example-gpu-webhook"] * 2
 
     minimal = render(tools["helm"], tmp_path, MINIMAL)
     kinds = {d["kind"] for d in minimal}
@@ -614,6 +616,7 @@ def test_custom_values_reach_flags_and_env(tools: dict[str, Path], tmp_path: Pat
         "ValidatingAdmissionPolicy",
         "ValidatingAdmissionPolicyBinding",
         "ValidatingWebhookConfiguration",
+        "MutatingWebhookConfiguration",
     }
     assert "--no-admission" in one(minimal, "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
     plugin_spec = one(minimal, "DaemonSet")["spec"]["template"]["spec"]
@@ -766,6 +769,7 @@ INSTALLED_KINDS = {
     "ValidatingAdmissionPolicy",
     "ValidatingAdmissionPolicyBinding",
     "ValidatingWebhookConfiguration",
+    "MutatingWebhookConfiguration",
     "DeviceClass",
     "FlowSchema",
     "PriorityLevelConfiguration",
@@ -1111,18 +1115,18 @@ def test_service_accounts_can_do_their_job_and_nothing_else(
         refused(lambda: controller.get(f"/api/v1/namespaces/{ns}/secrets"))
         refused(lambda: controller.get("/api/v1/namespaces/kube-system/secrets/anything"))
         refused(lambda: controller.request("PATCH", f"/api/v1/nodes/{node_a}", body={}, content_type=MERGE))
-        # webhook configurations: it patches the chart-made one, and may neither create one (of any name: a
-        # webhook of its own on every request in the cluster) nor patch another, nor touch mutating ones
+        # webhook configurations: it patches the chart-made ones (validating and mutating), and may neither create
+        # one (of any name: a webhook of its own on every request in the cluster) nor patch or delete another
         vwcs = "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations"
         mwcs = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations"
         config_name = one(installed.docs, "ValidatingWebhookConfiguration")["metadata"]["name"]
-        controller.request("PATCH", f"{vwcs}/{config_name}", dry, body={"webhooks": []}, content_type=MERGE)
+        assert one(installed.docs, "MutatingWebhookConfiguration")["metadata"]["name"] == config_name
         for configs in (vwcs, mwcs):
+            controller.request("PATCH", f"{configs}/{config_name}", dry, body={"webhooks": []}, content_type=MERGE)
             for name in (config_name, kube.unique("any")):
                 refused(partial(controller.request, "POST", configs, dry, body={"metadata": {"name": name}}))
-        refused(lambda: controller.request("PATCH", f"{vwcs}/someone-elses", dry, body={}, content_type=MERGE))
-        refused(lambda: controller.request("PATCH", f"{mwcs}/{config_name}", dry, body={}, content_type=MERGE))
-        refused(lambda: controller.request("DELETE", f"{vwcs}/{config_name}", dry))
+            refused(partial(controller.request, "PATCH", f"{configs}/someone-elses", dry, body={}, content_type=MERGE))
+            refused(partial(controller.request, "DELETE", f"{configs}/{config_name}", dry))
         # changing an allocation needs resourceclaims/binding, which neither has
         unallocate = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "status": {"allocation": None}}
         for rest in (controller, plugin_a):

@@ -100,3 +100,33 @@ def test_none_leaves_the_supervisor_out_and_other_values_are_refused() -> None:
     refused = helm_template("mps.gpus=all", "mps.gpuOperatorClient=always")
     assert refused.returncode != 0
     assert "at '/mps/gpuOperatorClient': value must be one of 'affinity', 'nodeSelector', 'none'" in refused.stderr
+
+
+def controller_args(*values: str) -> list[str]:
+    proc = helm_template(*values)
+    assert proc.returncode == 0, proc.stderr
+    (deployment,) = [d for d in yaml.safe_load_all(proc.stdout) if d and d["kind"] == "Deployment"]
+    args: list[str] = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    return args
+
+
+def test_the_controller_is_told_every_further_device_class_the_chart_creates_with_or_without_mps_gpus() -> None:
+    for mps in ((), ("mps.gpus=all",)):
+        assert not any(a.startswith("--extra-device-classes") for a in controller_args(*mps))
+        enforced = controller_args(*mps, "deviceClass.enforced.create=true", "deviceClass.enforced.name=strict.example")
+        assert "--extra-device-classes=strict.example" in enforced
+        both = controller_args(
+            *mps, "deviceClass.enforced.create=true", "deviceClass.mps.create=true", "deviceClass.mps.name=m.example"
+        )
+        assert "--extra-device-classes=enforced.gpu.fracgpu.dev,m.example" in both
+        assert ("--mps" in both) == bool(mps)
+
+
+def test_every_install_with_webhooks_has_both_chart_made_configurations() -> None:
+    for values in ((), ("mps.gpus=all",)):
+        proc = helm_template(*values)
+        assert proc.returncode == 0, proc.stderr
+        kinds = [d["kind"] for d in yaml.safe_load_all(proc.stdout) if d]
+        assert kinds.count("ValidatingWebhookConfiguration") == 1 and kinds.count("MutatingWebhookConfiguration") == 1
+    off = helm_template("controller.webhook.enabled=false")
+    assert off.returncode == 0 and "WebhookConfiguration" not in off.stdout
