@@ -32,8 +32,11 @@ from harness.cluster.controlplane import ControlPlane
 pytestmark = pytest.mark.integration
 SA_NAMESPACE = "fracgpu-system"
 PARAMETERS = {"kind": "GpuConfig", "apiVersion": "fracgpu.dev/v1alpha1", "env": {"Z_NOTE": "<a> & b", "A_NAME": "é"}}
-SPACED = {"separators": (", ", ": "), "ensure_ascii": True}
-"""`json.dumps` as the kubernetes Python client sends a body: spaces, keys in insertion order."""
+
+
+def spaced(body: Any) -> str:
+    """`body` as the kubernetes Python client sends it (`json.dumps`): spaces, keys in insertion order."""
+    return json.dumps(body)
 
 
 @pytest.fixture(scope="module")
@@ -110,9 +113,7 @@ def test_a_claim_sent_with_spaced_unsorted_parameters_is_rewritten_and_its_statu
 ) -> None:
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "spaced"},
             "spec": claim_spec((DRIVER_NAME, PARAMETERS))}  # fmt: skip
-    made = rest.request(
-        "POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", body=json.dumps(body, **SPACED)
-    )
+    made = rest.request("POST", f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims", body=spaced(body))
     stored = made["spec"]["devices"]["config"][0]["opaque"]["parameters"]
     assert stored == PARAMETERS and list(stored) == sorted(PARAMETERS), "the same value, its keys sorted"
     assert list(stored["env"]) == ["A_NAME", "Z_NOTE"]
@@ -134,7 +135,7 @@ def test_a_claim_made_from_a_template_with_spaced_parameters_gets_its_status_wri
     template = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate", "metadata": {"name": "spaced"},
                 "spec": {"spec": claim_spec((DRIVER_NAME, PARAMETERS))}}  # fmt: skip
     path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaimtemplates"
-    made = rest.request("POST", path, body=json.dumps(template, **SPACED))
+    made = rest.request("POST", path, body=spaced(template))
     kept = made["spec"]["spec"]["devices"]["config"][0]["opaque"]["parameters"]
     assert list(kept) == list(PARAMETERS), "a template is stored as sent: its claims are rewritten"
     core = client.CoreV1Api(api_client)
@@ -156,7 +157,7 @@ def test_a_claim_whose_status_cannot_be_written_is_told_so_on_the_claim_and_its_
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "unwritable"},
             "spec": claim_spec((DRIVER_NAME, PARAMETERS), ("nic.example.com", other))}  # fmt: skip
     path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims"
-    rest.request("POST", path, body=json.dumps(body, **SPACED))
+    rest.request("POST", path, body=spaced(body))
     core = client.CoreV1Api(api_client)
     pod = core.create_namespaced_pod(namespace, kube.pod_with_claim("unwritable", None, node, {"gpu": "unwritable"}))
 

@@ -12,11 +12,11 @@ from prometheus_client import CollectorRegistry, Counter
 
 from api.kube_config import KubeConfig
 from api.kube_errors import (
+    ApiAllocationImmutable,
     ApiAlreadyExists,
     ApiConflict,
     ApiError,
     ApiForbidden,
-    ApiAllocationImmutable,
     ApiNamespaceTerminating,
     ApiNoConnection,
     ApiNotFound,

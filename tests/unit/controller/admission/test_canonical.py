@@ -103,6 +103,7 @@ def test_the_review_is_always_allowed_with_the_patch_when_there_is_one() -> None
     assert base64.b64decode(response["patch"]).decode() == parameters_patch(claim["spec"], DRIVER_NAME)
     plain = canonical_review(review({"spec": spec()}), DRIVER_NAME)["response"]
     assert plain == {"uid": "u-1", "allowed": True}
+    bad: Any
     for bad in (None, [], {"request": None}, {"request": {"object": {}}}):
         with pytest.raises(ValueError):
             canonical_review(bad, DRIVER_NAME)
