@@ -66,6 +66,9 @@ def node(control_plane: ControlPlane, api_client: client.ApiClient, dyn: Dynamic
         found.kubelet.close()
         process.stop()
         shutil.rmtree(workdir, ignore_errors=True)
+        # the control plane is the session's: leave no hami-core A100 published for the modules after this one
+        resource.delete_collection_resource_slice(field_selector=selector)
+        client.CoreV1Api(api_client).delete_node(name)
 
 
 def _template(name: str, capacity: dict[str, str]) -> dict[str, Any]:

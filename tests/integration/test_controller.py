@@ -1212,7 +1212,7 @@ def test_an_admin_access_claim_of_memory_0_reaches_a_full_gpu_and_one_without_ca
     assert (result["device"], result.get("adminAccess"), result["consumedCapacity"]) == (
         "gpu-0",
         True,
-        {"memory": "0"},
+        {"memory": "0", "compute": "0"},  # every capacity the GPU publishes; compute's default is none
     )
     assert [(d["memory"], d.get("adminAccess")) for d in _our_entries(mon).values()] == [("0", True)]
     gpu = _wait(

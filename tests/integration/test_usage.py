@@ -239,13 +239,13 @@ def test_usage_reaches_metrics_ledger_and_events(
     assert managers == {"fracgpu-controller", "fracgpu-kubelet-plugin"}
     kubectl = binaries.ensure_built("kubectl")["kubectl"]
     table = subprocess.run(
-        [kubectl, f"--kubeconfig={control_plane.kubeconfig}", "get", "gpu", f"{node.name}-{dev_a}"],
+        [kubectl, f"--kubeconfig={control_plane.kubeconfig}", "get", "gpu", f"{node.name}-{dev_a}", "-o", "wide"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout.splitlines()
     header, row = table[0], table[1]
-    start = header.index("USED")  # columns are aligned: the value starts under its header
+    start = header.index("USED")  # in -o wide; columns are aligned: the value starts under its header
     assert row[start:].split()[0] == expected_a, table
 
     # claim B is over its unenforced grant: one Event on the claim and one on its pod, however long it stays over
