@@ -49,9 +49,11 @@ def _float(value: float) -> str:
 
 
 def _string(value: str) -> str:
-    """A string as Go writes it: HTML characters and line separators escaped, lone surrogates as U+FFFD."""
-    clean = "".join("\ufffd" if 0xD800 <= ord(c) <= 0xDFFF else c for c in value)
-    text = json.dumps(clean, ensure_ascii=False)
+    """A string as Go writes it: HTML characters and line separators escaped. One with a lone surrogate, which Go
+    would decode as U+FFFD, is not rewritten: the value would change (`NotCanonicalError`)."""
+    if any(0xD800 <= ord(c) <= 0xDFFF for c in value):
+        raise NotCanonicalError("a string holds a lone surrogate, which the API server would turn into U+FFFD")
+    text = json.dumps(value, ensure_ascii=False)
     return "".join(_HTML.get(c, c) for c in text)
 
 
@@ -61,7 +63,9 @@ def _encode(value: Any) -> Iterator[str]:
     if value is None or isinstance(value, bool):
         yield json.dumps(value)
     elif isinstance(value, int):
-        yield str(value) if value in _INT64 else _float(float(value))  # Go decodes a larger one as a float64
+        if value not in _INT64:  # Go decodes it as a float64: rewriting it would change the value
+            raise NotCanonicalError(f"the integer {value} is beyond int64, which the API server would round")
+        yield str(value)
     elif isinstance(value, float):
         yield _float(value)
     elif isinstance(value, str):

@@ -47,6 +47,8 @@ def controller(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[kube.ControllerProcess]:
     kube.apply_crd(api_client, yaml.safe_load((CRD_DIR / f"{GPU_CRD_NAME}.yaml").read_text()))
+    classes = kube.resource(dyn, "resource.k8s.io/v1", "DeviceClass")
+    made_class = not kube.exists(lambda: classes.get(name=DEVICE_CLASS_NAME))
     kube.ensure_device_class(dyn, DEVICE_CLASS_NAME, DRIVER_NAME)
     workdir = tmp_path_factory.mktemp("canonical-controller")
     kubeconfig = kube.service_account_kubeconfig(
@@ -66,6 +68,8 @@ def controller(
         yield proc
         proc.terminate()
         print(f"controller log:\n{proc.log_tail(40)}")
+    if made_class:  # a later module's `helm install` would meet a DeviceClass it does not own
+        classes.delete(name=DEVICE_CLASS_NAME)
 
 
 @pytest.fixture(scope="module")

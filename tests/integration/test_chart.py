@@ -647,7 +647,7 @@ def test_controller_cluster_role_is_the_one_in_the_code(tools: dict[str, Path], 
         assert webhook_rules == [
             {
                 "apiGroups": ["admissionregistration.k8s.io"],
-                "resources": ["validatingwebhookconfigurations"],
+                "resources": ["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
                 "verbs": ["get", "patch"],
                 "resourceNames": [webhook.get("configName") or driver],
             }

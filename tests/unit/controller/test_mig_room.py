@@ -118,6 +118,9 @@ def test_a_selector_that_leaves_no_free_placement_counts() -> None:
 
 def test_the_controller_posts_it_once_per_state_and_rechecks_when_a_partition_is_freed() -> None:
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        # a cluster with the chart's MIG DeviceClass (without it the claim hears DeviceClassNotInstalled instead)
+        classes = {c.name: [c] for c in (GPU_CLASS, MIG_CLASS)}
+        controller.bind(world.slices, world.claims, world.gpus, classes)
         built = build_slices(NODE, NODE_UID, DRIVER_NAME, [gpu(0), gpu(1)], step=STEP, reserve=0, generation=1,
                              mig={"gpu-1": H100_MIG})  # fmt: skip
         world.slices.clear()

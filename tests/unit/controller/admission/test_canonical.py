@@ -26,7 +26,6 @@ GO_ENCODED: list[tuple[str, str]] = [
     ('"<\\u00e9>&"', '"\\u003cé\\u003e\\u0026"'),  # HTML characters escaped, the rest of Unicode as it is
     ('"\\u2028\\u2029"', '"\\u2028\\u2029"'),
     ('"\\b\\f\\n\\r\\t\\u0001\\u007f\\"\\\\"', '"\\b\\f\\n\\r\\t\\u0001\x7f\\"\\\\"'),
-    ('"\\ud800"', '"\ufffd"'),  # a lone surrogate: Go decodes it as U+FFFD
     ("1.0", "1"),
     ("1e3", "1000"),
     ("0.5", "0.5"),
@@ -39,7 +38,6 @@ GO_ENCODED: list[tuple[str, str]] = [
     ("-1.5e-7", "-1.5e-7"),
     ("-0.0", "0"),  # the sign of a float zero does not survive the API server's decoding
     ("123456789012345678", "123456789012345678"),
-    ("99999999999999999999", "100000000000000000000"),  # past int64: decoded as a float64
     ("{}", "{}"),
     ("[]", "[]"),
 ]  # fmt: skip
@@ -50,9 +48,11 @@ def test_values_are_written_as_the_api_server_writes_them(sent: str, written: st
     assert canonical_json(json.loads(sent)) == written
 
 
-def test_a_skipped_part_or_a_number_that_is_not_finite_cannot_be_written() -> None:
+def test_a_skipped_part_a_number_that_is_not_finite_or_a_value_the_api_server_would_change_is_not_written() -> None:
     deep = bounded_json.loads('{"a": ' + "[" * 200 + "]" * 200 + "}")
-    for value in (deep, {"x": float("nan")}, [float("inf")], {1, 2}):
+    lone_surrogate = json.loads('"\\ud800"')  # Go decodes it as U+FFFD
+    past_int64 = 99999999999999999999  # Go decodes it as a float64: 100000000000000000000
+    for value in (deep, {"x": float("nan")}, [float("inf")], {1, 2}, {"s": lone_surrogate}, [past_int64]):
         with pytest.raises(NotCanonicalError):
             canonical_json(value)
 
