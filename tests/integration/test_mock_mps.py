@@ -181,6 +181,15 @@ def wait_for(check: Callable[[], bool], what: str) -> None:
         time.sleep(0.02)
 
 
+def settled_uid(pid: int, expected: int, timeout: float = 2.0) -> int:
+    """`pid`'s UID once it is `expected`, or after `timeout` whatever it is: a server the daemon has just listed may
+    still be switching from root to its client's UID (fork, then setuid)."""
+    deadline = time.monotonic() + timeout
+    while (uid := uid_of(pid)) != expected and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return uid
+
+
 def uid_of(pid: int) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("Uid:"):
@@ -366,7 +375,7 @@ def test_legacy_server_queues_a_client_of_another_uid(mps: Mps) -> None:
     first = mps.client("1024", "10", user=NOBODY)
     assert first_line(first) is not None
     (server,) = mps.servers()
-    assert uid_of(server) == NOBODY
+    assert settled_uid(server, NOBODY) == NOBODY
     second = mps.client("1024", "10", user=OTHER)
     assert first_line(second, timeout=0.5) is None, "a client of another UID ran beside the first one's server"
     assert mps.control(f"get_client_list {server}").stdout.split() == [str(first.pid)]
@@ -374,7 +383,7 @@ def test_legacy_server_queues_a_client_of_another_uid(mps: Mps) -> None:
     got = first_line(second)
     assert got is not None and got["alloc"]["result"] == "CUDA_SUCCESS"
     (replacement,) = mps.servers()
-    assert replacement != server and uid_of(replacement) == OTHER
+    assert replacement != server and settled_uid(replacement, OTHER) == OTHER
     assert release(second)["result"] == "CUDA_SUCCESS"
 
 
