@@ -1,7 +1,8 @@
 """The catalogue of published devices, recomputed from the slice index only when a slice changes.
 
-Each device of our driver (newest pool generation) by its key, the name of its GPU object and back, the nodes that
-publish devices, and the `AdmissionFacts` the webhook's thread reads (published by one attribute assignment).
+Each device of our driver (newest pool generation) by its key, the name of its GPU object and back, what the ledger
+says is free on it, the nodes that publish devices, and the `AdmissionFacts` the webhook's thread reads (published
+by one attribute assignment).
 """
 
 from collections.abc import Mapping
@@ -9,6 +10,7 @@ from collections.abc import Mapping
 from api.gpu import gpu_object_name
 from api.mig import TYPE_MIG
 from api.names import MPS_DEVICE_CLASS_NAME
+from api.quantity import to_bytes
 from controller.core.context import Context
 from controller.core.slices import DeviceKey, DeviceRecord, current_devices
 from controller.devices.facts import AdmissionFacts, admission_facts
@@ -64,6 +66,19 @@ class DeviceCatalogue:
         """The published device of the GPU object `name`; None when it has none."""
         self.devices()
         return self._keys.get(name)
+
+    def free(self, key: DeviceKey) -> tuple[int, int] | None:
+        """What the ledger's GPU object of a published device says is free now: (`freeMemory` in bytes, its `compute`
+        capacity (0 where it publishes none) less `allocatedCompute`, in percent); None while the object has no
+        figures. A MIG partition's object is its GPU's: for a partition these are its GPU's."""
+        name = self.object_name(key)
+        existing = self._context.gpu(name) if name else None
+        status = (existing.status if existing is not None else None) or {}
+        free = status.get("freeMemory")
+        device = self.devices().get(key)
+        if free is None or device is None:
+            return None
+        return to_bytes(free), max(0, (device.compute_total or 0) - int(status.get("allocatedCompute") or 0))
 
     def nodes(self) -> set[str]:
         """The nodes that publish devices."""

@@ -19,8 +19,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from api.compute import TOTAL
+from api.mig import TYPE_GPU
 from api.mps_trust import ADMITTED_CONDITION, CONFLICT_CONDITION, TrustDomain, trust_domain
-from api.quantity import to_bytes
 from controller.core.claims import ClaimView, GpuRequest, Share
 from controller.core.context import ClaimKey, Context
 from controller.core.slices import DeviceKey, DeviceRecord, TaintRuleView
@@ -190,31 +191,33 @@ class MpsDomains:
         self, claim: ClaimView, selected: Callable[[GpuRequest, DeviceRecord], bool] = lambda *_: True
     ) -> list[tuple[str, str]]:
         """(request, message) for each request of a pending `claim` that waits only because the GPUs with room
-        for it are MPS GPUs of other trust domains (free memory as the ledger has it; domains as the GPUs' rules
-        record them). `selected`: whether the request's selectors leave it a device (of its DeviceClass: the MPS
-        class only MPS GPUs); only those count."""
+        for it are MPS GPUs of other trust domains (free memory, and on a shared GPU free compute, as the ledger has
+        them: `DeviceCatalogue.free`; domains as the GPUs' rules record them). `selected`: whether the request's
+        selectors leave it a device (of its DeviceClass: the MPS class only MPS GPUs); only those count."""
         if not self.enabled or claim.allocated or not claim.memory_requests:
             return []
         known = []
         for key, device in self._catalogue.devices().items():
-            name = self._catalogue.object_name(key)
-            existing = self._context.gpu(name) if name else None
-            free = (existing.status or {}).get("freeMemory") if existing is not None else None
-            if free is not None:
+            if (free := self._catalogue.free(key)) is not None:
                 mps = self.is_mps(key)
-                known.append((device, Room(key[0], key[1], to_bytes(free), mps, self.serving(key) if mps else None)))
+                shared = device.kind == TYPE_GPU and device.allow_multiple  # a partition's figures are its GPU's
+                owner = self.serving(key) if mps else None
+                known.append((device, Room(key[0], key[1], free[0], mps, owner, free[1] if shared else TOTAL)))
         domain = self.domain_of(claim)
         out = []
         for alternatives in claim.memory_requests:
-            smallest = min(alternatives, key=lambda m: m.memory or 0)  # memory_requests: every memory is set
-            memory = smallest.memory or 0
-            rooms = [(d, r) for d, r in known if r.free >= memory]
-            usable = (d for d, r in rooms if not r.mps or r.owner in (None, domain))
-            if any(selected(smallest, d) for d in usable):  # the cheap answer first: most claims have room
+            asks = [(m, m.memory or 0, m.compute or 0) for m in alternatives]  # memory_requests: every memory is set
+            usable = (
+                (m, d) for m, memory, compute in asks for d, r in known
+                if r.holds(memory, compute) and (not r.mps or r.owner in (None, domain))
+            )  # fmt: skip
+            if any(selected(m, d) for m, d in usable):  # the cheap answer first: most claims have room
                 continue
-            held = [r for d, r in rooms if r.mps and r.owner not in (None, domain) and selected(smallest, d)]
-            if (message := waiting_message(domain, memory, held)) is not None:
-                out.append((smallest.request, message))
+            for m, memory, compute in asks:
+                held = [r for d, r in known if r.mps and r.owner not in (None, domain) and selected(m, d)]
+                if (message := waiting_message(domain, memory, held, compute)) is not None:
+                    out.append((m.request, message))
+                    break
         return out
 
 

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from api.compute import TOTAL
 from api.mps_trust import RULE_LABEL, TrustDomain, TrustDomainError
 from controller.core.slices import MPS_DOMAIN_ANNOTATION, TaintRuleView
 
@@ -262,22 +263,29 @@ def rewritten_message(name: str, pool: str, device: str, recorded: TrustDomain, 
 
 @dataclass(frozen=True)
 class Room:
-    """One published GPU as a pending claim sees it: its free memory and, for an MPS GPU, the domain it serves."""
+    """One published GPU as a pending claim sees it: its free memory and compute and, for an MPS GPU, the domain it
+    serves."""
 
     pool: str
     device: str
     free: int
     mps: bool
     owner: TrustDomain | None = None
+    compute: int = TOTAL
+    """Its free compute in percent (the default, all of it: a device whose compute is not counted)."""
+
+    def holds(self, memory: int, compute: int) -> bool:
+        """Whether it has `memory` bytes and `compute` percent free."""
+        return self.free >= memory and self.compute >= compute
 
 
-def waiting_message(domain: TrustDomain, memory: int, rooms: Iterable[Room]) -> str | None:
-    """Why a pending claim of `domain` asking for `memory` bytes waits, when only MPS GPUs of other trust domains
-    have that much free among `rooms`, the GPUs it may use (pure); None when some GPU it may use has room, or none
-    has."""
+def waiting_message(domain: TrustDomain, memory: int, rooms: Iterable[Room], compute: int = 0) -> str | None:
+    """Why a pending claim of `domain` asking for `memory` bytes (and `compute` percent) waits, when only MPS GPUs of
+    other trust domains have that much free among `rooms`, the GPUs it may use (pure); None when some GPU it may use
+    has room, or none has."""
     listed = list(rooms)
-    usable = [r for r in listed if r.free >= memory and (not r.mps or r.owner in (None, domain))]
-    held = [r for r in listed if r.free >= memory and r.mps and r.owner not in (None, domain)]
+    usable = [r for r in listed if r.holds(memory, compute) and (not r.mps or r.owner in (None, domain))]
+    held = [r for r in listed if r.holds(memory, compute) and r.mps and r.owner not in (None, domain)]
     if usable or not held:
         return None
     where = ", ".join(f"{r.device} of node {r.pool} ({r.owner.describe() if r.owner else ''})" for r in held)

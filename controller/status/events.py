@@ -4,11 +4,14 @@ told again when its reason changes), a MIG request that waits because every alig
 overlaps an allocated partition (`MigPlacementsFragmented`, told again when the GPUs' state changes), a request for
 MIG partitions where none is published (`MigPartitionsNotPublished`, in place of `UnsatisfiableGpuRequest`), a
 request that names no memory and so waits for a whole GPU while shares hold every GPU it may use
-(`WholeGpuRequested`), a request of a DeviceClass of ours that the cluster lacks (`DeviceClassNotInstalled`, in
+(`WholeGpuRequested`), a share request that waits because no GPU it may use has the memory and compute it asks
+free now, as the ledger counts them, where no other reason here or `MpsTrustDomainWaiting` speaks for it
+(`GpuRoomWaiting`: such a claim undecided is looked at again 5 s later, then every 30 s, while it pends), a request
+of a DeviceClass of ours that the cluster lacks (`DeviceClassNotInstalled`, in
 place of every other pending reason: nothing can be allocated before the class exists), parts that could not be
 decoded (`UnreadableClaimParts`), a status the API server refuses every write to (`ClaimStatusUnwritable`:
-`api.kube_errors.UNWRITABLE_STATUS`). `MigPartitionsNotPublished`, `WholeGpuRequested` and `DeviceClassNotInstalled`
-are told once per request.
+`api.kube_errors.UNWRITABLE_STATUS`). `MigPartitionsNotPublished`, `WholeGpuRequested`, `GpuRoomWaiting` and
+`DeviceClassNotInstalled` are told once per request.
 
 Event names are derived from (claim uid, key), so a post repeated after a restart meets AlreadyExists and counts as
 posted; a key is remembered only once its post succeeded. Every Event posted here (the MPS trust domains' through
@@ -16,9 +19,11 @@ posted; a key is remembered only once its post succeeded. Every Event posted her
 pods it concerns (`controller.status.pod_notices`).
 """
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
 from api.gpu_config import MAX_PARAMETERS_DEPTH
 from api.kube_errors import UNWRITABLE_STATUS
@@ -30,6 +35,7 @@ from controller.devices.catalogue import DeviceCatalogue
 from controller.nodes.plan import NodeGonePlan, node_gone_message
 from controller.status.class_missing import plan_class_missing
 from controller.status.feasibility import plan_unsatisfiable, selected_by
+from controller.status.gpu_room import plan_room_waiting
 from controller.status.mig_only import plan_mig_unpublished
 from controller.status.mig_room import plan_mig_fragmented
 from controller.status.pod_notices import PodNotices
@@ -45,6 +51,49 @@ REASON_MIG_UNPUBLISHED = "MigPartitionsNotPublished"
 REASON_WHOLE_GPU = "WholeGpuRequested"
 REASON_CLASS_MISSING = "DeviceClassNotInstalled"
 REASON_STATUS_UNWRITABLE = "ClaimStatusUnwritable"
+REASON_GPU_ROOM = "GpuRoomWaiting"
+ROOM_RECHECK_SECONDS = (5.0, 30.0)
+"""When a pending claim left undecided by `plan_room_waiting` is looked at again: after the first, then after each
+later look (the ledger it reads changes without the claim changing)."""
+
+
+class _Found(Protocol):
+    """What each plan finds: a request and what to tell about it."""
+
+    @property
+    def request(self) -> str: ...
+
+    @property
+    def message(self) -> str: ...
+
+
+class _Rechecks:
+    """One timer at a time per claim: a claim is looked at again after the first delay, then after the second, while
+    it stays undecided (a claim allocated or told in between is not looked at: the bench's bursts cost nothing)."""
+
+    def __init__(self, recheck: Callable[[ClaimKey, float], None]) -> None:
+        self._recheck = recheck
+        self._due: dict[str, tuple[float, int]] = {}  # claim uid -> (monotonic due time, looks scheduled)
+
+    def update(self, claim: ClaimView, *, undecided: bool) -> None:
+        """Look at `claim` again later while it is `undecided`; forget it otherwise."""
+        if not undecided:
+            self._due.pop(claim.uid, None)
+            return
+        now = time.monotonic()
+        due, looks = self._due.get(claim.uid, (0.0, 0))
+        if due > now:
+            return  # its timer is set
+        delay = ROOM_RECHECK_SECONDS[min(looks, len(ROOM_RECHECK_SECONDS) - 1)]
+        self._due[claim.uid] = (now + delay, looks + 1)
+        asyncio.get_running_loop().call_later(delay, self._fire, claim.uid, claim.key)
+
+    def _fire(self, uid: str, key: ClaimKey) -> None:
+        if uid in self._due:
+            self._recheck(key, 0.0)
+
+    def forget(self, uid: str) -> None:
+        self._due.pop(uid, None)
 
 
 class ClaimEvents:
@@ -61,6 +110,7 @@ class ClaimEvents:
         self._missing_since: dict[tuple[str, str, str], float] = {}  # (uid, pool, device) -> monotonic
         self._whole: dict[str, ClaimKey] = {}  # uid -> key of pending claims with requests that name no memory
         self.pods = PodNotices(context, recheck)
+        self._room_rechecks = _Rechecks(recheck)
 
     def forget(self, uid: str, *, posted: bool) -> None:
         """The claim left the index (`posted=False`: it may come back; its Events stay told) or is deleted."""
@@ -68,22 +118,27 @@ class ClaimEvents:
             self._posted.pop(uid, None)
             self.pods.forget(uid)
         self._whole.pop(uid, None)
+        self._room_rechecks.forget(uid)
         for k in [k for k in self._missing_since if k[0] == uid]:
             del self._missing_since[k]
 
-    async def post(self, claim: ClaimView, missing: tuple[Share, ...], gone: NodeGonePlan) -> bool:
+    async def post(
+        self, claim: ClaimView, missing: tuple[Share, ...], gone: NodeGonePlan, told: frozenset[str] = frozenset()
+    ) -> bool:
         """Post every Event `claim` needs now (`missing`: its shares whose device is not published, apart from
-        those on a deleted node, `gone`); False when some post failed and a later try may succeed."""
+        those on a deleted node, `gone`; `told`: requests another Event explains, as `MpsTrustDomainWaiting`); False
+        when some post failed and a later try may succeed."""
         posted = await self._device_gone(claim, missing)
         posted = await self._node_gone(claim, gone) and posted
         no_class, ok = await self._class_missing(claim)
         if no_class:
             self._whole.pop(claim.uid, None)
             return ok and posted
-        told, ok = await self._mig_unpublished(claim)
-        posted = await self._unsatisfiable(claim, told) and ok and posted
-        posted = await self._fragmented(claim) and posted
-        return await self._whole_gpu(claim) and posted
+        unpublished, ok = await self._mig_unpublished(claim)
+        unsatisfiable, posted = await self._unsatisfiable(claim, unpublished), ok and posted
+        posted = await self._fragmented(claim) and unsatisfiable[1] and posted
+        whole, ok = await self._whole_gpu(claim)
+        return await self._room(claim, told | unpublished | unsatisfiable[0] | whole) and ok and posted
 
     def waiting_whole(self) -> list[ClaimKey]:
         """The pending claims last seen with a request of a shared class that names no memory: whether they wait
@@ -151,10 +206,7 @@ class ClaimEvents:
         if claim.allocated or not self._context.ready.is_set():
             return False, True
         found = plan_class_missing(claim, self._context.claim_classes(), chart_classes(self._context.settings))
-        ok = True
-        for f in found:
-            ok = await self._post_once(claim, (REASON_CLASS_MISSING, f.request), REASON_CLASS_MISSING, f.message) and ok
-        return bool(found), ok
+        return bool(found), await self._each(claim, REASON_CLASS_MISSING, found)
 
     async def _mig_unpublished(self, claim: ClaimView) -> tuple[frozenset[str], bool]:
         """Tell each request that asks for MIG partitions where none is published; (those requests, whether every
@@ -164,22 +216,14 @@ class ClaimEvents:
         devices = self._catalogue.devices().values()
         mig_class = self._context.settings.mig_device_class
         found = plan_mig_unpublished(claim, devices, self._context.claim_classes(), self._context.driver, mig_class)
-        ok = True
-        for f in found:
-            ok = (
-                await self._post_once(claim, (REASON_MIG_UNPUBLISHED, f.request), REASON_MIG_UNPUBLISHED, f.message)
-                and ok
-            )
-        return frozenset(f.request for f in found), ok
+        return frozenset(f.request for f in found), await self._each(claim, REASON_MIG_UNPUBLISHED, found)
 
-    async def _unsatisfiable(self, claim: ClaimView, told: frozenset[str]) -> bool:
-        ok = True
+    async def _unsatisfiable(self, claim: ClaimView, told: frozenset[str]) -> tuple[frozenset[str], bool]:
+        """Tell each request no published GPU can ever satisfy; (those requests, whether every post succeeded)."""
         devices = self._catalogue.devices().values()
-        classes = self._context.claim_classes()
-        for found in plan_unsatisfiable(claim, devices, classes, self._context.driver, told=told):
-            key = (REASON_UNSATISFIABLE, found.request, found.message)  # a changed reason is told again
-            ok = await self._post_once(claim, key, REASON_UNSATISFIABLE, found.message) and ok
-        return ok
+        found = plan_unsatisfiable(claim, devices, self._context.claim_classes(), self._context.driver, told=told)
+        ok = await self._each(claim, REASON_UNSATISFIABLE, found, again=True)  # a changed reason is told again
+        return frozenset(f.request for f in found), ok
 
     async def _fragmented(self, claim: ClaimView) -> bool:
         mig_class = self._context.settings.mig_device_class
@@ -189,15 +233,12 @@ class ClaimEvents:
             or not any(m.device_class == mig_class for r in claim.memory_requests for m in r)
         ):
             return True
-        ok = True
         selected = selected_by(self._context.claim_classes(), self._context.driver)
         devices = self._catalogue.devices().values()
-        for found in plan_mig_fragmented(claim, devices, self._context.claims(), selected, mig_class):
-            key = (REASON_MIG_FRAGMENTED, found.request, found.message)  # told again when the GPUs change
-            ok = await self._post_once(claim, key, REASON_MIG_FRAGMENTED, found.message) and ok
-        return ok
+        found = plan_mig_fragmented(claim, devices, self._context.claims(), selected, mig_class)
+        return await self._each(claim, REASON_MIG_FRAGMENTED, found, again=True)  # told again when the GPUs change
 
-    async def _whole_gpu(self, claim: ClaimView) -> bool:
+    async def _whole_gpu(self, claim: ClaimView) -> tuple[frozenset[str], bool]:
         shared = self._context.settings.device_classes
         if (
             claim.allocated
@@ -205,14 +246,33 @@ class ClaimEvents:
             or not any(all(m.memory is None and m.device_class in shared for m in r) for r in claim.requests)
         ):
             self._whole.pop(claim.uid, None)
-            return True
+            return frozenset(), True
         self._whole[claim.uid] = claim.key
         selected = selected_by(self._context.claim_classes(), self._context.driver)
         devices = self._catalogue.devices().values()
+        found = plan_whole_gpu(claim, devices, self._context.claims(), selected, shared)  # told once: its amounts
+        return frozenset(f.request for f in found), await self._each(claim, REASON_WHOLE_GPU, found)  # change often
+
+    async def _room(self, claim: ClaimView, told: frozenset[str]) -> bool:
+        """Tell each share request that no GPU it may use has room for now (`GpuRoomWaiting`), once; look again
+        later at a claim left undecided (the ledger it reads changes without the claim changing)."""
+        if claim.allocated or not claim.memory_requests:
+            self._room_rechecks.update(claim, undecided=False)
+            return True
+        selected = selected_by(self._context.claim_classes(), self._context.driver)
+        skip = (self._context.settings.mig_device_class,)
+        devices, free = self._catalogue.devices().values(), self._catalogue.free
+        found = plan_room_waiting(claim, devices, lambda d: free(d.key), selected, told=told, skip_classes=skip)
+        self._room_rechecks.update(claim, undecided=found.undecided)
+        return await self._each(claim, REASON_GPU_ROOM, found.waiting)
+
+    async def _each(self, claim: ClaimView, reason: str, found: Iterable[_Found], *, again: bool = False) -> bool:
+        """Post `reason` once per request of `found` (`again`: once per request and message: a changed message is
+        told again); False when a post failed."""
         ok = True
-        for found in plan_whole_gpu(claim, devices, self._context.claims(), selected, shared):
-            key = (REASON_WHOLE_GPU, found.request)  # told once: the amounts in it change with every share
-            ok = await self._post_once(claim, key, REASON_WHOLE_GPU, found.message) and ok
+        for f in found:
+            key = (reason, f.request, f.message) if again else (reason, f.request)
+            ok = await self._post_once(claim, key, reason, f.message) and ok
         return ok
 
     async def skipped_parts(self, claim: ClaimView) -> bool:

@@ -3,7 +3,8 @@
 `controller.mps`: the trust domain and the binding condition decided) from the indexes, applies them when they
 differ, and posts the Events the claim needs (`ClaimEvents`, and `MpsTrustDomainConflict` for a refused share,
 `MpsTrustDomainWaiting` for a pending claim that only other trust domains' MPS GPUs have room for, among the GPUs
-its selectors leave it: `controller.status.feasibility.selected_by`; each told to the claim's pods too). A write the
+its selectors leave it: `controller.status.feasibility.selected_by`, in place of `GpuRoomWaiting`; each told to the
+claim's pods too). A write the
 API server refuses because it would change the allocation (`ApiAllocationImmutable`: it refuses every status write to
 that claim) is told once as `ClaimStatusUnwritable` and not retried; the claim's other Events are posted as usual.
 
@@ -143,14 +144,15 @@ class StatusManager:
                 metrics.STATUS_WRITES.labels("ok").inc()
                 metrics.STATUS_WRITE_SECONDS.observe(time.monotonic() - started)
         missing = tuple(s for s in plan.missing if s not in gone.shares)
-        posted = await self.events.post(claim, missing, gone) and told
+        waiting = []
+        if self._mps.enabled and not claim.allocated:
+            waiting = self._mps.waiting(claim, selected_by(self._context.claim_classes(), driver))
+        posted = await self.events.post(claim, missing, gone, frozenset(r for r, _ in waiting)) and told
         notices: list[tuple[tuple[str, ...], str, str]] = [
             ((CONFLICT_REASON, pool, device, share), CONFLICT_REASON, message)
             for (pool, device, share), message in refusals(mps)
         ]
-        if self._mps.enabled and not claim.allocated:
-            selected = selected_by(self._context.claim_classes(), driver)
-            notices += [((WAITING_REASON, r, m), WAITING_REASON, m) for r, m in self._mps.waiting(claim, selected)]
+        notices += [((WAITING_REASON, r, m), WAITING_REASON, m) for r, m in waiting]
         for about, reason, message in notices:
             posted = await self.events.tell(claim, about, reason, message) and posted
         return posted

@@ -1,7 +1,7 @@
 """GPU compute as consumable capacity against the real control plane (issue 39): the node plugin (a process, one
 simulated A100 40GB, HAMi-core enforcement) publishes `compute` 100 beside `memory`; the real kube-scheduler places
-two pods of `compute: 50` on the GPU and leaves a third Pending while memory-only pods still land beside them; the
-plugin, spoken to as the kubelet would, gives each of the two a 50 % ceiling (CUDA_DEVICE_SM_LIMIT, HAMi-core's SM
+two pods of `compute: 50` on the GPU and leaves a third Pending while memory-only pods still land beside them, and
+the controller tells the third pod that compute is what is short (`GpuRoomWaiting`, an Event on the pod); the plugin, spoken to as the kubelet would, gives each of the two a 50 % ceiling (CUDA_DEVICE_SM_LIMIT, HAMi-core's SM
 limit) and reports it in the claim's ComputeEnforcement condition, and a memory-only share gets none, as before.
 """
 
@@ -18,11 +18,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.dynamic import DynamicClient
 
-from api.gpu import COMPUTE_CONDITION
+from api.crds import CRD_DIR
+from api.gpu import COMPUTE_CONDITION, GPU_CRD_NAME
 from api.names import COMPUTE_CAPACITY
+from controller.core.rbac import cluster_role_rules
 from harness import kube, mocknvml
 from harness.cluster.controlplane import ControlPlane
 from harness.kubelet_client import KubeletClient
@@ -71,6 +74,24 @@ def node(control_plane: ControlPlane, api_client: client.ApiClient, dyn: Dynamic
         client.CoreV1Api(api_client).delete_node(name)
 
 
+@pytest.fixture
+def controller(
+    control_plane: ControlPlane, api_client: client.ApiClient, tmp_path: Path
+) -> Iterator[kube.ControllerProcess]:
+    """The controller process with its RBAC only (no admission: this is about its ledger and Events)."""
+    kube.apply_crd(api_client, yaml.safe_load((CRD_DIR / f"{GPU_CRD_NAME}.yaml").read_text()))
+    kubeconfig = kube.service_account_kubeconfig(
+        api_client, server=control_plane.server, ca_cert=control_plane.ca_cert, namespace="fracgpu-system",
+        name="fracgpu-controller-compute-it", rules=cluster_role_rules(), path=tmp_path / "controller.kubeconfig",
+    )  # fmt: skip
+    proc = kube.ControllerProcess(tmp_path, kubeconfig, "--no-admission", "--ledger-delay=0.2")
+    proc.start()
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+
+
 def _template(name: str, capacity: dict[str, str]) -> dict[str, Any]:
     body = kube.claim_template(name, DRIVER, None)
     body["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"] = {"requests": capacity}
@@ -84,7 +105,11 @@ def _spec_env(process: NodePluginProcess, claim: dict[str, Any]) -> dict[str, st
 
 
 def test_three_pods_of_compute_50_two_land_on_the_gpu_each_capped_at_50_and_memory_only_pods_still_land(
-    node: ComputeNode, api_client: client.ApiClient, dyn: DynamicClient, namespace: str
+    node: ComputeNode,
+    controller: kube.ControllerProcess,
+    api_client: client.ApiClient,
+    dyn: DynamicClient,
+    namespace: str,
 ) -> None:
     slices = client.ResourceV1Api(api_client).list_resource_slice(field_selector=f"spec.nodeName={node.node}").items
     (device,) = [d for s in slices for d in s.spec.devices]
@@ -120,6 +145,18 @@ def test_three_pods_of_compute_50_two_land_on_the_gpu_each_capped_at_50_and_memo
         return next((c.message for c in conditions if c.type == "PodScheduled" and c.status == "False"), None)
 
     assert "cannot allocate all claims" in kube.wait_for(unschedulable, 60, what="the third pod's reason")
+
+    def told() -> list[str]:
+        selector = f"involvedObject.kind=Pod,involvedObject.name={waiting},reason=GpuRoomWaiting"
+        return [e.message for e in core.list_namespaced_event(namespace, field_selector=selector).items]
+
+    try:
+        (message,) = kube.wait_for(told, 60, what="GpuRoomWaiting on the third pod")
+    except AssertionError as err:
+        raise AssertionError(f"{err}\n--- controller log:\n{controller.log_tail()}") from None
+    assert message.startswith("claim 'gpu' (ResourceClaim "), message
+    assert "asks for 4Gi of memory and compute 50 (percent of a GPU)" in message, message
+    assert f"the most free compute 0, on gpu-0 of node {node.node}; compute is short" in message, message
     assert waiting not in claims(), "the third stays unallocated"
     for pod in halves:
         (result,) = allocated[pod]["status"]["allocation"]["devices"]["results"]

@@ -427,6 +427,36 @@ def test_a_pending_claim_is_told_which_domains_hold_the_gpus_with_room_as_their_
     run(test, mps_gpus=("gpu-0", "gpu-1"))
 
 
+def test_other_domains_mps_gpus_without_the_compute_it_asks_are_no_room_for_a_pending_claim() -> None:
+    async def test(controller: Controller, api: Api) -> None:
+        for name, namespace, device, compute in (("a", "team-a", "gpu-0", "100"), ("b", "team-b", "gpu-1", "60")):
+            body = waiting(name, namespace, "2026-12-05T10:00:01Z", device)
+            body["status"]["allocation"]["devices"]["results"][0]["consumedCapacity"]["compute"] = compute
+            api.put(body)
+        await api.settle()
+        assert await controller.ledger.reconcile()
+        for name, status in api.writer.gpu_status.items():
+            api.world.gpus[name] = [ExistingGpu(name=name, labels={}, spec={}, status=status)]
+
+        def pending(name: str, compute: str) -> tuple[str, str]:
+            request = memory_request("gpu", "10Gi")
+            request["exactly"]["capacity"]["requests"]["compute"] = compute
+            body = claim(name, requests=[request], namespace="team-c")
+            return api.put({**body, "status": {}})
+
+        key = pending("c", "50")  # both GPUs have 60Gi free, neither 50 of compute
+        assert controller.mps.waiting(api.world.claims[key][0]) == [], "no GPU has room: not a matter of domains"
+        await controller.status.reconcile(key)
+        assert [(n, r) for n, r, _ in api.writer.events] == [("c", "GpuRoomWaiting")]
+        small = pending("d", "40")  # gpu-1 has 40 left: only team-b's GPU has room for it
+        ((request, message),) = controller.mps.waiting(api.world.claims[small][0])
+        assert request == "gpu" and "(gpu-1 of node node-a (namespace team-b))" in message, message
+        await controller.status.reconcile(small)
+        assert [(n, r) for n, r, _ in api.writer.events][1:] == [("d", "MpsTrustDomainWaiting")]
+
+    run(test, mps_gpus=("gpu-0", "gpu-1"))
+
+
 def test_a_failed_write_keeps_its_gpu_for_the_next_pass_and_a_full_pass_deletes_rules_of_no_mps_gpu() -> None:
     async def test(controller: Controller, api: Api) -> None:
         writer = api.writer

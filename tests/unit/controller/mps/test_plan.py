@@ -171,3 +171,7 @@ def test_a_pending_claim_is_told_when_only_other_domains_mps_gpus_have_room() ->
     assert waiting_message(B, 10 * gib, [held, Room("node-a", "gpu-2", 20 * gib, mps=True)]) is None, "a free MPS GPU"
     assert waiting_message(B, 10 * gib, [held, Room("node-a", "gpu-3", 20 * gib, mps=False)]) is None
     assert waiting_message(B, 90 * gib, [held]) is None, "nothing has room: not a matter of domains"
+    busy = Room("node-a", "gpu-0", 60 * gib, mps=True, owner=A, compute=40)
+    assert waiting_message(B, 10 * gib, [busy], 40) is not None, "40 of compute free: room for 40"
+    assert waiting_message(B, 10 * gib, [busy], 50) is None, "no compute for 50: not a matter of domains"
+    assert waiting_message(B, 10 * gib, [held, Room("node-a", "gpu-3", 20 * gib, mps=False, compute=0)], 50)
