@@ -181,6 +181,8 @@ class Controller:
             self.status.enqueue(key)
 
     def gpus_changed(self, name: str) -> None:
-        """The GPU object `name` changed (possibly by someone else, or the echo of our own write): re-check it."""
+        """The GPU object `name` changed (possibly by someone else, or the echo of our own write): re-check it; the
+        pending claims that the room check (`GpuRoomWaiting`) reads its figures for are looked at again soon."""
         self.context.ready.set()
         self.ledger.marks.name(name)
+        self.status.events.ledger_changed()

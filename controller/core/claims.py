@@ -22,6 +22,9 @@ from controller.core.parsing import quantity_bytes, shape_errors
 from controller.core.slices import DeviceKey
 
 EXTENDED_RESOURCE_CLAIM_ANNOTATION = "resource.kubernetes.io/extended-resource-claim"
+POD_CLAIM_NAME_ANNOTATION = "resource.kubernetes.io/pod-claim-name"
+"""Set by kube-controller-manager on a claim it makes from a pod's ResourceClaimTemplate: the pod's own name for it
+(its `spec.resourceClaims[].name`), there before the pod's `status.resourceClaimStatuses` says so."""
 """Set to "true" by kube-scheduler on the claim it creates for a pod's extended resource (`extendedResourceName`)."""
 
 
@@ -128,6 +131,8 @@ class ClaimView(BaseModel):
     """kube-scheduler made it for the pod's extended resource (annotation
     `resource.kubernetes.io/extended-resource-claim: "true"`): whole GPUs by design, its spec the scheduler's."""
     pod_uid: str = ""
+    pod_claim_name: str = ""
+    """The owner pod's own name for the claim (`POD_CLAIM_NAME_ANNOTATION`; empty when not made from a template)."""
     """The uid of that owner pod (empty when there is none)."""
     reserved: tuple[PodRef, ...] = ()
     """The pods `status.reservedFor` lists: those that hold the claim (allocated, and being bound or running)."""
@@ -350,6 +355,7 @@ def claim_view(body: Mapping[str, Any], driver: str, device_class: str | tuple[s
         extended_resource=(meta.get("annotations") or {}).get(EXTENDED_RESOURCE_CLAIM_ANNOTATION) == "true",
         pod=owner.name if owner else None,
         pod_uid=owner.uid if owner else "",
+        pod_claim_name=str((meta.get("annotations") or {}).get(POD_CLAIM_NAME_ANNOTATION) or "") if owner else "",
         reserved=_reserved_pods(status),
         shares=shares,
         requests=tuple(requests),

@@ -52,6 +52,8 @@ REASON_WHOLE_GPU = "WholeGpuRequested"
 REASON_CLASS_MISSING = "DeviceClassNotInstalled"
 REASON_STATUS_UNWRITABLE = "ClaimStatusUnwritable"
 REASON_GPU_ROOM = "GpuRoomWaiting"
+ROOM_SETTLE_SECONDS = 1.0
+"""How soon after a GPU object changes a pending claim the room check left undecided is looked at again."""
 ROOM_RECHECK_SECONDS = (5.0, 30.0)
 """When a pending claim left undecided by `plan_room_waiting` is looked at again: after the first, then after each
 later look (the ledger it reads changes without the claim changing)."""
@@ -69,11 +71,12 @@ class _Found(Protocol):
 
 class _Rechecks:
     """One timer at a time per claim: a claim is looked at again after the first delay, then after the second, while
-    it stays undecided (a claim allocated or told in between is not looked at: the bench's bursts cost nothing)."""
+    it stays undecided (a claim allocated or told in between is not looked at: the bench's bursts cost nothing); a
+    changed ledger (`soon`) brings every undecided claim's next look forward."""
 
     def __init__(self, recheck: Callable[[ClaimKey, float], None]) -> None:
         self._recheck = recheck
-        self._due: dict[str, tuple[float, int]] = {}  # claim uid -> (monotonic due time, looks scheduled)
+        self._due: dict[str, tuple[float, int, ClaimKey]] = {}  # claim uid -> (monotonic due time, looks, key)
 
     def update(self, claim: ClaimView, *, undecided: bool) -> None:
         """Look at `claim` again later while it is `undecided`; forget it otherwise."""
@@ -81,16 +84,28 @@ class _Rechecks:
             self._due.pop(claim.uid, None)
             return
         now = time.monotonic()
-        due, looks = self._due.get(claim.uid, (0.0, 0))
+        due, looks, _ = self._due.get(claim.uid, (0.0, 0, claim.key))
         if due > now:
             return  # its timer is set
-        delay = ROOM_RECHECK_SECONDS[min(looks, len(ROOM_RECHECK_SECONDS) - 1)]
-        self._due[claim.uid] = (now + delay, looks + 1)
-        asyncio.get_running_loop().call_later(delay, self._fire, claim.uid, claim.key)
+        self._set(
+            claim.uid, claim.key, now + ROOM_RECHECK_SECONDS[min(looks, len(ROOM_RECHECK_SECONDS) - 1)], looks + 1
+        )
 
-    def _fire(self, uid: str, key: ClaimKey) -> None:
-        if uid in self._due:
-            self._recheck(key, 0.0)
+    def soon(self, delay: float) -> None:
+        """The ledger changed: look again within `delay` at each claim still undecided whose next look is later."""
+        at = time.monotonic() + delay
+        for uid, (due, looks, key) in list(self._due.items()):
+            if due > at:
+                self._set(uid, key, at, looks)
+
+    def _set(self, uid: str, key: ClaimKey, due: float, looks: int) -> None:
+        self._due[uid] = (due, looks, key)
+        asyncio.get_running_loop().call_later(max(0.0, due - time.monotonic()), self._fire, uid, due)
+
+    def _fire(self, uid: str, due: float) -> None:
+        found = self._due.get(uid)
+        if found is not None and found[0] == due:  # not a timer replaced by an earlier one
+            self._recheck(found[2], 0.0)
 
     def forget(self, uid: str) -> None:
         self._due.pop(uid, None)
@@ -139,6 +154,11 @@ class ClaimEvents:
         posted = await self._fragmented(claim) and unsatisfiable[1] and posted
         whole, ok = await self._whole_gpu(claim)
         return await self._room(claim, told | unpublished | unsatisfiable[0] | whole) and ok and posted
+
+    def ledger_changed(self) -> None:
+        """A GPU object changed (its free memory or compute may have): pending claims left undecided by the room
+        check are looked at again within `ROOM_SETTLE_SECONDS` (the GPU objects of one ledger pass come together)."""
+        self._room_rechecks.soon(ROOM_SETTLE_SECONDS)
 
     def waiting_whole(self) -> list[ClaimKey]:
         """The pending claims last seen with a request of a shared class that names no memory: whether they wait

@@ -99,6 +99,8 @@ def _concerned(claim: ClaimView, pod: PodView) -> bool:
 def pod_message(claim: ClaimView, pod: PodView, message: str) -> str:
     """The claim's Event `message` as told on `pod`: prefixed with the claim, under the pod's own name for it."""
     own = pod.claims.get(claim.name)
+    if not own and claim.pod and (pod.name, pod.uid) == (claim.pod, claim.pod_uid):
+        own = claim.pod_claim_name  # a template's claim: named before the pod's status lists it
     about = f"claim {own!r} (ResourceClaim {claim.name})" if own else f"ResourceClaim {claim.name}"
     return f"{about}: {message}"
 

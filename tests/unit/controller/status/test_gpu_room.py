@@ -194,3 +194,21 @@ def test_a_claim_seen_before_the_ledger_caught_up_is_looked_at_again(monkeypatch
         assert [n for n, r, _ in writer.events if r == REASON_GPU_ROOM] == ["late"], "told once; roomy has room"
 
     run(test)
+
+
+def test_a_changed_ledger_brings_the_next_look_forward(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(events, "ROOM_RECHECK_SECONDS", (60.0, 60.0))  # the timers alone would not look again here
+    monkeypatch.setattr(events, "ROOM_SETTLE_SECONDS", 0.05)
+
+    async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
+        await controller.start()
+        key = world.put(claim("late", requests=[{"name": "gpu", "exactly": ask()}]))
+        controller.claim_changed(key)
+        await asyncio.sleep(0.1)
+        assert writer.events == [], "no ledger yet: nothing is said"
+        for name, device, compute in (("a", "gpu-0", "100"), ("b", "gpu-1", "60")):
+            world.put(compute_share(name, device, compute))  # the index only: the claims' own events are not sent
+        await write_ledger(controller, world, writer)  # the GPU objects' watch events
+        await eventually(lambda: [n for n, r, _ in writer.events if r == REASON_GPU_ROOM] == ["late"], 1.0)
+
+    run(test)

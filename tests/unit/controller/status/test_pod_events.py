@@ -4,7 +4,8 @@ from typing import Any
 
 import pytest
 
-from controller.core.claims import ClaimView, PodRef
+from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
+from controller.core.claims import ClaimView, PodRef, claim_view
 from controller.status.pod_events import PodRateLimit, PodView, claim_pods, plan_pod_events, pod_view
 
 KEY = ("UnsatisfiableGpuRequest", "gpu", "msg")
@@ -83,6 +84,32 @@ def test_an_owned_claim_is_told_to_its_owner_only_if_it_is_the_same_pod() -> Non
     again["metadata"]["uid"] = "uid-p-2"  # a new pod of the same name does not own the claim
     assert told(OWNED, again) == {}
     assert told(OWNED.model_copy(update={"namespace": "elsewhere"}), pod_body("p")) == {}
+
+
+def test_a_template_claim_is_told_under_the_pods_name_for_it_before_the_pods_status_lists_it() -> None:
+    body = {**OWNED.model_dump(), "pod_claim_name": "gpu"}
+    annotated = ClaimView(**body)
+    assert told(annotated, pod_body("p")) == {"p": f"claim 'gpu' (ResourceClaim p-gpu-x7k2): {MESSAGE}"}
+    assert told(OWNED, pod_body("p")) == {"p": f"ResourceClaim p-gpu-x7k2: {MESSAGE}"}, "no annotation: the claim only"
+    claim = claim_view_of({"resource.kubernetes.io/pod-claim-name": "gpu"})
+    assert (claim.pod, claim.pod_claim_name) == ("p", "gpu")
+    assert claim_view_of({}).pod_claim_name == ""
+
+
+def claim_view_of(annotations: dict[str, str]) -> ClaimView:
+    """A template's claim as kube-controller-manager makes it (owned by pod `p`), with `annotations`."""
+    body = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaim",
+        "metadata": {
+            "name": "p-gpu-x7k2", "namespace": "ns", "uid": "uid-c", "annotations": annotations,
+            "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "uid-p", "controller": True}],
+        },
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DEVICE_CLASS_NAME}}]}},
+    }  # fmt: skip
+    found = claim_view(body, DRIVER_NAME, DEVICE_CLASS_NAME)
+    assert found is not None
+    return found
 
 
 def test_an_allocated_claim_is_told_to_the_pods_that_hold_it_bound_or_not() -> None:
