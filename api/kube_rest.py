@@ -206,6 +206,15 @@ class KubeConnection:
         return self.config.authorization()
 
 
+def _given_up(failure: ApiError, tries: int, seconds: float, throttled: int, longest: float) -> None:
+    """Record on `failure` how the call went: its tries, its time, and the earlier throttled tries (named only when
+    `failure` is of another kind, whose message does not say it)."""
+    failure.tries = tries
+    failure.seconds = seconds
+    if asked_wait(failure) is None and throttled:
+        failure.throttled_tries, failure.longest_asked = throttled, longest
+
+
 class KubeRest:
     """GET/POST/PUT/PATCH/DELETE and watch by API path, e.g. `/apis/resource.k8s.io/v1/resourceslices`.
 
@@ -314,7 +323,7 @@ class KubeRest:
                 if asked and wait is not None and not fits:  # say why a wait the server asked was not waited
                     end = ends.hard if ends.end_after(wait, asked) == ends.hard else ends.own
                     failure.out_of_time_after = end - started
-                self._given_up(failure, retries + 1, started, throttled, longest)
+                _given_up(failure, retries + 1, self._clock() - started, throttled, longest)
                 if metrics is not None and isinstance(failure, ApiTransient):
                     metrics.gave_up.labels(failure_kind(failure), method).inc()
                 raise failure
@@ -326,16 +335,8 @@ class KubeRest:
             if asked:
                 throttled, longest = throttled + 1, max(longest, wait)
             if self.resend_if is not None and not self.resend_if():
-                self._given_up(failure, retries, started, throttled - asked, longest)
+                _given_up(failure, retries, self._clock() - started, throttled - asked, longest)
                 raise failure
-
-    def _given_up(self, failure: ApiError, tries: int, started: float, throttled: int, longest: float) -> None:
-        """Record on `failure` how the call went: its tries, its time, and the earlier throttled tries (named only
-        when `failure` is of another kind, whose message does not say it)."""
-        failure.tries = tries
-        failure.seconds = self._clock() - started
-        if asked_wait(failure) is None and throttled:
-            failure.throttled_tries, failure.longest_asked = throttled, longest
 
     def decode(self, data: bytes, status: int) -> dict[str, Any]:
         """A successful answer's body as a JSON object; raises UndecodableResponse."""
@@ -409,24 +410,30 @@ class KubeRest:
         query = {**query, "watch": "true", "timeoutSeconds": timeout_seconds, "allowWatchBookmarks": "false"}
         timeout = timeout_seconds + 10
         resp = self._call("GET", path, query, timeout=timeout, stream=True)
-        buffer, complete = b"", False
-        try:
-            for chunk in resp.stream(None, decode_content=False):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        event = decode_json(line)
-                        if not isinstance(event, dict):
-                            raise UndecodableResponse(status=200, reason="a watch event is not a JSON object")
-                        yield event
-            complete = True
-        except urllib3.exceptions.HTTPError as err:
-            raise _unreachable(err, self.connection.where, timeout) from None
-        finally:
-            if not complete:  # left early: the rest of the stream must not reach the connection's next user
-                resp.close()
-            resp.release_conn()
+        yield from _watch_events(resp, self.connection.where, timeout)
+
+
+def _watch_events(resp: urllib3.BaseHTTPResponse, where: str, timeout: float) -> Generator[dict[str, Any]]:
+    """The events of a streaming watch answer, one JSON object per line; the connection released at the end, closed
+    first when the caller stops early."""
+    buffer, complete = b"", False
+    try:
+        for chunk in resp.stream(None, decode_content=False):
+            buffer += chunk
+            while b"\n" in buffer:
+                line, buffer = buffer.split(b"\n", 1)
+                if line.strip():
+                    event = decode_json(line)
+                    if not isinstance(event, dict):
+                        raise UndecodableResponse(status=200, reason="a watch event is not a JSON object")
+                    yield event
+        complete = True
+    except urllib3.exceptions.HTTPError as err:
+        raise _unreachable(err, where, timeout) from None
+    finally:
+        if not complete:  # left early: the rest of the stream must not reach the connection's next user
+            resp.close()
+        resp.release_conn()
 
 
 RESOURCE_V1 = "/apis/resource.k8s.io/v1"
