@@ -54,6 +54,9 @@ REASON_STATUS_UNWRITABLE = "ClaimStatusUnwritable"
 REASON_GPU_ROOM = "GpuRoomWaiting"
 ROOM_SETTLE_SECONDS = 1.0
 """How soon after a GPU object changes a pending claim the room check left undecided is looked at again."""
+ROOM_SETTLE_AGE_SECONDS = 3.0
+"""Only claims first looked at at least this long ago are looked at again on a GPU object's change: in a burst the
+scheduler allocates a claim within a second or two, and an extra look then only races the claim's status write."""
 ROOM_RECHECK_SECONDS = (5.0, 30.0)
 """When a pending claim left undecided by `plan_room_waiting` is looked at again: after the first, then after each
 later look (the ledger it reads changes without the claim changing)."""
@@ -72,11 +75,11 @@ class _Found(Protocol):
 class _Rechecks:
     """One timer at a time per claim: a claim is looked at again after the first delay, then after the second, while
     it stays undecided (a claim allocated or told in between is not looked at: the bench's bursts cost nothing); a
-    changed ledger (`soon`) brings every undecided claim's next look forward."""
+    changed ledger (`soon`) brings the next look of every undecided claim first looked at a while ago forward."""
 
     def __init__(self, recheck: Callable[[ClaimKey, float], None]) -> None:
         self._recheck = recheck
-        self._due: dict[str, tuple[float, int, ClaimKey]] = {}  # claim uid -> (monotonic due time, looks, key)
+        self._due: dict[str, tuple[float, int, ClaimKey, float]] = {}  # uid -> (due, looks, key, first look)
 
     def update(self, claim: ClaimView, *, undecided: bool) -> None:
         """Look at `claim` again later while it is `undecided`; forget it otherwise."""
@@ -84,22 +87,23 @@ class _Rechecks:
             self._due.pop(claim.uid, None)
             return
         now = time.monotonic()
-        due, looks, _ = self._due.get(claim.uid, (0.0, 0, claim.key))
+        due, looks, _, first = self._due.get(claim.uid, (0.0, 0, claim.key, now))
         if due > now:
             return  # its timer is set
-        self._set(
-            claim.uid, claim.key, now + ROOM_RECHECK_SECONDS[min(looks, len(ROOM_RECHECK_SECONDS) - 1)], looks + 1
-        )
+        delay = ROOM_RECHECK_SECONDS[min(looks, len(ROOM_RECHECK_SECONDS) - 1)]
+        self._set(claim.uid, claim.key, now + delay, looks + 1, first)
 
     def soon(self, delay: float) -> None:
-        """The ledger changed: look again within `delay` at each claim still undecided whose next look is later."""
-        at = time.monotonic() + delay
-        for uid, (due, looks, key) in list(self._due.items()):
-            if due > at:
-                self._set(uid, key, at, looks)
+        """The ledger changed: look again within `delay` at each claim still undecided, first looked at
+        `ROOM_SETTLE_AGE_SECONDS` ago or more, whose next look is later."""
+        now = time.monotonic()
+        at = now + delay
+        for uid, (due, looks, key, first) in list(self._due.items()):
+            if due > at and now - first >= ROOM_SETTLE_AGE_SECONDS:
+                self._set(uid, key, at, looks, first)
 
-    def _set(self, uid: str, key: ClaimKey, due: float, looks: int) -> None:
-        self._due[uid] = (due, looks, key)
+    def _set(self, uid: str, key: ClaimKey, due: float, looks: int, first: float) -> None:
+        self._due[uid] = (due, looks, key, first)
         asyncio.get_running_loop().call_later(max(0.0, due - time.monotonic()), self._fire, uid, due)
 
     def _fire(self, uid: str, due: float) -> None:

@@ -199,6 +199,7 @@ def test_a_claim_seen_before_the_ledger_caught_up_is_looked_at_again(monkeypatch
 def test_a_changed_ledger_brings_the_next_look_forward(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(events, "ROOM_RECHECK_SECONDS", (60.0, 60.0))  # the timers alone would not look again here
     monkeypatch.setattr(events, "ROOM_SETTLE_SECONDS", 0.05)
+    monkeypatch.setattr(events, "ROOM_SETTLE_AGE_SECONDS", 0.05)
 
     async def test(controller: Controller, world: World, writer: FakeWriter) -> None:
         await controller.start()
