@@ -487,6 +487,43 @@ class ControllerProcess:
     def log_tail(self, lines: int = 60) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
 
+    def wait_for(self, probe: Callable[[], T | None], timeout: float, what: str) -> T:
+        """`wait_for` that shows this controller's log when it times out."""
+        try:
+            return wait_for(probe, timeout, what=what)
+        except AssertionError as err:
+            raise AssertionError(f"{err}\n--- controller log:\n{self.log_tail()}") from None
+
+
+@contextlib.contextmanager
+def controller_with_rbac(
+    api_client: client.ApiClient,
+    *,
+    server: str,
+    ca_cert: Path,
+    workdir: Path,
+    account: tuple[str, str],
+    rules: list[dict[str, Any]],
+    webhook_config: str,
+    args: tuple[str, ...] = (),
+) -> Iterator[ControllerProcess]:
+    """The controller started as the ServiceAccount `account` (namespace, name) bound to exactly `rules`, in the
+    webhook configurations named `webhook_config` as the chart makes them (`chart_made_webhook_configuration`);
+    stopped at the end, its log's tail printed."""
+    namespace, name = account
+    kubeconfig = service_account_kubeconfig(
+        api_client, server=server, ca_cert=ca_cert, namespace=namespace, name=name, rules=rules,
+        path=workdir / "controller.kubeconfig",
+    )  # fmt: skip
+    with chart_made_webhook_configuration(api_client, webhook_config):
+        proc = ControllerProcess(workdir, kubeconfig, *args)
+        proc.start()
+        try:
+            yield proc
+        finally:
+            proc.terminate()
+            print(f"controller log:\n{proc.log_tail(40)}")
+
 
 # ----- acting as a service account (Helm chart tests, issue #5) ---------------------------------------
 

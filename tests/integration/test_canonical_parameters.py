@@ -50,24 +50,20 @@ def controller(
     classes = kube.resource(dyn, "resource.k8s.io/v1", "DeviceClass")
     made_class = not kube.exists(lambda: classes.get(name=DEVICE_CLASS_NAME))
     kube.ensure_device_class(dyn, DEVICE_CLASS_NAME, DRIVER_NAME)
-    workdir = tmp_path_factory.mktemp("canonical-controller")
-    kubeconfig = kube.service_account_kubeconfig(
-        api_client, server=control_plane.server, ca_cert=control_plane.ca_cert, namespace=SA_NAMESPACE,
-        name="fracgpu-controller-canonical-it", rules=cluster_role_rules(), path=workdir / "controller.kubeconfig",
-    )  # fmt: skip
-    with kube.chart_made_webhook_configuration(api_client, DRIVER_NAME):
-        proc = kube.ControllerProcess(workdir, kubeconfig, "--ledger-delay=0.2")
-        proc.start()
-        admission = client.AdmissionregistrationV1Api(api_client)
+    admission = client.AdmissionregistrationV1Api(api_client)
 
-        def registered() -> bool:
-            hooks = admission.read_mutating_webhook_configuration(DRIVER_NAME).webhooks or []
-            return any(h.name.startswith("canonical-resourceclaims.") for h in hooks)
+    def registered() -> bool:
+        hooks = admission.read_mutating_webhook_configuration(DRIVER_NAME).webhooks or []
+        return any(h.name.startswith("canonical-resourceclaims.") for h in hooks)
 
-        _wait(proc, registered, 60, "the canonical webhook registered")
+    with kube.controller_with_rbac(
+        api_client, server=control_plane.server, ca_cert=control_plane.ca_cert,
+        workdir=tmp_path_factory.mktemp("canonical-controller"),
+        account=(SA_NAMESPACE, "fracgpu-controller-canonical-it"), rules=cluster_role_rules(),
+        webhook_config=DRIVER_NAME, args=("--ledger-delay=0.2",),
+    ) as proc:  # fmt: skip
+        proc.wait_for(registered, 60, "the canonical webhook registered")
         yield proc
-        proc.terminate()
-        print(f"controller log:\n{proc.log_tail(40)}")
     if made_class:  # a later module's `helm install` would meet a DeviceClass it does not own
         classes.delete(name=DEVICE_CLASS_NAME)
 
@@ -88,13 +84,6 @@ def node(api_client: client.ApiClient, dyn: DynamicClient) -> Iterator[str]:
         if s["spec"].get("nodeName") == name:
             slices.delete(name=s["metadata"]["name"])
     client.CoreV1Api(api_client).delete_node(name)
-
-
-def _wait(proc: kube.ControllerProcess, probe: Any, timeout: float, what: str) -> Any:
-    try:
-        return kube.wait_for(probe, timeout, what=what)
-    except AssertionError as err:
-        raise AssertionError(f"{err}\n--- controller log:\n{proc.log_tail()}") from None
 
 
 def claim_spec(*configs: tuple[str, Any]) -> dict[str, Any]:
@@ -123,7 +112,7 @@ def test_a_claim_sent_with_spaced_unsorted_parameters_is_rewritten_and_its_statu
     assert list(stored["env"]) == ["A_NAME", "Z_NOTE"]
     core = client.CoreV1Api(api_client)
     core.create_namespaced_pod(namespace, kube.pod_with_claim("spaced", None, node, {"gpu": "spaced"}))
-    written = _wait(controller, lambda: entries(rest, namespace, "spaced"), 60, "the claim's status entries")
+    written = controller.wait_for(lambda: entries(rest, namespace, "spaced"), 60, "the claim's status entries")
     # the node plugin's write (any writer's) is taken too: a merge patch of a condition on the entry
     entry = {k: written[0][k] for k in ("driver", "pool", "device", "shareID")}
     ready = {**entry, "conditions": [{"type": "Probe", "status": "True", "reason": "Probe", "message": "",
@@ -149,8 +138,8 @@ def test_a_claim_made_from_a_template_with_spaced_parameters_gets_its_status_wri
         statuses = core.read_namespaced_pod(pod.metadata.name, namespace).status.resource_claim_statuses or []
         return next((s.resource_claim_name for s in statuses if s.resource_claim_name), None)
 
-    name = _wait(controller, claim_name, 60, "kube-controller-manager to make the pod's claim")
-    _wait(controller, lambda: entries(rest, namespace, name), 60, "the template's claim's status entries")
+    name = controller.wait_for(claim_name, 60, "kube-controller-manager to make the pod's claim")
+    controller.wait_for(lambda: entries(rest, namespace, name), 60, "the template's claim's status entries")
 
 
 def test_a_claim_whose_status_cannot_be_written_is_told_so_on_the_claim_and_its_pod(
@@ -170,11 +159,13 @@ def test_a_claim_whose_status_cannot_be_written_is_told_so_on_the_claim_and_its_
         found = core.list_namespaced_event(namespace, field_selector=selector).items
         return [e for e in found if e.reporting_component == COMPONENT]
 
-    (event,) = _wait(controller, lambda: told("ResourceClaim", "unwritable"), 60, "ClaimStatusUnwritable on the claim")
+    (event,) = controller.wait_for(
+        lambda: told("ResourceClaim", "unwritable"), 60, "ClaimStatusUnwritable on the claim"
+    )
     assert event.type == "Warning"
     assert event.message.startswith(f"{DRIVER_NAME}: the API server refuses every status write to this claim (422")
     assert "compact JSON with sorted keys" in event.message
-    (on_pod,) = _wait(controller, lambda: told("Pod", pod.metadata.name), 60, "ClaimStatusUnwritable on the pod")
+    (on_pod,) = controller.wait_for(lambda: told("Pod", pod.metadata.name), 60, "ClaimStatusUnwritable on the pod")
     assert event.message in on_pod.message
     assert not entries(rest, namespace, "unwritable")
     assert "giving up on claim status" not in controller.log_tail(400), "not retried: no retry can succeed"

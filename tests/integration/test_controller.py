@@ -79,10 +79,7 @@ def gpu_node(controller: kube.ControllerProcess, api_client: client.ApiClient, d
 
 def _wait(proc: kube.ControllerProcess, probe: Callable[[], T | None], timeout: float, what: str) -> T:
     """`kube.wait_for` that shows the controller's log when it times out."""
-    try:
-        return kube.wait_for(probe, timeout, what=what)
-    except AssertionError as err:
-        raise AssertionError(f"{err}\n--- controller log:\n{proc.log_tail()}") from None
+    return proc.wait_for(probe, timeout, what)
 
 
 def _claim_body(

@@ -118,17 +118,13 @@ def controller(
     kube.apply_crd(api_client, yaml.safe_load((CRD_DIR / f"{GPU_CRD_NAME}.yaml").read_text()))
     for body in _default_device_classes():
         kube.resource(dyn, "resource.k8s.io/v1", "DeviceClass").create(body=body)
-    workdir = tmp_path_factory.mktemp("migrating-controller")
-    kubeconfig = kube.service_account_kubeconfig(
-        api_client, server=control_plane.server, ca_cert=control_plane.ca_cert, namespace=SA_NAMESPACE,
-        name="fracgpu-controller-migrating-it", rules=cluster_role_rules(), path=workdir / "controller.kubeconfig",
-    )  # fmt: skip
-    with kube.chart_made_webhook_configuration(api_client, DRIVER_NAME):
-        proc = kube.ControllerProcess(workdir, kubeconfig, "--ledger-delay=0.2")
-        proc.start()
+    with kube.controller_with_rbac(
+        api_client, server=control_plane.server, ca_cert=control_plane.ca_cert,
+        workdir=tmp_path_factory.mktemp("migrating-controller"),
+        account=(SA_NAMESPACE, "fracgpu-controller-migrating-it"), rules=cluster_role_rules(),
+        webhook_config=DRIVER_NAME, args=("--ledger-delay=0.2",),
+    ) as proc:  # fmt: skip
         yield proc
-        proc.terminate()
-        print(f"controller log:\n{proc.log_tail(20)}")
 
 
 def _ours(core: client.CoreV1Api, pod: Any) -> list[Any]:

@@ -40,24 +40,13 @@ def controller(
 ) -> Iterator[kube.ControllerProcess]:
     kube.apply_crd(api_client, yaml.safe_load((CRD_DIR / f"{GPU_CRD_NAME}.yaml").read_text()))
     kube.ensure_device_class(dyn, DEVICE_CLASS_NAME, DRIVER_NAME)
-    workdir = tmp_path_factory.mktemp("pod-events-controller")
-    kubeconfig = kube.service_account_kubeconfig(
-        api_client, server=control_plane.server, ca_cert=control_plane.ca_cert, namespace=SA_NAMESPACE,
-        name="fracgpu-controller-pod-events-it", rules=cluster_role_rules(), path=workdir / "controller.kubeconfig",
-    )  # fmt: skip
-    with kube.chart_made_webhook_configuration(api_client, DRIVER_NAME):
-        proc = kube.ControllerProcess(workdir, kubeconfig, "--ledger-delay=0.2")
-        proc.start()
+    with kube.controller_with_rbac(
+        api_client, server=control_plane.server, ca_cert=control_plane.ca_cert,
+        workdir=tmp_path_factory.mktemp("pod-events-controller"),
+        account=(SA_NAMESPACE, "fracgpu-controller-pod-events-it"), rules=cluster_role_rules(),
+        webhook_config=DRIVER_NAME, args=("--ledger-delay=0.2",),
+    ) as proc:  # fmt: skip
         yield proc
-        proc.terminate()
-        print(f"controller log:\n{proc.log_tail(40)}")
-
-
-def _wait(proc: kube.ControllerProcess, probe: Any, timeout: float, what: str) -> Any:
-    try:
-        return kube.wait_for(probe, timeout, what=what)
-    except AssertionError as err:
-        raise AssertionError(f"{err}\n--- controller log:\n{proc.log_tail()}") from None
 
 
 def _pod_events(core: client.CoreV1Api, namespace: str, pod: Any, *, ours: bool = True) -> list[Any]:
@@ -124,7 +113,7 @@ def test_a_pending_pod_hears_its_claims_reason_once_and_the_new_one_when_it_chan
             return all(_pod_events(core, namespace, p) for p in pods.values())
 
         try:
-            _wait(controller, told_all, 60, f"a {REASON} Event on every pending pod")
+            controller.wait_for(told_all, 60, f"a {REASON} Event on every pending pod")
         except AssertionError:
             for e in core.list_namespaced_event(namespace).items:
                 print(
@@ -152,14 +141,11 @@ def test_a_pending_pod_hears_its_claims_reason_once_and_the_new_one_when_it_chan
         for memory in ("96Gi", "120Gi"):
             time.sleep(5)
             nodes.append(_publish(api_client, dyn, int(memory[:-2])))
-            _wait(
-                controller,
-                lambda m=memory: all(
-                    any(m in e.message for e in _pod_events(core, namespace, p)) for p in pods.values()
-                ),
-                60,
-                f"the reason with {memory} on every pod",
-            )
+
+            def heard(m: str = memory) -> bool:
+                return all(any(m in e.message for e in _pod_events(core, namespace, p)) for p in pods.values())
+
+            controller.wait_for(heard, 60, f"the reason with {memory} on every pod")
         remaining = WINDOW - (time.monotonic() - started)
         if remaining > 0:
             time.sleep(remaining)
