@@ -71,7 +71,7 @@ class ClaimRelease:
         updated = checkpoint
         for ref in claims:
             updated = updated.without_claim(ref.uid)
-        if updated != checkpoint:
+        if updated is not checkpoint:
             try:
                 self._journal.save(updated)
             except OSError as err:

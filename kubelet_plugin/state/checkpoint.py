@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
@@ -164,7 +164,9 @@ class Checkpoint(_Model):
         return self.model_copy(update={"claims": {**self.claims, claim_uid: entry}})
 
     def without_claim(self, claim_uid: str) -> Checkpoint:
-        """A copy without ``claim_uid`` (unchanged content if absent)."""
+        """A copy without ``claim_uid`` (this checkpoint itself if it has no such claim)."""
+        if claim_uid not in self.claims:
+            return self
         return self.model_copy(update={"claims": {k: v for k, v in self.claims.items() if k != claim_uid}})
 
     def with_boot_id(self, node_boot_id: str) -> Checkpoint:
@@ -242,19 +244,19 @@ def migrate(
 def unknown_fields(model: BaseModel, where: str = "") -> list[str]:
     """Dotted paths of every field of ``model`` and its nested models that the schema does not define."""
     found = [f"{where}{key}" for key in model.model_extra or {}]
-    for name, field in type(model).model_fields.items():
-        value = getattr(model, name)
-        key = f"{where}{field.alias or name}"
-        children: list[tuple[str, Any]] = []
+    fields = type(model).model_fields
+    for name, value in model.__dict__.items():  # the declared fields (pydantic keeps the others in model_extra)
+        children: Iterable[tuple[object, Any]] = ()
         if isinstance(value, dict):
-            children = [(f"{key}.{k}", v) for k, v in value.items()]
+            children = value.items()
         elif isinstance(value, list):
-            children = [(f"{key}.{i}", v) for i, v in enumerate(value)]
+            children = enumerate(value)
         elif isinstance(value, BaseModel):
-            children = [(key, value)]
-        for path, child in children:
+            children = ((None, value),)
+        for sub, child in children:
             if isinstance(child, BaseModel):
-                found += unknown_fields(child, f"{path}.")
+                key = fields[name].alias or name
+                found += unknown_fields(child, f"{where}{key}." if sub is None else f"{where}{key}.{sub}.")
     return found
 
 

@@ -59,7 +59,7 @@ class Attribute(_Model):
 
     @model_validator(mode="after")
     def _one_value(self) -> "Attribute":
-        set_ = [k for k, v in self.model_dump(by_alias=True).items() if v is not None]
+        set_ = [type(self).model_fields[k].alias or k for k, v in self.__dict__.items() if v is not None]
         if len(set_) != 1:
             raise ValueError(f"an attribute has exactly one value, this one has {set_ or 'none'}")
         return self
