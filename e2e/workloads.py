@@ -306,8 +306,18 @@ def wait_running(cluster: Cluster, namespace: str, pods: list[str], timeout: flo
         check=False,
     ).stdout  # fmt: skip
     gpus = cluster.kubectl("get", "gpus", "-o", "wide", check=False).stdout
+    # what the scheduler weighs besides room: the namespace's claims' tolerations, the taint rules on the devices
+    tolerations = cluster.kubectl(
+        "get", "resourceclaims", "-n", namespace, "-o",
+        "custom-columns=NAME:.metadata.name,TOLERATIONS:.spec.devices.requests[*].exactly.tolerations", check=False,
+    ).stdout  # fmt: skip
+    rules = cluster.kubectl(
+        "get", "devicetaintrules", "-o",
+        "custom-columns=NAME:.metadata.name,DEVICE:.spec.deviceSelector.device,TAINT:.spec.taint", check=False,
+    ).stdout  # fmt: skip
     raise TimeoutError(
         f"pods not Running after {timeout}s: {phases}\n{events[-3000:]}\nclaims:\n{claims[-3000:]}\nGPUs:\n{gpus}"
+        f"\ntolerations:\n{tolerations[-2000:]}\ntaint rules:\n{rules[-2000:]}"
     )
 
 
