@@ -10,7 +10,8 @@ A claim whose other driver's parameters are sent so (not ours to rewrite) is tol
 """
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -23,14 +24,12 @@ from api.gpu import GPU_CRD_NAME
 from api.kube_config import from_kubeconfig
 from api.kube_rest import KubeConnection, KubeRest, claim_path
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
-from controller.core.rbac import cluster_role_rules
 from controller.core.settings import COMPONENT
 from controller.status.events import REASON_STATUS_UNWRITABLE
 from harness import kube
 from harness.cluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
-SA_NAMESPACE = "fracgpu-system"
 PARAMETERS = {"kind": "GpuConfig", "apiVersion": "fracgpu.dev/v1alpha1", "env": {"Z_NOTE": "<a> & b", "A_NAME": "é"}}
 
 
@@ -41,10 +40,9 @@ def spaced(body: Any) -> str:
 
 @pytest.fixture(scope="module")
 def controller(
-    control_plane: ControlPlane,
     api_client: client.ApiClient,
     dyn: DynamicClient,
-    tmp_path_factory: pytest.TempPathFactory,
+    chart_controller: Callable[[str], AbstractContextManager[kube.ControllerProcess]],
 ) -> Iterator[kube.ControllerProcess]:
     kube.apply_crd(api_client, yaml.safe_load((CRD_DIR / f"{GPU_CRD_NAME}.yaml").read_text()))
     classes = kube.resource(dyn, "resource.k8s.io/v1", "DeviceClass")
@@ -56,12 +54,7 @@ def controller(
         hooks = admission.read_mutating_webhook_configuration(DRIVER_NAME).webhooks or []
         return any(h.name.startswith("canonical-resourceclaims.") for h in hooks)
 
-    with kube.controller_with_rbac(
-        api_client, server=control_plane.server, ca_cert=control_plane.ca_cert,
-        workdir=tmp_path_factory.mktemp("canonical-controller"),
-        account=(SA_NAMESPACE, "fracgpu-controller-canonical-it"), rules=cluster_role_rules(),
-        webhook_config=DRIVER_NAME, args=("--ledger-delay=0.2",),
-    ) as proc:  # fmt: skip
+    with chart_controller("canonical") as proc:
         proc.wait_for(registered, 60, "the canonical webhook registered")
         yield proc
     if made_class:  # a later module's `helm install` would meet a DeviceClass it does not own

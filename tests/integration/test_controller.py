@@ -9,9 +9,9 @@ import functools
 import json
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -28,7 +28,6 @@ from harness import kube
 from harness.cluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
-T = TypeVar("T")
 
 OTHER_DRIVER = "nic.other.example.com"  # a second driver on the same nodes: its entries must stay untouched
 SA_NAMESPACE = "fracgpu-system"
@@ -77,11 +76,6 @@ def gpu_node(controller: kube.ControllerProcess, api_client: client.ApiClient, d
 # ----- helpers ----------------------------------------------------------------------------------------
 
 
-def _wait(proc: kube.ControllerProcess, probe: Callable[[], T | None], timeout: float, what: str) -> T:
-    """`kube.wait_for` that shows the controller's log when it times out."""
-    return proc.wait_for(probe, timeout, what)
-
-
 def _claim_body(
     name: str, requests: list[dict[str, Any]], config: list[dict[str, Any]] | None = None
 ) -> dict[str, Any]:
@@ -121,7 +115,7 @@ def _wait_for_webhook(dyn: DynamicClient, proc: kube.ControllerProcess) -> None:
             return err.status == 422 and "fracgpu" in str(err.body)
         return False
 
-    _wait(proc, refused, 30, "the validating webhook to refuse a bad claim")
+    proc.wait_for(refused, 30, "the validating webhook to refuse a bad claim")
 
 
 def _claims(dyn: DynamicClient) -> Any:
@@ -303,8 +297,7 @@ def test_status_names_the_physical_gpu_and_leaves_other_drivers_alone(  # noqa: 
     core.create_namespaced_pod(namespace, kube.pod_with_claim("p-mixed", None, node, {"c": "mixed"}))
     core.create_namespaced_pod(namespace, kube.pod_with_claim("p-foreign", None, node, {"c": "foreign"}))
 
-    mixed = _wait(
-        controller,
+    mixed = controller.wait_for(
         lambda: _written_claim(dyn, namespace, "mixed"),
         60,
         "status data of claim 'mixed'",
@@ -350,7 +343,7 @@ def test_status_names_the_physical_gpu_and_leaves_other_drivers_alone(  # noqa: 
         def reconciled(before: float = before) -> bool:
             return controller.metric("fracgpu_controller_claim_reconciles_total") > before
 
-        _wait(controller, reconciled, 20, f"the controller to reconcile the claim after {change}")
+        controller.wait_for(reconciled, 20, f"the controller to reconcile the claim after {change}")
         reconciles = controller.metric("fracgpu_controller_claim_reconciles_total")
     # idempotent: reconciled, but nothing written (same resourceVersion as after our own label patch)
     assert controller.metric("fracgpu_controller_claim_status_writes_total", result="ok") == writes
@@ -380,8 +373,7 @@ def test_status_names_the_physical_gpu_and_leaves_other_drivers_alone(  # noqa: 
         assert _no_kopf_marks(s), s["metadata"]
 
     # the ledger shows both shares on their GPU
-    assert _wait(
-        controller,
+    assert controller.wait_for(
         lambda: _ledger_matches(dyn, node, _expected_ledger([after], node, gpus)),
         20,
         "the ledger to show claim 'mixed'",
@@ -433,7 +425,7 @@ def test_status_names_the_physical_gpu_and_leaves_other_drivers_alone(  # noqa: 
             return err if err.status == 422 and "resourceclaims/driver" in str(err.body) else None
         raise AssertionError("status.devices written without the resourceclaims/driver permission")
 
-    denial = str(_wait(controller, refused, 10, "a refusal naming resourceclaims/driver").body)
+    denial = str(controller.wait_for(refused, 10, "a refusal naming resourceclaims/driver").body)
     assert 'requires resource=\\"resourceclaims/driver\\", verb=\\"[arbitrary-node:patch]\\"' in denial, denial
 
 
@@ -591,7 +583,7 @@ def test_the_tier_the_plugin_reports_reaches_status_data_and_the_ledger(
     client.CoreV1Api(api_client).create_namespaced_pod(
         namespace, kube.pod_with_claim("p-tiered", None, node, {"c": "tiered"})
     )
-    claim = _wait(controller, lambda: _written_claim(dyn, namespace, "tiered"), 60, "status data of 'tiered'")
+    claim = controller.wait_for(lambda: _written_claim(dyn, namespace, "tiered"), 60, "status data of 'tiered'")
     assert all("enforcement" not in d for d in _our_entries(claim).values()), "no tier before the plugin says one"
     results = {r["request"]: r for r in _our_results(claim)}
     nvml_key = (results["a"]["pool"], results["a"]["device"], results["a"]["shareID"])
@@ -602,7 +594,7 @@ def test_the_tier_the_plugin_reports_reaches_status_data_and_the_ledger(
         data = {d["request"]: d.get("enforcement") for d in _our_entries(fresh).values()}
         return fresh if data == {"a": "nvml", "b": "none"} else None
 
-    fresh = _wait(controller, tiers, 30, "data.enforcement from the plugin's condition")
+    fresh = controller.wait_for(tiers, 30, "data.enforcement from the plugin's condition")
     for entry in fresh["status"]["devices"]:
         assert {c["type"] for c in entry["conditions"]} == {"Ready", "MemoryEnforcement"}
     managers = {m["manager"] for m in fresh["metadata"]["managedFields"] if m.get("subresource") == "status"}
@@ -613,7 +605,7 @@ def test_the_tier_the_plugin_reports_reaches_status_data_and_the_ledger(
         shares = {c["request"]: c.get("enforcement") for c in gpu["status"].get("claims") or []}
         return gpu if shares == {"a": "nvml", "b": "none"} else None
 
-    gpu = _wait(controller, ledger, 30, "the ledger's share tiers")
+    gpu = controller.wait_for(ledger, 30, "the ledger's share tiers")
     assert gpu["status"]["enforcement"] == "none"  # the GPU's published memoryEnforcement
     table = _kubectl(control_plane, "get", "gpus", "-l", f"{NODE_LABEL}={node}", "-o", "wide")
     header, row = table.splitlines()[:2]
@@ -707,8 +699,7 @@ def test_admission_warns_when_hami_core_is_asked_and_no_gpu_offers_it(
     probe = {**hami, "metadata": {"name": "hami-probe"}}
     node = kube.create_fake_node(api_client, kube.unique("haminode"))
     kube.publish_gpus(dyn, node, DRIVER_NAME, kube.simulated_gpus(node["metadata"]["name"], 1), hami_core=True)
-    _wait(
-        controller,
+    controller.wait_for(
         lambda: "no published GPU offers it" not in _create_warnings(api_client, namespace, probe, dry_run=True),
         20,
         "no hami-core warning once a GPU offers it",
@@ -724,8 +715,7 @@ def test_admission_warns_when_nvml_is_asked_and_no_gpu_offers_it(
     # a node plugin on a cgroup-v2 node with an r615+ driver publishes memoryEnforcement: nvml, and the warning goes
     node = kube.create_fake_node(api_client, kube.unique("nvmlnode"))
     kube.publish_gpus(dyn, node, DRIVER_NAME, kube.simulated_gpus(node["metadata"]["name"], 1), enforcement="nvml")
-    _wait(
-        controller,
+    controller.wait_for(
         lambda: "no published GPU offers it" not in _create_warnings(api_client, namespace, nvml, dry_run=True),
         20,
         "no nvml warning once a GPU offers it",
@@ -741,8 +731,7 @@ def test_admission_warns_when_mps_is_asked_and_no_gpu_is_an_mps_gpu(
     # a node plugin with an MPS GPU (mps.gpus) publishes mps: true and memoryEnforcement: mps, and the warning goes
     node = kube.create_fake_node(api_client, kube.unique("mpsnode"))
     kube.publish_gpus(dyn, node, DRIVER_NAME, kube.simulated_gpus(node["metadata"]["name"], 1), enforcement="mps")
-    _wait(
-        controller,
+    controller.wait_for(
         lambda: "no published GPU is an MPS GPU" not in _create_warnings(api_client, namespace, mps, dry_run=True),
         20,
         "no mps warning once a GPU is an MPS GPU",
@@ -875,8 +864,7 @@ def test_an_a100_only_claim_larger_than_an_a100_gets_an_event_naming_the_selecto
     _claims(dyn).create(namespace=namespace, body=_claim_body("a100-40gi", [fits]))
     only_a100 = _request("gpu", "50Gi", selectors=[{"cel": {"expression": selector}}])
     _claims(dyn).create(namespace=namespace, body=_claim_body("a100-50gi", [only_a100]))
-    events = _wait(
-        controller,
+    events = controller.wait_for(
         lambda: _events(api_client, namespace, "a100-50gi", "UnsatisfiableGpuRequest"),
         30,
         "an Unsatisfiable event naming the selector",
@@ -1015,8 +1003,7 @@ def test_every_form_of_an_impossible_claim_gets_an_event_saying_what_was_asked_a
     for claim, _ in impossible.values():
         _claims(dyn).create(namespace=namespace, body=claim)
     for name, (_, expected) in impossible.items():
-        events = _wait(
-            controller,
+        events = controller.wait_for(
             functools.partial(_events, api_client, namespace, name, "UnsatisfiableGpuRequest"),
             30,
             f"an UnsatisfiableGpuRequest Event on claim {name!r}",
@@ -1050,13 +1037,13 @@ def test_every_form_of_an_impossible_claim_gets_an_event_saying_what_was_asked_a
     for name in impossible:
         core.create_namespaced_pod(namespace, pod(name))
     for name in impossible:
-        _wait(controller, functools.partial(unschedulable, f"p-{name}"), 30, f"pod of claim {name!r} Unschedulable")
+        controller.wait_for(functools.partial(unschedulable, f"p-{name}"), 30, f"pod of claim {name!r} Unschedulable")
         assert allocation(name) is None, name
     for name in possible:
         core.create_namespaced_pod(namespace, pod(name))
-        _wait(controller, functools.partial(allocation, name), 30, f"claim {name!r} allocated")
+        controller.wait_for(functools.partial(allocation, name), 30, f"claim {name!r} allocated")
         core.delete_namespaced_pod(f"p-{name}", namespace, grace_period_seconds=0)
-        _wait(controller, functools.partial(deallocated, name), 60, f"claim {name!r} deallocated")
+        controller.wait_for(functools.partial(deallocated, name), 60, f"claim {name!r} deallocated")
 
 
 def test_a_deallocated_claim_of_another_class_of_our_driver_leaves_the_ledger(
@@ -1077,22 +1064,22 @@ def test_a_deallocated_claim_of_another_class_of_our_driver_leaves_the_ledger(
         claim: dict[str, Any] = claims.get(namespace=namespace, name="other").to_dict()
         return claim if _our_results(claim) else None
 
-    allocated = _wait(controller, allocated_claim, 60, "allocation of claim 'other'")
-    assert _wait(
-        controller,
+    allocated = controller.wait_for(allocated_claim, 60, "allocation of claim 'other'")
+    assert controller.wait_for(
         lambda: _ledger_matches(dyn, node, _expected_ledger([allocated], node, gpus)),
         20,
         "the ledger to show claim 'other'",
     )
     # the pod goes: the claim controller deallocates the claim, which then no longer concerns us at all
     core.delete_namespaced_pod("p-other", namespace, grace_period_seconds=0)
-    _wait(
-        controller,
+    controller.wait_for(
         lambda: not (claims.get(namespace=namespace, name="other").to_dict().get("status") or {}).get("allocation"),
         60,
         "deallocation of claim 'other'",
     )
-    assert _wait(controller, lambda: _ledger_matches(dyn, node, _expected_ledger([], node, gpus)), 20, "its share gone")
+    assert controller.wait_for(
+        lambda: _ledger_matches(dyn, node, _expected_ledger([], node, gpus)), 20, "its share gone"
+    )
 
 
 def test_events_for_unsatisfiable_requests_and_vanished_devices(
@@ -1100,8 +1087,7 @@ def test_events_for_unsatisfiable_requests_and_vanished_devices(
 ) -> None:
     claims = _claims(dyn)
     claims.create(namespace=namespace, body=_claim_body("too-big", [_request("gpu", "4Ti")]))
-    events = _wait(
-        controller,
+    events = controller.wait_for(
         lambda: _events(api_client, namespace, "too-big", "UnsatisfiableGpuRequest"),
         20,
         "Unsatisfiable event",
@@ -1117,7 +1103,7 @@ def test_events_for_unsatisfiable_requests_and_vanished_devices(
     node = node_body["metadata"]["name"]
     gpus = kube.simulated_gpus(node, 2)
     kube.publish_gpus(dyn, node_body, DRIVER_NAME, gpus)
-    assert _wait(controller, lambda: len(_node_ledger(dyn, node)) == 2, 20, "GPU objects of the new node")
+    assert controller.wait_for(lambda: len(_node_ledger(dyn, node)) == 2, 20, "GPU objects of the new node")
     on_gpu1 = _request(
         "gpu", "10Gi", selectors=[{"cel": {"expression": f'device.attributes["{DRIVER_NAME}"].index == 1'}}]
     )
@@ -1125,8 +1111,7 @@ def test_events_for_unsatisfiable_requests_and_vanished_devices(
     client.CoreV1Api(api_client).create_namespaced_pod(
         namespace, kube.pod_with_claim("p-pinned", None, node, {"c": "pinned"})
     )
-    pinned = _wait(
-        controller,
+    pinned = controller.wait_for(
         lambda: _written_claim(dyn, namespace, "pinned"),
         60,
         "status of claim 'pinned'",
@@ -1135,15 +1120,14 @@ def test_events_for_unsatisfiable_requests_and_vanished_devices(
 
     # the node plugin stops publishing gpu-1 (new pool generation): its object goes, the claim is told
     kube.publish_gpus(dyn, node_body, DRIVER_NAME, gpus[:1], generation=2)
-    gone = _wait(
-        controller,
+    gone = controller.wait_for(
         lambda: _events(api_client, namespace, "pinned", "AllocatedDeviceGone"),
         20,
         "AllocatedDeviceGone event",
     )
     assert "gpu-1" in gone[0].message and "no longer exists" in gone[0].message, gone[0].message
-    assert _wait(
-        controller, lambda: set(_node_ledger(dyn, node)) == {gpu_object_name(node, "gpu-0")}, 20, "gpu-1 object deleted"
+    assert controller.wait_for(
+        lambda: set(_node_ledger(dyn, node)) == {gpu_object_name(node, "gpu-0")}, 20, "gpu-1 object deleted"
     )
     still = claims.get(namespace=namespace, name="pinned").to_dict()
     assert _our_entries(still) == _our_entries(pinned), "the claim keeps the data of its (vanished) GPU"
@@ -1152,7 +1136,7 @@ def test_events_for_unsatisfiable_requests_and_vanished_devices(
     for s in kube.resource(dyn, "resource.k8s.io/v1", "ResourceSlice").get().to_dict()["items"]:
         if s["spec"].get("nodeName") == node:
             kube.resource(dyn, "resource.k8s.io/v1", "ResourceSlice").delete(name=s["metadata"]["name"])
-    assert _wait(controller, lambda: not _node_ledger(dyn, node), 20, "all GPU objects of the node deleted")
+    assert controller.wait_for(lambda: not _node_ledger(dyn, node), 20, "all GPU objects of the node deleted")
 
 
 # ----- adminAccess on a busy GPU (issue 30) --------------------------------------------------------------
@@ -1191,7 +1175,7 @@ def test_an_admin_access_claim_of_memory_0_reaches_a_full_gpu_and_one_without_ca
         claims.create(namespace=namespace, body=_claim_body(name, [_request("gpu", "40Gi")]))
         core.create_namespaced_pod(namespace, kube.pod_with_claim(f"p-{name}", None, node, {"c": name}))
     for name in ("busy-a", "busy-b"):
-        _wait(controller, functools.partial(_written_claim, dyn, namespace, name), 60, f"allocation of {name}")
+        controller.wait_for(functools.partial(_written_claim, dyn, namespace, name), 60, f"allocation of {name}")
 
     docs_way = _claim_body("mon-docs", [_request("mon", adminAccess=True)])
     warning = _create_warnings(api_client, namespace, docs_way, dry_run=False)
@@ -1205,7 +1189,9 @@ def test_an_admin_access_claim_of_memory_0_reaches_a_full_gpu_and_one_without_ca
     for name in ("mon-docs", "mon"):
         core.create_namespaced_pod(namespace, kube.pod_with_claim(f"p-{name}", None, node, {"c": name}))
 
-    mon = _wait(controller, lambda: _written_claim(dyn, namespace, "mon"), 60, "allocation of the memory-0 admin claim")
+    mon = controller.wait_for(
+        lambda: _written_claim(dyn, namespace, "mon"), 60, "allocation of the memory-0 admin claim"
+    )
     (result,) = _our_results(mon)
     assert (result["device"], result.get("adminAccess"), result["consumedCapacity"]) == (
         "gpu-0",
@@ -1213,8 +1199,7 @@ def test_an_admin_access_claim_of_memory_0_reaches_a_full_gpu_and_one_without_ca
         {"memory": "0", "compute": "0"},  # every capacity the GPU publishes; compute's default is none
     )
     assert [(d["memory"], d.get("adminAccess")) for d in _our_entries(mon).values()] == [("0", True)]
-    gpu = _wait(
-        controller,
+    gpu = controller.wait_for(
         lambda: next(
             (g for g in _node_ledger(dyn, node).values() if len((g.get("status") or {}).get("claims") or []) == 3),
             None,
@@ -1228,7 +1213,7 @@ def test_an_admin_access_claim_of_memory_0_reaches_a_full_gpu_and_one_without_ca
         ("busy-b", "40Gi", None),
         ("mon", "0", True),
     }
-    message = _wait(controller, lambda: _unschedulable(api_client, namespace, "p-mon-docs"), 60, "mon-docs Pending")
+    message = controller.wait_for(lambda: _unschedulable(api_client, namespace, "p-mon-docs"), 60, "mon-docs Pending")
     assert "cannot allocate all claims" in message, message
     assert not (claims.get(namespace=namespace, name="mon-docs").to_dict().get("status") or {}).get("allocation")
 
@@ -1264,14 +1249,13 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
 
     for i in range(25):
         create(i)
-    _wait(controller, lambda: sum(_status_written(c) for c in items()) >= 5, 60, "first status writes of the burst")
+    controller.wait_for(lambda: sum(_status_written(c) for c in items()) >= 5, 60, "first status writes of the burst")
     controller.kill()  # in the middle of the burst: some claims written, some allocated only, some pending
     for i in range(25, 50):
         create(i)
     for i in range(10):
         delete(i)
-    _wait(
-        controller,
+    controller.wait_for(
         lambda: sum(bool(_our_results(c)) for c in items()) >= 30,
         60,
         "allocations while the controller is down",
@@ -1287,7 +1271,7 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
             return None
         return current if _ledger_matches(dyn, node, _expected_ledger(current, node, gpus)) else None
 
-    current = _wait(controller, converged, 90, "40 claims written and the ledger matching after the restart")
+    current = controller.wait_for(converged, 90, "40 claims written and the ledger matching after the restart")
     for claim in current:
         assert _our_entries(claim) == _expected_data(claim, {node: gpus}), claim["metadata"]["name"]
     # claims written before the restart were not written again
@@ -1330,9 +1314,9 @@ def test_ledger_matches_allocations_after_a_burst_of_50_claims_and_a_restart_in_
 
     for i in range(10, 50):
         delete(i)
-    _wait(controller, lambda: not items(), 90, "all claims of the burst deleted")
-    assert _wait(
-        controller, lambda: _ledger_matches(dyn, node, _expected_ledger([], node, gpus)), 30, "an empty ledger"
+    controller.wait_for(lambda: not items(), 90, "all claims of the burst deleted")
+    assert controller.wait_for(
+        lambda: _ledger_matches(dyn, node, _expected_ledger([], node, gpus)), 30, "an empty ledger"
     )
     for g in _node_ledger(dyn, node).values():
         assert (g["status"]["allocatedMemory"], g["status"]["freeMemory"], g["status"]["shares"]) == ("0", "80Gi", 0)
@@ -1367,7 +1351,7 @@ def test_the_ledger_shows_the_slices_taints_and_a_device_taint_rule_until_it_is_
             n[len(node) + 1 :]: (g.get("status") or {}).get("taintSummary") for n, g in _node_ledger(dyn, node).items()
         }
 
-    _wait(controller, lambda: summaries() == {"gpu-0": "NoExecute=1", "gpu-1": "NoSchedule=1"} or None, 30, "taints")
+    controller.wait_for(lambda: summaries() == {"gpu-0": "NoExecute=1", "gpu-1": "NoSchedule=1"} or None, 30, "taints")
     ledger = _node_ledger(dyn, node)
     assert ledger[f"{node}-gpu-0"]["status"]["taints"] == [{**unhealthy, "source": f"ResourceSlice/{slice_name}"}]
     assert ledger[f"{node}-gpu-1"]["status"]["taints"] == [
@@ -1390,8 +1374,8 @@ def test_the_ledger_shows_the_slices_taints_and_a_device_taint_rule_until_it_is_
     described = _kubectl(control_plane, "describe", "gpu", f"{node}-gpu-1")
     assert f"DeviceTaintRule/{rule}" in described, described
     rules.delete(name=rule)
-    _wait(
-        controller, lambda: summaries() == {"gpu-0": "NoExecute=1", "gpu-1": None} or None, 30, "the rule's taint gone"
+    controller.wait_for(
+        lambda: summaries() == {"gpu-0": "NoExecute=1", "gpu-1": None} or None, 30, "the rule's taint gone"
     )
     assert "taints" not in _node_ledger(dyn, node)[f"{node}-gpu-1"]["status"]
 

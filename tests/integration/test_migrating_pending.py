@@ -17,7 +17,8 @@ what a default install answers. The figures (examples, pods, which pend, with wh
 
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,6 @@ from kubernetes.dynamic import DynamicClient
 from api.crds import CRD_DIR
 from api.gpu import GPU_CRD_NAME
 from api.names import DRIVER_NAME
-from controller.core.rbac import cluster_role_rules
 from controller.core.settings import COMPONENT
 from harness import kube
 from harness.cluster import binaries
@@ -43,7 +43,6 @@ pytestmark = pytest.mark.integration
 control_plane, api_client, dyn = own_plane.control_plane, own_plane.api_client, own_plane.dyn
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "fracgpu"
-SA_NAMESPACE = "fracgpu-system"
 TOLD_WITHIN = 40.0
 """Seconds a pending pod may wait for the controller's Event (the pod notices list a namespace again 5 s after
 the first list)."""
@@ -110,20 +109,14 @@ def _expected_pods(docs: list[dict[str, Any]]) -> int:
 
 @pytest.fixture(scope="module")
 def controller(
-    control_plane: ControlPlane,
     api_client: client.ApiClient,
     dyn: DynamicClient,
-    tmp_path_factory: pytest.TempPathFactory,
+    chart_controller: Callable[[str], AbstractContextManager[kube.ControllerProcess]],
 ) -> Iterator[kube.ControllerProcess]:
     kube.apply_crd(api_client, yaml.safe_load((CRD_DIR / f"{GPU_CRD_NAME}.yaml").read_text()))
     for body in _default_device_classes():
         kube.resource(dyn, "resource.k8s.io/v1", "DeviceClass").create(body=body)
-    with kube.controller_with_rbac(
-        api_client, server=control_plane.server, ca_cert=control_plane.ca_cert,
-        workdir=tmp_path_factory.mktemp("migrating-controller"),
-        account=(SA_NAMESPACE, "fracgpu-controller-migrating-it"), rules=cluster_role_rules(),
-        webhook_config=DRIVER_NAME, args=("--ledger-delay=0.2",),
-    ) as proc:  # fmt: skip
+    with chart_controller("migrating") as proc:
         yield proc
 
 

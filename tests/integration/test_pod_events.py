@@ -8,7 +8,8 @@ which the published GPUs change twice (each change tells the pods the claim's ne
 
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from typing import Any
 
 import pytest
@@ -19,13 +20,11 @@ from kubernetes.dynamic import DynamicClient
 from api.crds import CRD_DIR
 from api.gpu import GPU_CRD_NAME
 from api.names import DEVICE_CLASS_NAME, DRIVER_NAME
-from controller.core.rbac import cluster_role_rules
 from controller.core.settings import COMPONENT
 from harness import kube
 from harness.cluster.controlplane import ControlPlane
 
 pytestmark = pytest.mark.integration
-SA_NAMESPACE = "fracgpu-system"
 REASON = "UnsatisfiableGpuRequest"
 WINDOW = 45.0
 """Seconds over which Events per pending pod are counted (the figure is printed, not asserted)."""
@@ -33,19 +32,13 @@ WINDOW = 45.0
 
 @pytest.fixture(scope="module")
 def controller(
-    control_plane: ControlPlane,
     api_client: client.ApiClient,
     dyn: DynamicClient,
-    tmp_path_factory: pytest.TempPathFactory,
+    chart_controller: Callable[[str], AbstractContextManager[kube.ControllerProcess]],
 ) -> Iterator[kube.ControllerProcess]:
     kube.apply_crd(api_client, yaml.safe_load((CRD_DIR / f"{GPU_CRD_NAME}.yaml").read_text()))
     kube.ensure_device_class(dyn, DEVICE_CLASS_NAME, DRIVER_NAME)
-    with kube.controller_with_rbac(
-        api_client, server=control_plane.server, ca_cert=control_plane.ca_cert,
-        workdir=tmp_path_factory.mktemp("pod-events-controller"),
-        account=(SA_NAMESPACE, "fracgpu-controller-pod-events-it"), rules=cluster_role_rules(),
-        webhook_config=DRIVER_NAME, args=("--ledger-delay=0.2",),
-    ) as proc:  # fmt: skip
+    with chart_controller("pod-events") as proc:
         yield proc
 
 
