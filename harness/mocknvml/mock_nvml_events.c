@@ -28,10 +28,12 @@
  * its registration. Lines are read when a set is waited on or registered, and on nvmlInit.
  *
  * Semantics kept: one event per successful wait, in order; a wait with events ready returns at once, else it
- * sleeps until one arrives but at most timeoutms, then NVML_ERROR_TIMEOUT; registering a type the device does
- * not support (only XID critical errors are supported here) is NVML_ERROR_NOT_SUPPORTED with nothing
- * registered; gpuInstanceId / computeInstanceId are 0xFFFFFFFF unless the line names a GPU instance. A set holds at most MOCK_QUEUE
- * events; later ones are dropped (as a full driver queue drops them) and counted on stderr at nvmlEventSetFree.
+ * sleeps until one arrives but at most timeoutms, then NVML_ERROR_TIMEOUT (on an inotify watch of the control
+ * file's directory, as the driver's wait sleeps in the kernel: no CPU while nothing happens); registering a type
+ * the device does not support (only XID critical errors are supported here) is NVML_ERROR_NOT_SUPPORTED with
+ * nothing registered; gpuInstanceId / computeInstanceId are 0xFFFFFFFF unless the line names a GPU instance. A
+ * set holds at most MOCK_QUEUE events; later ones are dropped (as a full driver queue drops them) and counted on
+ * stderr at nvmlEventSetFree.
  */
 #include "mock_profile.h"
 
@@ -39,7 +41,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
+#include <unistd.h>
 #include <time.h>
 
 typedef int mock_return;
@@ -58,6 +63,7 @@ enum {
 #define VALUE_TYPE_UNSIGNED_INT 1      /* NVML_VALUE_TYPE_UNSIGNED_INT */
 #define MOCK_QUEUE 65536
 #define MOCK_EVENTS_ENV "FRACGPU_MOCK_NVML_EVENTS"
+#define WAKE_MS 500u                   /* the longest sleep of a wait between two looks */
 #define NO_INSTANCE 0xFFFFFFFFu
 
 typedef struct {
@@ -316,6 +322,43 @@ static void sleep_ms(unsigned int ms) {
     nanosleep(&ts, NULL);
 }
 
+/* An inotify descriptor that becomes readable when anything in the control file's directory changes, or -1 when
+ * there is no control file to watch. */
+static int watch_control(void) {
+    const char *path = getenv(MOCK_EVENTS_ENV);
+    if (path == NULL || *path == '\0') {
+        return -1;
+    }
+    char dir[MOCK_LINE_SIZE];
+    const char *slash = strrchr(path, '/');
+    size_t len = slash == NULL ? 1 : (slash == path ? 1 : (size_t)(slash - path));
+    if (len >= sizeof(dir)) {
+        return -1;
+    }
+    memcpy(dir, slash == NULL ? "." : path, len);
+    dir[len] = '\0';
+    int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+    if (fd >= 0 && inotify_add_watch(fd, dir, IN_MODIFY | IN_CLOSE_WRITE | IN_CREATE | IN_MOVED_TO) < 0) {
+        close(fd);
+        fd = -1;
+    }
+    return fd;
+}
+
+/* Sleep at most `ms` ms, less when `watch` (from watch_control, or -1) reports a change. */
+static void sleep_until_change(int watch, unsigned int ms) {
+    if (watch < 0) {
+        sleep_ms(ms);
+        return;
+    }
+    struct pollfd ready = {watch, POLLIN, 0};
+    if (poll(&ready, 1, (int)ms) > 0) {
+        char drained[4096];
+        while (read(watch, drained, sizeof(drained)) > 0) {
+        }
+    }
+}
+
 static unsigned long long now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -350,20 +393,22 @@ mock_return nvmlEventSetWait_v2(mock_event_set *set, mock_event_data *data, unsi
         return EV_ERROR_INVALID_ARGUMENT;
     }
     unsigned long long deadline = now_ms() + timeoutms;
+    int watch = watch_control(); /* before the first look: a line written after it wakes the sleep below */
     for (;;) {
         mock_return ret = EV_ERROR_INVALID_ARGUMENT;
         pthread_mutex_lock(&g_ev_lock);
         int known = known_set(set);
         int got = known && take(set, data, &ret);
         pthread_mutex_unlock(&g_ev_lock);
-        if (!known || got) {
-            return ret;
-        }
         unsigned long long now = now_ms();
-        if (now >= deadline) {
-            return EV_ERROR_TIMEOUT;
+        if (!known || got || now >= deadline) {
+            if (watch >= 0) {
+                close(watch);
+            }
+            return !known || got ? ret : EV_ERROR_TIMEOUT;
         }
-        sleep_ms(deadline - now < 10 ? (unsigned int)(deadline - now) : 10);
+        /* as the driver's wait, no CPU while nothing happens; a set freed meanwhile is noticed within WAKE_MS */
+        sleep_until_change(watch, deadline - now < WAKE_MS ? (unsigned int)(deadline - now) : WAKE_MS);
     }
 }
 

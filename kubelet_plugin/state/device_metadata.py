@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, model_validator
 
 CONTAINER_DIR = "/var/run/kubernetes.io/dra-device-attributes"
 KIND: Final = "DeviceMetadata"
@@ -57,12 +57,16 @@ class Attribute(_Model):
     strings: list[str] | None = None
     versions: list[str] | None = None
 
-    @model_validator(mode="after")
-    def _one_value(self) -> "Attribute":
-        set_ = [type(self).model_fields[k].alias or k for k, v in self.__dict__.items() if v is not None]
+    @model_validator(mode="wrap")
+    @classmethod
+    def _one_value(cls, data: Any, handler: ModelWrapValidatorHandler["Attribute"]) -> "Attribute":
+        if isinstance(data, cls):  # checked when it was made (a Device of published attributes passes them on)
+            return data
+        attribute = handler(data)
+        set_ = [cls.model_fields[k].alias or k for k, v in attribute.__dict__.items() if v is not None]
         if len(set_) != 1:
             raise ValueError(f"an attribute has exactly one value, this one has {set_ or 'none'}")
-        return self
+        return attribute
 
 
 class ObjectMeta(_Model):

@@ -60,6 +60,11 @@ out["lost_wait"] = [code(n.nvmlEventSetWait_v2, s, 500), code(n.nvmlEventSetWait
 out["lost_calls"] = [code(n.nvmlDeviceGetUUID, h[1]), code(n.nvmlDeviceGetMemoryInfo, h[1]), code(n.nvmlDeviceGetUUID, h[0])]
 write("1 reset\\n")
 out["reset"] = [code(n.nvmlDeviceGetUUID, h[1]), field(1).value.uiVal]
+import threading
+threading.Timer(0.3, write, args=("0 xid 79\\n",)).start()  # while the next wait sleeps
+t = time.monotonic()
+d = n.nvmlEventSetWait_v2(s, 20000)
+out["woken"] = [n.nvmlDeviceGetIndex(d.device), d.eventData, (time.monotonic() - t) * 1000]
 n.nvmlEventSetFree(s)
 out["freed"] = code(n.nvmlEventSetWait_v2, s, 10)
 print(json.dumps(out))
@@ -201,6 +206,7 @@ def test_the_mocks_event_api_follows_nvml(lib: Path, tmp_path: Path) -> None:
     assert out["lost_wait"] == [15, 10], "a wait returns GPU_IS_LOST once, then waits again"
     assert out["lost_calls"] == [15, 15, 0], "the lost GPU's calls fail, the other GPU answers"
     assert out["reset"] == [0, 0], "reset: usable again, no recovery action"
+    assert out["woken"][:2] == [0, 79] and 250 <= out["woken"][2] < 20000, "a wait ends when a line comes"
     assert out["freed"] == 2, "a freed set is an invalid argument"
 
 

@@ -178,6 +178,9 @@ def test_the_stream_reads_back_and_a_value_is_one_of_its_kinds() -> None:
         meta.Attribute.model_validate({"int": 1, "string": "1"})
     with pytest.raises(ValidationError, match="exactly one value"):
         meta.Attribute.model_validate({})
+    raw = {"driver": DRIVER_NAME, "pool": NODE, "name": "gpu-0", "attributes": {"x": {"int": 1, "bool": True}}}
+    with pytest.raises(ValidationError, match=r"exactly one value, this one has \['int', 'bool'\]"):
+        meta.Device.model_validate(raw, strict=False)  # as a file is read: the check runs on what was not checked
     with pytest.raises(ValidationError):
         meta.Device(
             driver=DRIVER_NAME,
