@@ -41,6 +41,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <libgen.h>
 #include <poll.h>
 #include <sys/inotify.h>
 #include <sys/stat.h>
@@ -329,16 +330,13 @@ static int watch_control(void) {
     if (path == NULL || *path == '\0') {
         return -1;
     }
-    char dir[MOCK_LINE_SIZE];
-    const char *slash = strrchr(path, '/');
-    size_t len = slash == NULL ? 1 : (slash == path ? 1 : (size_t)(slash - path));
-    if (len >= sizeof(dir)) {
+    char copy[MOCK_LINE_SIZE];
+    if (strlen(path) >= sizeof(copy)) {
         return -1;
     }
-    memcpy(dir, slash == NULL ? "." : path, len);
-    dir[len] = '\0';
+    strcpy(copy, path); /* dirname may write into its argument */
     int fd = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
-    if (fd >= 0 && inotify_add_watch(fd, dir, IN_MODIFY | IN_CLOSE_WRITE | IN_CREATE | IN_MOVED_TO) < 0) {
+    if (fd >= 0 && inotify_add_watch(fd, dirname(copy), IN_MODIFY | IN_CLOSE_WRITE | IN_CREATE | IN_MOVED_TO) < 0) {
         close(fd);
         fd = -1;
     }

@@ -21,7 +21,7 @@ PROFILE = mocknvml.PROFILES / "gpu80x2.profile"
 GPU1 = "GPU-1d492704-49c3-5be7-977e-269165e18e2c"
 
 EVENT_API = """
-import json, os, time, pynvml as n
+import json, os, threading, time, pynvml as n
 ctl = os.environ["FRACGPU_MOCK_NVML_EVENTS"]
 def write(text):
     with open(ctl, "a") as f:
@@ -60,7 +60,6 @@ out["lost_wait"] = [code(n.nvmlEventSetWait_v2, s, 500), code(n.nvmlEventSetWait
 out["lost_calls"] = [code(n.nvmlDeviceGetUUID, h[1]), code(n.nvmlDeviceGetMemoryInfo, h[1]), code(n.nvmlDeviceGetUUID, h[0])]
 write("1 reset\\n")
 out["reset"] = [code(n.nvmlDeviceGetUUID, h[1]), field(1).value.uiVal]
-import threading
 threading.Timer(0.3, write, args=("0 xid 79\\n",)).start()  # while the next wait sleeps
 t = time.monotonic()
 d = n.nvmlEventSetWait_v2(s, 20000)
